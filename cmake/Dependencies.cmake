@@ -1,0 +1,45 @@
+# Third-party dependencies, all found through their own CMake configs (or
+# pkg-config) so that Debian's packages and upstream installs both work.
+#
+# LibTorch: Debian's libtorch-dev (1.13, CPU) by default. For a cluster build,
+# point CMAKE_PREFIX_PATH at an upstream LibTorch 2.x (e.g. the `share/cmake`
+# directory inside a PyTorch install); CUDA is then detected from it.
+find_package(Torch REQUIRED)
+set(RELAY_HAS_CUDA OFF)
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+  set(RELAY_HAS_CUDA ON)
+endif()
+message(STATUS "relay: LibTorch ${Torch_VERSION} (CUDA: ${RELAY_HAS_CUDA})")
+
+# TORCH_LIBRARIES is a plain list; wrap it so targets can link one name and
+# pick up the required ABI flags.
+add_library(relay_torch INTERFACE)
+target_link_libraries(relay_torch INTERFACE ${TORCH_LIBRARIES})
+separate_arguments(_relay_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+target_compile_options(relay_torch INTERFACE ${_relay_torch_flags})
+if(RELAY_HAS_CUDA)
+  target_compile_definitions(relay_torch INTERFACE RELAY_WITH_CUDA=1)
+endif()
+
+find_package(Threads REQUIRED)
+find_package(absl REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(fmt REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+if(RELAY_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(RELAY_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()
+
+set(RELAY_PROTOC $<TARGET_FILE:protobuf::protoc>)
+find_program(RELAY_GRPC_CPP_PLUGIN NAMES grpc_cpp_plugin REQUIRED)

@@ -1,0 +1,90 @@
+#pragma once
+
+// Experiment configuration: what a YAML file (configs/*.yaml) turns into.
+//
+// YAML is parsed only in src/common/config.cc; components receive these plain
+// structs. Every field has a default, so a config file names only what it
+// changes. Loading rejects unknown keys (suggesting the nearest known one),
+// wrong types and out-of-range values; every message names the file and the
+// YAML path, e.g. "configs/grpo.yaml: rollout.n: must be >= 1, got 0".
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "relay/common/status.h"
+
+namespace relay {
+
+struct RunConfig {
+  std::string name = "default";   // run directory is <output_dir>/<name>
+  std::string output_dir = "runs";
+  uint64_t seed = 0;              // seeds model init, sampling and data order
+  int threads = 0;                // intra-op threads for this process; 0 = all cores
+  std::string log_level = "info"; // trace | debug | info | warn | error
+};
+
+// Architecture of a fresh model built from a seed (model.init). Ignored when
+// model.path names a checkpoint directory.
+struct ModelInitConfig {
+  std::string arch = "llama";  // llama | qwen2 (qwen2 = q/k/v projections with bias)
+  int layers = 2;
+  int hidden = 64;
+  int heads = 4;
+  int kv_heads = 2;            // grouped-query attention when < heads; must divide heads
+  int ffn = 128;               // SwiGLU intermediate size
+  int vocab = 0;               // 0 = the tokenizer's vocabulary size
+  int max_seq_len = 256;       // max_position_embeddings
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  bool tie_embeddings = true;  // LM head shares the token embedding matrix
+};
+
+struct ModelConfig {
+  std::string path;              // HF-layout directory (config.json + *.safetensors); empty = init
+  std::string dtype = "float32"; // float32 | bfloat16 | float16: parameters in memory
+  std::string tokenizer = "char";// char (built-in tasks) | a tokenizer.json path (later)
+  ModelInitConfig init;
+};
+
+// Sampling for rollouts. Consumed by the generation engine.
+struct RolloutConfig {
+  int n = 8;                   // responses sampled per prompt (the group size K)
+  int max_new_tokens = 32;
+  double temperature = 1.0;    // > 0; sampling is greedy only through `relay generate --greedy`
+  int top_k = 0;               // 0 = off
+  double top_p = 1.0;          // 1 = off; in (0, 1]
+};
+
+struct TrainerConfig {
+  int max_staleness = 0;       // train on tokens of version >= v - max_staleness; 0 = synchronous
+  double lr = 1e-5;            // learning rate, > 0
+};
+
+struct ExperimentConfig {
+  RunConfig run;
+  ModelConfig model;
+  RolloutConfig rollout;
+  TrainerConfig trainer;
+};
+
+// Loads `path`, applies `overrides` ("key.path=value", YAML-typed value, e.g.
+// "rollout.n=4" or "model.init.tie_embeddings=false") in order, then validates.
+// Errors: NotFound (missing file), InvalidArgument (malformed YAML, unknown
+// key, wrong type, bad value, malformed override). Never throws.
+StatusOr<ExperimentConfig> load_config(const std::string& path,
+                                       const std::vector<std::string>& overrides = {});
+
+// Same as load_config, from YAML text; `source` names it in error messages.
+StatusOr<ExperimentConfig> parse_config(const std::string& yaml_text, const std::string& source,
+                                        const std::vector<std::string>& overrides = {});
+
+// Checks value ranges and cross-field rules. Every error line is
+// "<yaml.path>: <what>, got <value>"; all problems are reported, one per line.
+Status validate(const ExperimentConfig& config);
+
+// The fully resolved config (defaults filled in) as YAML that load_config
+// accepts back unchanged.
+std::string to_yaml(const ExperimentConfig& config);
+
+}  // namespace relay

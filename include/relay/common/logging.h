@@ -1,0 +1,17 @@
+#pragma once
+
+// Process-wide logging set-up. Modules log through spdlog inside src/ only;
+// public headers expose just this.
+
+#include <string>
+
+#include "relay/common/status.h"
+
+namespace relay {
+
+// Sets the level of the default logger ("trace", "debug", "info", "warn",
+// "error", "off"). Log lines go to stderr so that stdout stays machine-readable
+// (`relay score --json` and friends print only their result there).
+Status init_logging(const std::string& level);
+
+}  // namespace relay

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs the Debian packages relay builds and tests with. Idempotent: only
+# packages that are missing are installed, and nothing else is touched.
+# Needs root (or sudo) when something is missing; prints what it installs.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git
+  # LibTorch (CPU build on Debian; clusters point CMAKE_PREFIX_PATH at an
+  # upstream LibTorch 2.x instead) and a fast BLAS: without OpenBLAS, Debian's
+  # LibTorch falls back to the reference BLAS, ~30x slower for fp32 GEMM.
+  libtorch-dev libopenblas0-pthread
+  # c10d's Gloo process group headers
+  libgloo-dev
+  # wire API
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # common
+  libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  libxxhash-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "setup: need root to install: ${missing[*]}" >&2; exit 1; }
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup: done"
