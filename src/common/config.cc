@@ -1,0 +1,653 @@
+#include "relay/common/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+// yaml-cpp is used here and nowhere else. It throws; every entry point below
+// catches and returns a Status instead.
+
+namespace relay {
+namespace {
+
+// ---------------------------------------------------------------------------
+// The schema: one list of fields per struct, walked by both the Reader (YAML ->
+// struct, which also learns the known keys from it) and the Writer (struct ->
+// YAML). A new field added here is read, checked for typos and printed.
+
+template <class V>
+void visit_fields(V& v, RunConfig& c) {
+  v.field("name", c.name);
+  v.field("output_dir", c.output_dir);
+  v.field("seed", c.seed);
+  v.field("threads", c.threads);
+  v.field("log_level", c.log_level);
+}
+
+template <class V>
+void visit_fields(V& v, ModelInitConfig& c) {
+  v.field("arch", c.arch);
+  v.field("layers", c.layers);
+  v.field("hidden", c.hidden);
+  v.field("heads", c.heads);
+  v.field("kv_heads", c.kv_heads);
+  v.field("ffn", c.ffn);
+  v.field("vocab", c.vocab);
+  v.field("max_seq_len", c.max_seq_len);
+  v.field("rope_theta", c.rope_theta);
+  v.field("rms_norm_eps", c.rms_norm_eps);
+  v.field("tie_embeddings", c.tie_embeddings);
+}
+
+template <class V>
+void visit_fields(V& v, ModelConfig& c) {
+  v.field("path", c.path);
+  v.field("dtype", c.dtype);
+  v.field("tokenizer", c.tokenizer);
+  v.section("init", c.init);
+}
+
+template <class V>
+void visit_fields(V& v, RolloutConfig& c) {
+  v.field("n", c.n);
+  v.field("max_new_tokens", c.max_new_tokens);
+  v.field("temperature", c.temperature);
+  v.field("top_k", c.top_k);
+  v.field("top_p", c.top_p);
+}
+
+template <class V>
+void visit_fields(V& v, TrainerConfig& c) {
+  v.field("max_staleness", c.max_staleness);
+  v.field("lr", c.lr);
+}
+
+template <class V>
+void visit_fields(V& v, ExperimentConfig& c) {
+  v.section("run", c.run);
+  v.section("model", c.model);
+  v.section("rollout", c.rollout);
+  v.section("trainer", c.trainer);
+}
+
+// ---------------------------------------------------------------------------
+// Small helpers.
+
+std::string join_path(const std::string& prefix, const std::string& key) {
+  return prefix.empty() ? key : absl::StrCat(prefix, ".", key);
+}
+
+// Shortest text that parses back to exactly `x` ("1e-06", "0.95", "10000").
+std::string format_double(double x) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x);
+  if (ec != std::errc()) return "?";
+  return std::string(buf, end);
+}
+
+// A user-supplied string for a one-line message: quoted, escaped, shortened.
+std::string quote(const std::string& s) {
+  constexpr size_t kMaxShown = 60;
+  std::string shown = absl::CHexEscape(s.substr(0, kMaxShown));
+  return absl::StrCat("'", shown, s.size() > kMaxShown ? "...'" : "'");
+}
+
+// What a node is, for "expected X, got <describe>".
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Scalar:
+      return quote(node.Scalar());
+    default:
+      return "null";
+  }
+}
+
+size_t levenshtein(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];  // row[i-1][j-1]
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown key; did you mean 'x'?" when a known key is close enough (distance
+// <= max(2, len/3)), else the list of known keys.
+std::string unknown_key_message(const std::string& key, const std::vector<std::string>& known) {
+  const std::string* best = nullptr;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const std::string& k : known) {
+    size_t d = levenshtein(key, k);
+    if (d < best_distance) {
+      best = &k;
+      best_distance = d;
+    }
+  }
+  if (best != nullptr && best_distance <= std::max<size_t>(2, key.size() / 3)) {
+    return absl::StrCat("unknown key; did you mean '", *best, "'?");
+  }
+  return absl::StrCat("unknown key; known keys: ", absl::StrJoin(known, ", "));
+}
+
+// Parses all of `text` as a decimal number, as YAML's core schema writes it:
+// an optional sign, no hex, no spaces. (from_chars alone rejects a '+'.)
+template <class T>
+bool parse_number(const std::string& text, T& out) {
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  if (begin != end && *begin == '+') {
+    ++begin;
+    if (begin != end && *begin == '-') return false;
+  }
+  auto [ptr, ec] = std::from_chars(begin, end, out);
+  return begin != end && ec == std::errc() && ptr == end;
+}
+
+// ---------------------------------------------------------------------------
+// Reader: decodes a YAML tree into the structs. It records every problem
+// (unknown or duplicate key, wrong type, out-of-range integer) rather than
+// stopping at the first, each as "<source>[:<line>]: <path>: <what>".
+
+class Reader {
+ public:
+  // `use_marks`: add line numbers (false when the tree holds override values,
+  // whose marks point into the override string, not the file).
+  Reader(std::string source, bool use_marks) : source_(std::move(source)), use_marks_(use_marks) {}
+
+  const std::vector<std::string>& errors() const { return errors_; }
+
+  // Reads the fields of `c` from `node`, a map or null (null = all defaults).
+  template <class C>
+  void read_map(const YAML::Node& node, const std::string& path, C& c) {
+    Scope scope;
+    scope.path = path;
+    if (node.IsMap()) {
+      for (auto it = node.begin(); it != node.end(); ++it) {
+        if (!it->first.IsScalar()) {
+          error(it->first, path, absl::StrCat("keys must be strings, got ", describe(it->first)));
+          continue;
+        }
+        scope.entries.push_back({it->first.Scalar(), it->first, it->second});
+      }
+    }
+    Scope* outer = scope_;
+    scope_ = &scope;
+    visit_fields(*this, c);
+    scope_ = outer;
+    check_keys(scope);
+  }
+
+  template <class C>
+  void section(const char* key, C& c) {
+    const Entry* entry = find(key);
+    if (entry == nullptr) return;
+    const YAML::Node& node = entry->value;
+    std::string path = join_path(scope_->path, key);
+    if (node.IsMap() || node.IsNull()) {
+      read_map(node, path, c);
+    } else {
+      error(node, path, absl::StrCat("expected a map, got ", describe(node)));
+    }
+  }
+
+  void field(const char* key, std::string& out) {
+    const Entry* entry = find(key);
+    if (entry == nullptr) return;
+    const YAML::Node& node = entry->value;
+    if (node.IsScalar()) {
+      out = node.Scalar();
+    } else {
+      type_error(*entry, key, "a string");
+    }
+  }
+
+  void field(const char* key, bool& out) {
+    const Entry* entry = find(key);
+    if (entry == nullptr) return;
+    const YAML::Node& node = entry->value;
+    // Only true/false: YAML 1.1's yes/no/on/off are too easy to write by accident.
+    if (node.IsScalar() && node.Scalar() == "true") {
+      out = true;
+    } else if (node.IsScalar() && node.Scalar() == "false") {
+      out = false;
+    } else {
+      type_error(*entry, key, "true or false");
+    }
+  }
+
+  void field(const char* key, int& out) {
+    const Entry* entry = find(key);
+    if (entry == nullptr) return;
+    const YAML::Node& node = entry->value;
+    int64_t v = 0;
+    if (!node.IsScalar() || !parse_number(node.Scalar(), v)) {
+      type_error(*entry, key, "an integer");
+    } else if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+      type_error(*entry, key,
+                 absl::StrCat("an integer in [", std::numeric_limits<int>::min(), ", ",
+                              std::numeric_limits<int>::max(), "]"));
+    } else {
+      out = static_cast<int>(v);
+    }
+  }
+
+  void field(const char* key, uint64_t& out) {
+    const Entry* entry = find(key);
+    if (entry == nullptr) return;
+    const YAML::Node& node = entry->value;
+    uint64_t v = 0;  // from_chars rejects a leading '-' for unsigned types
+    if (node.IsScalar() && parse_number(node.Scalar(), v)) {
+      out = v;
+    } else {
+      type_error(*entry, key,
+                 absl::StrCat("an integer in [0, ", std::numeric_limits<uint64_t>::max(), "]"));
+    }
+  }
+
+  void field(const char* key, double& out) {
+    const Entry* entry = find(key);
+    if (entry == nullptr) return;
+    const YAML::Node& node = entry->value;
+    double v = 0;
+    if (node.IsScalar() && parse_number(node.Scalar(), v) && std::isfinite(v)) {
+      out = v;
+    } else {
+      type_error(*entry, key, "a number");
+    }
+  }
+
+ private:
+  struct Entry {
+    std::string key;
+    YAML::Node key_node;
+    YAML::Node value;
+  };
+  // The map being read: its entries, and the keys the schema asked for.
+  struct Scope {
+    std::string path;
+    std::vector<Entry> entries;
+    std::vector<std::string> known;
+  };
+
+  // Records `key` as known in the current map and returns its entry (the
+  // first one if repeated), or nullptr when absent.
+  const Entry* find(const char* key) {
+    scope_->known.emplace_back(key);
+    for (const Entry& e : scope_->entries) {
+      if (e.key == key) return &e;
+    }
+    return nullptr;
+  }
+
+  void check_keys(const Scope& scope) {
+    for (size_t i = 0; i < scope.entries.size(); ++i) {
+      const Entry& e = scope.entries[i];
+      std::string path = join_path(scope.path, e.key);
+      bool known = std::find(scope.known.begin(), scope.known.end(), e.key) != scope.known.end();
+      if (!known) {
+        error(e.key_node, path, unknown_key_message(e.key, scope.known));
+        continue;
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (scope.entries[j].key == e.key) {
+          error(e.key_node, path, "duplicate key");
+          break;
+        }
+      }
+    }
+  }
+
+  // Points at the value's line, or the key's when the value is null (a null
+  // value's mark is wherever the parser went next).
+  void type_error(const Entry& entry, const char* key, const std::string& expected) {
+    const YAML::Node& at = entry.value.IsNull() ? entry.key_node : entry.value;
+    error(at, join_path(scope_->path, key),
+          absl::StrCat("expected ", expected, ", got ", describe(entry.value)));
+  }
+
+  void error(const YAML::Node& at, const std::string& path, const std::string& what) {
+    std::string where = source_;
+    YAML::Mark mark = at.Mark();
+    if (use_marks_ && !mark.is_null()) absl::StrAppend(&where, ":", mark.line + 1);
+    errors_.push_back(path.empty() ? absl::StrCat(where, ": ", what)
+                                   : absl::StrCat(where, ": ", path, ": ", what));
+  }
+
+  std::string source_;
+  bool use_marks_;
+  Scope* scope_ = nullptr;
+  std::vector<std::string> errors_;
+};
+
+// ---------------------------------------------------------------------------
+// Writer: prints the structs as block YAML through the same schema.
+
+class Writer {
+ public:
+  explicit Writer(YAML::Emitter& out) : out_(out) {}
+
+  template <class C>
+  void section(const char* key, C& c) {
+    out_ << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    visit_fields(*this, c);
+    out_ << YAML::EndMap;
+  }
+
+  template <class T>
+  void field(const char* key, T& value) {
+    out_ << YAML::Key << key << YAML::Value << value;
+  }
+
+  void field(const char* key, double& value) {
+    std::string text = format_double(value);
+    // "10000" -> "10000.0", so the file shows the field is a real number.
+    if (text.find_first_not_of("-0123456789") == std::string::npos) text += ".0";
+    out_ << YAML::Key << key << YAML::Value << text;
+  }
+
+ private:
+  YAML::Emitter& out_;
+};
+
+// ---------------------------------------------------------------------------
+// Validation problems, kept as (path, text) so parse_config can name the file
+// or the override that set each path.
+
+struct Problem {
+  std::string path;
+  std::string what;  // "must be >= 1, got 0"
+};
+
+class ProblemList {
+ public:
+  template <class T>
+  void add(const std::string& path, const std::string& rule, const T& got) {
+    problems.push_back({path, absl::StrCat(rule, ", got ", got)});
+  }
+  void add(const std::string& path, const std::string& rule, double got) {
+    problems.push_back({path, absl::StrCat(rule, ", got ", format_double(got))});
+  }
+  void add_string(const std::string& path, const std::string& rule, const std::string& got) {
+    problems.push_back({path, absl::StrCat(rule, ", got ", quote(got))});
+  }
+  void at_least(const std::string& path, int value, int min) {
+    if (value < min) add(path, absl::StrCat("must be >= ", min), value);
+  }
+  void positive(const std::string& path, double value) {
+    if (!(value > 0)) add(path, "must be > 0", value);  // also rejects NaN
+  }
+  void one_of(const std::string& path, const std::string& value,
+              const std::vector<std::string>& allowed) {
+    if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+      add_string(path, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")), value);
+    }
+  }
+
+  std::vector<Problem> problems;
+};
+
+bool is_run_name_char(char ch) {
+  return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+         ch == '.' || ch == '_' || ch == '-';
+}
+
+std::vector<Problem> find_problems(const ExperimentConfig& config) {
+  ProblemList p;
+  const RunConfig& run = config.run;
+  if (run.name.empty()) {
+    p.add_string("run.name", "must be non-empty", run.name);
+  } else if (!std::all_of(run.name.begin(), run.name.end(), is_run_name_char)) {
+    p.add_string("run.name", "must contain only [A-Za-z0-9._-]", run.name);
+  } else if (run.name == "." || run.name == "..") {
+    // The run directory is <output_dir>/<name>; these would escape it.
+    p.add_string("run.name", "must not be '.' or '..'", run.name);
+  }
+  p.at_least("run.threads", run.threads, 0);
+  p.one_of("run.log_level", run.log_level, {"trace", "debug", "info", "warn", "error", "off"});
+
+  p.one_of("model.dtype", config.model.dtype, {"float32", "bfloat16", "float16"});
+  const ModelInitConfig& init = config.model.init;
+  p.one_of("model.init.arch", init.arch, {"llama", "qwen2"});
+  p.at_least("model.init.layers", init.layers, 1);
+  p.at_least("model.init.hidden", init.hidden, 1);
+  p.at_least("model.init.heads", init.heads, 1);
+  p.at_least("model.init.kv_heads", init.kv_heads, 1);
+  p.at_least("model.init.ffn", init.ffn, 1);
+  p.at_least("model.init.vocab", init.vocab, 0);
+  p.at_least("model.init.max_seq_len", init.max_seq_len, 1);
+  if (init.heads >= 1 && init.kv_heads >= 1 && init.heads % init.kv_heads != 0) {
+    p.add("model.init.kv_heads", absl::StrCat("must divide model.init.heads (", init.heads, ")"),
+          init.kv_heads);
+  }
+  if (init.heads >= 1 && init.hidden >= 1) {
+    if (init.hidden % init.heads != 0) {
+      p.add("model.init.hidden",
+            absl::StrCat("must be divisible by model.init.heads (", init.heads, ")"), init.hidden);
+    } else if ((init.hidden / init.heads) % 2 != 0) {
+      p.add("model.init.hidden", "must give an even head dim (hidden / model.init.heads) for RoPE",
+            absl::StrCat(init.hidden, " / ", init.heads, " = ", init.hidden / init.heads));
+    }
+  }
+  p.positive("model.init.rope_theta", init.rope_theta);
+  p.positive("model.init.rms_norm_eps", init.rms_norm_eps);
+
+  const RolloutConfig& rollout = config.rollout;
+  p.at_least("rollout.n", rollout.n, 1);
+  p.at_least("rollout.max_new_tokens", rollout.max_new_tokens, 1);
+  p.positive("rollout.temperature", rollout.temperature);
+  p.at_least("rollout.top_k", rollout.top_k, 0);
+  if (!(rollout.top_p > 0 && rollout.top_p <= 1)) {
+    p.add("rollout.top_p", "must be in (0, 1]", rollout.top_p);
+  }
+
+  p.at_least("trainer.max_staleness", config.trainer.max_staleness, 0);
+  p.positive("trainer.lr", config.trainer.lr);
+  return std::move(p.problems);
+}
+
+// ---------------------------------------------------------------------------
+// Overrides: "key.path=value", applied to the YAML tree before decoding.
+
+struct Override {
+  std::string text;               // as given, for messages
+  std::string key;                // "rollout.n"
+  std::vector<std::string> path;  // {"rollout", "n"}
+  YAML::Node value;
+};
+
+std::string override_source(const std::string& text) {
+  return absl::StrCat("override ", quote(text));
+}
+
+StatusOr<Override> parse_override(const std::string& text) {
+  const std::string source = override_source(text);
+  size_t eq = text.find('=');
+  if (eq == std::string::npos) {
+    return InvalidArgumentError(absl::StrCat(source, ": expected key.path=value"));
+  }
+  Override o;
+  o.text = text;
+  o.key = std::string(absl::StripAsciiWhitespace(text.substr(0, eq)));
+  if (o.key.empty()) return InvalidArgumentError(absl::StrCat(source, ": empty key"));
+  o.path = absl::StrSplit(o.key, '.');
+  for (const std::string& part : o.path) {
+    if (part.empty()) {
+      return InvalidArgumentError(absl::StrCat(source, ": empty component in key ", quote(o.key)));
+    }
+  }
+  std::string value = text.substr(eq + 1);
+  if (absl::StripAsciiWhitespace(value).empty()) {
+    o.value = YAML::Node(std::string());  // "key=" sets an empty string, not null
+    return o;
+  }
+  try {
+    o.value = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(absl::StrCat(source, ": malformed value: ", e.msg));
+  }
+  return o;
+}
+
+// Sets root[path...] = value, turning missing or non-map intermediates into
+// maps (a non-map that was a leaf is then reported by the decoder as a type
+// error at its path). Uses fresh Node handles per level: assigning to a
+// yaml-cpp Node that refers into a tree rewrites the tree.
+void set_path(YAML::Node map, const std::vector<std::string>& path, size_t i,
+              const YAML::Node& value) {
+  if (i + 1 == path.size()) {
+    map[path[i]] = value;
+    return;
+  }
+  YAML::Node child = map[path[i]];
+  if (!child.IsMap()) child = YAML::Node(YAML::NodeType::Map);
+  set_path(child, path, i + 1, value);
+}
+
+// ---------------------------------------------------------------------------
+
+Status decode(const YAML::Node& root, const std::string& source, bool use_marks,
+              ExperimentConfig& out) {
+  ExperimentConfig config;
+  Reader reader(source, use_marks);
+  reader.read_map(root, "", config);
+  if (!reader.errors().empty()) {
+    return InvalidArgumentError(absl::StrJoin(reader.errors(), "\n"));
+  }
+  out = std::move(config);
+  return OkStatus();
+}
+
+// Parses the text into a map node (an empty document becomes an empty map).
+StatusOr<YAML::Node> load_root(const std::string& yaml_text, const std::string& source) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    return InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ":", e.mark.column + 1,
+                                             ": malformed YAML: ", e.msg));
+  }
+  if (docs.size() > 1) {
+    return InvalidArgumentError(
+        absl::StrCat(source, ": expected one YAML document, got ", docs.size()));
+  }
+  if (docs.empty() || docs[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
+  const YAML::Node& root = docs[0];
+  if (!root.IsMap()) {
+    std::string where = source;
+    if (!root.Mark().is_null()) absl::StrAppend(&where, ":", root.Mark().line + 1);
+    return InvalidArgumentError(
+        absl::StrCat(where, ": expected a map at the top level, got ", describe(root)));
+  }
+  return root;
+}
+
+StatusOr<ExperimentConfig> parse_config_impl(const std::string& yaml_text,
+                                             const std::string& source,
+                                             const std::vector<std::string>& overrides) {
+  RELAY_ASSIGN_OR_RETURN(YAML::Node root, load_root(yaml_text, source));
+  ExperimentConfig config;
+  RELAY_RETURN_IF_ERROR(decode(root, source, /*use_marks=*/true, config));
+  // Decode again after each override: the tree decoded cleanly before it, so
+  // any new error is that override's, and is reported under its name.
+  std::vector<Override> applied;
+  for (const std::string& text : overrides) {
+    RELAY_ASSIGN_OR_RETURN(Override o, parse_override(text));
+    set_path(root, o.path, 0, o.value);
+    RELAY_RETURN_IF_ERROR(decode(root, override_source(text), /*use_marks=*/false, config));
+    applied.push_back(std::move(o));
+  }
+
+  std::vector<Problem> problems = find_problems(config);
+  if (problems.empty()) return config;
+  std::vector<std::string> lines;
+  for (const Problem& problem : problems) {
+    // Blame the last override that set this path or a section holding it.
+    std::string blamed = source;
+    for (auto it = applied.rbegin(); it != applied.rend(); ++it) {
+      if (problem.path == it->key || absl::StartsWith(problem.path, it->key + ".")) {
+        blamed = override_source(it->text);
+        break;
+      }
+    }
+    lines.push_back(absl::StrCat(blamed, ": ", problem.path, ": ", problem.what));
+  }
+  return InvalidArgumentError(absl::StrJoin(lines, "\n"));
+}
+
+}  // namespace
+
+StatusOr<ExperimentConfig> load_config(const std::string& path,
+                                       const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return NotFoundError(absl::StrCat("config file not found: ", path));
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    return InvalidArgumentError(absl::StrCat(path, ": is a directory, expected a YAML file"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgumentError(absl::StrCat(path, ": cannot open file"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return InvalidArgumentError(absl::StrCat(path, ": cannot read file"));
+  return parse_config(text, path, overrides);
+}
+
+StatusOr<ExperimentConfig> parse_config(const std::string& yaml_text, const std::string& source,
+                                        const std::vector<std::string>& overrides) {
+  try {
+    return parse_config_impl(yaml_text, source, overrides);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  } catch (const std::exception& e) {
+    return InternalError(absl::StrCat(source, ": ", e.what()));
+  }
+}
+
+Status validate(const ExperimentConfig& config) {
+  std::vector<Problem> problems = find_problems(config);
+  if (problems.empty()) return OkStatus();
+  std::vector<std::string> lines;
+  for (const Problem& problem : problems) {
+    lines.push_back(absl::StrCat(problem.path, ": ", problem.what));
+  }
+  return InvalidArgumentError(absl::StrJoin(lines, "\n"));
+}
+
+std::string to_yaml(const ExperimentConfig& config) {
+  ExperimentConfig copy = config;  // the schema walks mutable structs
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  Writer writer(out);
+  visit_fields(writer, copy);
+  out << YAML::EndMap;
+  return absl::StrCat(out.c_str(), "\n");
+}
+
+}  // namespace relay

@@ -21,7 +21,7 @@ struct RunConfig {
   std::string output_dir = "runs";
   uint64_t seed = 0;              // seeds model init, sampling and data order
   int threads = 0;                // intra-op threads for this process; 0 = all cores
-  std::string log_level = "info"; // trace | debug | info | warn | error
+  std::string log_level = "info"; // trace | debug | info | warn | error | off
 };
 
 // Architecture of a fresh model built from a seed (model.init). Ignored when

@@ -1,0 +1,480 @@
+#include "relay/common/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace relay {
+namespace {
+
+// Writes `text` to `name` under the test's temp directory; returns the path.
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "relay_config_test";
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / name).string();
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// Field-by-field equality, so a failure names the field.
+void expect_same(const ExperimentConfig& a, const ExperimentConfig& b) {
+  EXPECT_EQ(a.run.name, b.run.name);
+  EXPECT_EQ(a.run.output_dir, b.run.output_dir);
+  EXPECT_EQ(a.run.seed, b.run.seed);
+  EXPECT_EQ(a.run.threads, b.run.threads);
+  EXPECT_EQ(a.run.log_level, b.run.log_level);
+  EXPECT_EQ(a.model.path, b.model.path);
+  EXPECT_EQ(a.model.dtype, b.model.dtype);
+  EXPECT_EQ(a.model.tokenizer, b.model.tokenizer);
+  const ModelInitConfig& ai = a.model.init;
+  const ModelInitConfig& bi = b.model.init;
+  EXPECT_EQ(ai.arch, bi.arch);
+  EXPECT_EQ(ai.layers, bi.layers);
+  EXPECT_EQ(ai.hidden, bi.hidden);
+  EXPECT_EQ(ai.heads, bi.heads);
+  EXPECT_EQ(ai.kv_heads, bi.kv_heads);
+  EXPECT_EQ(ai.ffn, bi.ffn);
+  EXPECT_EQ(ai.vocab, bi.vocab);
+  EXPECT_EQ(ai.max_seq_len, bi.max_seq_len);
+  EXPECT_EQ(ai.rope_theta, bi.rope_theta);  // exact: doubles must round-trip
+  EXPECT_EQ(ai.rms_norm_eps, bi.rms_norm_eps);
+  EXPECT_EQ(ai.tie_embeddings, bi.tie_embeddings);
+  EXPECT_EQ(a.rollout.n, b.rollout.n);
+  EXPECT_EQ(a.rollout.max_new_tokens, b.rollout.max_new_tokens);
+  EXPECT_EQ(a.rollout.temperature, b.rollout.temperature);
+  EXPECT_EQ(a.rollout.top_k, b.rollout.top_k);
+  EXPECT_EQ(a.rollout.top_p, b.rollout.top_p);
+  EXPECT_EQ(a.trainer.max_staleness, b.trainer.max_staleness);
+  EXPECT_EQ(a.trainer.lr, b.trainer.lr);
+}
+
+// Message of a failed parse_config, or "OK" so a wrong success shows plainly.
+std::string parse_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  StatusOr<ExperimentConfig> config = parse_config(yaml, "x.yaml", overrides);
+  return config.ok() ? "OK" : std::string(config.status().message());
+}
+
+TEST(ConfigTest, LoadsFileWithExpectedValuesAndDefaults) {
+  std::string path = write_temp("valid.yaml",
+                                "run:\n"
+                                "  name: grpo-1\n"
+                                "  seed: 42\n"
+                                "model:\n"
+                                "  dtype: bfloat16\n"
+                                "  init:\n"
+                                "    arch: qwen2\n"
+                                "    layers: 4\n"
+                                "    rms_norm_eps: 1e-5\n"
+                                "    tie_embeddings: false\n"
+                                "rollout:\n"
+                                "  n: 16\n"
+                                "  top_p: 0.9\n"
+                                "trainer:\n"
+                                "  lr: 3e-6\n");
+  StatusOr<ExperimentConfig> config = load_config(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->run.name, "grpo-1");
+  EXPECT_EQ(config->run.seed, 42u);
+  EXPECT_EQ(config->model.dtype, "bfloat16");
+  EXPECT_EQ(config->model.init.arch, "qwen2");
+  EXPECT_EQ(config->model.init.layers, 4);
+  EXPECT_EQ(config->model.init.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(config->model.init.tie_embeddings);
+  EXPECT_EQ(config->rollout.n, 16);
+  EXPECT_EQ(config->rollout.top_p, 0.9);
+  EXPECT_EQ(config->trainer.lr, 3e-6);
+  // Untouched fields keep their defaults.
+  EXPECT_EQ(config->run.output_dir, "runs");
+  EXPECT_EQ(config->run.log_level, "info");
+  EXPECT_EQ(config->model.path, "");
+  EXPECT_EQ(config->model.init.hidden, 64);
+  EXPECT_EQ(config->model.init.rope_theta, 10000.0);
+  EXPECT_EQ(config->rollout.max_new_tokens, 32);
+  EXPECT_EQ(config->rollout.temperature, 1.0);
+  EXPECT_EQ(config->trainer.max_staleness, 0);
+}
+
+TEST(ConfigTest, EmptyDocumentGivesDefaults) {
+  for (const char* yaml :
+       {"", "\n", "# nothing here\n", "~\n", "rollout:\n", "model:\n  init:\n"}) {
+    SCOPED_TRACE(yaml);
+    StatusOr<ExperimentConfig> config = parse_config(yaml, "x.yaml");
+    ASSERT_TRUE(config.ok()) << config.status();
+    expect_same(*config, ExperimentConfig{});
+  }
+}
+
+TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
+  EXPECT_EQ(to_yaml(ExperimentConfig{}),
+            "run:\n"
+            "  name: default\n"
+            "  output_dir: runs\n"
+            "  seed: 0\n"
+            "  threads: 0\n"
+            "  log_level: info\n"
+            "model:\n"
+            "  path: \"\"\n"
+            "  dtype: float32\n"
+            "  tokenizer: char\n"
+            "  init:\n"
+            "    arch: llama\n"
+            "    layers: 2\n"
+            "    hidden: 64\n"
+            "    heads: 4\n"
+            "    kv_heads: 2\n"
+            "    ffn: 128\n"
+            "    vocab: 0\n"
+            "    max_seq_len: 256\n"
+            "    rope_theta: 10000.0\n"
+            "    rms_norm_eps: 1e-06\n"
+            "    tie_embeddings: true\n"
+            "rollout:\n"
+            "  n: 8\n"
+            "  max_new_tokens: 32\n"
+            "  temperature: 1.0\n"
+            "  top_k: 0\n"
+            "  top_p: 1.0\n"
+            "trainer:\n"
+            "  max_staleness: 0\n"
+            "  lr: 1e-05\n");
+}
+
+TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
+  ExperimentConfig defaults;
+  ExperimentConfig custom;
+  custom.run.name = "run_2.b";
+  custom.run.output_dir = "out dir/with: colon # and hash";
+  custom.run.seed = UINT64_MAX;
+  custom.run.threads = 3;
+  custom.run.log_level = "off";
+  custom.model.path = "~";  // must stay a string, not become null
+  custom.model.dtype = "float16";
+  custom.model.tokenizer = "true";  // must stay a string, not become a bool
+  custom.model.init.arch = "qwen2";
+  custom.model.init.hidden = 96;
+  custom.model.init.heads = 6;
+  custom.model.init.kv_heads = 3;
+  custom.model.init.vocab = 151936;
+  custom.model.init.rope_theta = 1000000.5;
+  custom.model.init.rms_norm_eps = 1.0 / 3.0;
+  custom.model.init.tie_embeddings = false;
+  custom.rollout.temperature = 0.1 + 0.2;  // 0.30000000000000004
+  custom.rollout.top_k = 50;
+  custom.rollout.top_p = 0.95;
+  custom.trainer.max_staleness = 2;
+  custom.trainer.lr = 1e-300;
+  for (const ExperimentConfig* config : {&defaults, &custom}) {
+    std::string yaml = to_yaml(*config);
+    SCOPED_TRACE(yaml);
+    StatusOr<ExperimentConfig> parsed = parse_config(yaml, "resolved.yaml");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    expect_same(*parsed, *config);
+    EXPECT_EQ(to_yaml(*parsed), yaml);
+  }
+}
+
+struct ErrorCase {
+  const char* name;
+  const char* yaml;
+  const char* message;
+};
+
+TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
+  const ErrorCase cases[] = {
+      // Unknown keys, with the nearest known key of that section.
+      {"top-level typo", "rolout:\n  n: 4\n",
+       "x.yaml:1: rolout: unknown key; did you mean 'rollout'?"},
+      {"nested typo", "model:\n  init:\n    hiden: 64\n",
+       "x.yaml:3: model.init.hiden: unknown key; did you mean 'hidden'?"},
+      {"rollout typo", "rollout:\n  n: 4\n  temprature: 0.7\n",
+       "x.yaml:3: rollout.temprature: unknown key; did you mean 'temperature'?"},
+      {"no close key", "rollout:\n  beam_width: 4\n",
+       "x.yaml:2: rollout.beam_width: unknown key; known keys: n, max_new_tokens, temperature, "
+       "top_k, top_p"},
+      {"unknown section", "optimizer:\n  lr: 1\n",
+       "x.yaml:1: optimizer: unknown key; known keys: run, model, rollout, trainer"},
+      {"duplicate key", "rollout:\n  n: 4\n  n: 5\n", "x.yaml:3: rollout.n: duplicate key"},
+      {"non-string key", "rollout:\n  ? [n]\n  : 4\n",
+       "x.yaml:2: rollout: keys must be strings, got a sequence"},
+      // Wrong types.
+      {"int as word", "model:\n  init:\n    layers: two\n",
+       "x.yaml:3: model.init.layers: expected an integer, got 'two'"},
+      {"int as float", "rollout:\n  n: 4.0\n",
+       "x.yaml:2: rollout.n: expected an integer, got '4.0'"},
+      {"int overflow", "rollout:\n  max_new_tokens: 3000000000\n",
+       "x.yaml:2: rollout.max_new_tokens: expected an integer in [-2147483648, 2147483647], got "
+       "'3000000000'"},
+      {"negative seed", "run:\n  seed: -1\n",
+       "x.yaml:2: run.seed: expected an integer in [0, 18446744073709551615], got '-1'"},
+      {"bool as yes", "model:\n  init:\n    tie_embeddings: yes\n",
+       "x.yaml:3: model.init.tie_embeddings: expected true or false, got 'yes'"},
+      {"double as word", "trainer:\n  lr: fast\n",
+       "x.yaml:2: trainer.lr: expected a number, got 'fast'"},
+      {"double infinite", "rollout:\n  temperature: inf\n",
+       "x.yaml:2: rollout.temperature: expected a number, got 'inf'"},
+      {"null scalar", "rollout:\n  n:\n", "x.yaml:2: rollout.n: expected an integer, got null"},
+      {"section as scalar", "rollout: 4\n", "x.yaml:1: rollout: expected a map, got '4'"},
+      {"section as sequence", "model:\n  init: [2, 64]\n",
+       "x.yaml:2: model.init: expected a map, got a sequence"},
+      {"scalar as map", "rollout:\n  n:\n    value: 4\n",
+       "x.yaml:3: rollout.n: expected an integer, got a map"},
+      {"string as sequence", "run:\n  name: [a, b]\n",
+       "x.yaml:2: run.name: expected a string, got a sequence"},
+      // Top level.
+      {"top-level sequence", "- run\n- model\n",
+       "x.yaml:1: expected a map at the top level, got a sequence"},
+      {"top-level scalar", "hello\n", "x.yaml:1: expected a map at the top level, got 'hello'"},
+      {"two documents", "run: {}\n---\nrollout: {}\n", "x.yaml: expected one YAML document, got 2"},
+      {"malformed", "rollout:\n  n: [4\n",
+       "x.yaml:3:1: malformed YAML: end of sequence flow not found"},
+      // Values checked by validate(), prefixed with the source.
+      {"bad value", "rollout:\n  n: 0\n", "x.yaml: rollout.n: must be >= 1, got 0"},
+      {"cross-field", "model:\n  init:\n    heads: 4\n    kv_heads: 3\n",
+       "x.yaml: model.init.kv_heads: must divide model.init.heads (4), got 3"},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    StatusOr<ExperimentConfig> config = parse_config(c.yaml, "x.yaml");
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(config.status().message()), c.message);
+  }
+}
+
+TEST(ConfigTest, DecodeErrorsAreAllReported) {
+  EXPECT_EQ(parse_error("rollout:\n"
+                        "  n: four\n"
+                        "  top_kk: 5\n"
+                        "trainer:\n"
+                        "  lr: [1]\n"),
+            "x.yaml:2: rollout.n: expected an integer, got 'four'\n"
+            "x.yaml:3: rollout.top_kk: unknown key; did you mean 'top_k'?\n"
+            "x.yaml:5: trainer.lr: expected a number, got a sequence");
+}
+
+TEST(ConfigTest, ValidationProblemsAreAllReported) {
+  EXPECT_EQ(parse_error("run:\n"
+                        "  name: ''\n"
+                        "  log_level: verbose\n"
+                        "model:\n"
+                        "  init:\n"
+                        "    heads: 4\n"
+                        "    kv_heads: 3\n"
+                        "rollout:\n"
+                        "  n: 0\n"
+                        "  top_p: 0\n"),
+            "x.yaml: run.name: must be non-empty, got ''\n"
+            "x.yaml: run.log_level: must be one of trace, debug, info, warn, error, off, got "
+            "'verbose'\n"
+            "x.yaml: model.init.kv_heads: must divide model.init.heads (4), got 3\n"
+            "x.yaml: rollout.n: must be >= 1, got 0\n"
+            "x.yaml: rollout.top_p: must be in (0, 1], got 0");
+}
+
+struct RuleCase {
+  const char* name;
+  std::function<void(ExperimentConfig&)> change;
+  const char* message;
+};
+
+TEST(ConfigTest, ValidateChecksEachRule) {
+  const RuleCase cases[] = {
+      {"name chars", [](ExperimentConfig& c) { c.run.name = "my run"; },
+       "run.name: must contain only [A-Za-z0-9._-], got 'my run'"},
+      {"name dotdot", [](ExperimentConfig& c) { c.run.name = ".."; },
+       "run.name: must not be '.' or '..', got '..'"},
+      {"threads", [](ExperimentConfig& c) { c.run.threads = -1; },
+       "run.threads: must be >= 0, got -1"},
+      {"dtype", [](ExperimentConfig& c) { c.model.dtype = "fp8"; },
+       "model.dtype: must be one of float32, bfloat16, float16, got 'fp8'"},
+      {"arch", [](ExperimentConfig& c) { c.model.init.arch = "gpt2"; },
+       "model.init.arch: must be one of llama, qwen2, got 'gpt2'"},
+      {"layers", [](ExperimentConfig& c) { c.model.init.layers = 0; },
+       "model.init.layers: must be >= 1, got 0"},
+      {"ffn", [](ExperimentConfig& c) { c.model.init.ffn = -4; },
+       "model.init.ffn: must be >= 1, got -4"},
+      {"vocab", [](ExperimentConfig& c) { c.model.init.vocab = -1; },
+       "model.init.vocab: must be >= 0, got -1"},
+      {"max_seq_len", [](ExperimentConfig& c) { c.model.init.max_seq_len = 0; },
+       "model.init.max_seq_len: must be >= 1, got 0"},
+      {"hidden divisible", [](ExperimentConfig& c) { c.model.init.hidden = 66; },
+       "model.init.hidden: must be divisible by model.init.heads (4), got 66"},
+      {"odd head dim", [](ExperimentConfig& c) { c.model.init.hidden = 36; },
+       "model.init.hidden: must give an even head dim (hidden / model.init.heads) for RoPE, got "
+       "36 / 4 = 9"},
+      {"zero heads", [](ExperimentConfig& c) { c.model.init.heads = 0; },
+       "model.init.heads: must be >= 1, got 0"},
+      {"rope_theta", [](ExperimentConfig& c) { c.model.init.rope_theta = 0; },
+       "model.init.rope_theta: must be > 0, got 0"},
+      {"rms_norm_eps", [](ExperimentConfig& c) { c.model.init.rms_norm_eps = -1e-6; },
+       "model.init.rms_norm_eps: must be > 0, got -1e-06"},
+      {"max_new_tokens", [](ExperimentConfig& c) { c.rollout.max_new_tokens = 0; },
+       "rollout.max_new_tokens: must be >= 1, got 0"},
+      {"temperature", [](ExperimentConfig& c) { c.rollout.temperature = 0; },
+       "rollout.temperature: must be > 0, got 0"},
+      {"top_k", [](ExperimentConfig& c) { c.rollout.top_k = -1; },
+       "rollout.top_k: must be >= 0, got -1"},
+      {"top_p above 1", [](ExperimentConfig& c) { c.rollout.top_p = 1.5; },
+       "rollout.top_p: must be in (0, 1], got 1.5"},
+      {"max_staleness", [](ExperimentConfig& c) { c.trainer.max_staleness = -1; },
+       "trainer.max_staleness: must be >= 0, got -1"},
+      {"lr", [](ExperimentConfig& c) { c.trainer.lr = 0; }, "trainer.lr: must be > 0, got 0"},
+  };
+  EXPECT_TRUE(validate(ExperimentConfig{}).ok());
+  for (const RuleCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    ExperimentConfig config;
+    c.change(config);
+    Status status = validate(config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(status.message()), c.message);
+  }
+}
+
+TEST(ConfigTest, MissingFileIsNotFound) {
+  std::string path = ::testing::TempDir() + "/relay_config_test_no_such_file.yaml";
+  StatusOr<ExperimentConfig> config = load_config(path);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(config.status().message(), "config file not found: " + path);
+}
+
+TEST(ConfigTest, FileErrorsNameThePath) {
+  std::string path = write_temp("bad.yaml", "rollout:\n  n: 0\n");
+  StatusOr<ExperimentConfig> config = load_config(path);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(), path + ": rollout.n: must be >= 1, got 0");
+
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  config = load_config(dir);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(), dir + ": is a directory, expected a YAML file");
+}
+
+struct OverrideCase {
+  const char* name;
+  std::vector<std::string> overrides;
+  std::function<void(ExperimentConfig&)> expected_change;  // applied to the base config
+};
+
+TEST(ConfigTest, OverridesApplyInOrder) {
+  const char* base = "model:\n  dtype: bfloat16\nrollout:\n  top_k: 7\n";
+  const OverrideCase cases[] = {
+      {"int", {"rollout.n=4"}, [](ExperimentConfig& c) { c.rollout.n = 4; }},
+      {"bool",
+       {"model.init.tie_embeddings=false"},
+       [](ExperimentConfig& c) { c.model.init.tie_embeddings = false; }},
+      {"string", {"run.name=abc"}, [](ExperimentConfig& c) { c.run.name = "abc"; }},
+      {"empty string", {"model.path="}, [](ExperimentConfig& c) { c.model.path = ""; }},
+      {"double", {"trainer.lr=2e-6"}, [](ExperimentConfig& c) { c.trainer.lr = 2e-6; }},
+      {"nested, creating maps",
+       {"model.init.layers=3", "trainer.max_staleness=1"},
+       [](ExperimentConfig& c) {
+         c.model.init.layers = 3;
+         c.trainer.max_staleness = 1;
+       }},
+      {"keeps sibling keys",
+       {"model.tokenizer=bpe.json", "rollout.n=5"},
+       [](ExperimentConfig& c) {
+         c.model.tokenizer = "bpe.json";
+         c.rollout.n = 5;
+       }},
+      {"later wins", {"rollout.n=2", "rollout.n=6"}, [](ExperimentConfig& c) { c.rollout.n = 6; }},
+      {"whole section",
+       {"rollout={n: 3, top_p: 0.5}"},
+       [](ExperimentConfig& c) {
+         c.rollout.top_k = 0;  // the file's rollout map is replaced, not merged
+         c.rollout.n = 3;
+         c.rollout.top_p = 0.5;
+       }},
+      {"fixes a bad file value",
+       {"rollout.n=0", "rollout.n=1"},
+       [](ExperimentConfig& c) { c.rollout.n = 1; }},
+  };
+  for (const OverrideCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    StatusOr<ExperimentConfig> config = parse_config(base, "x.yaml", c.overrides);
+    ASSERT_TRUE(config.ok()) << config.status();
+    ExperimentConfig expected;
+    expected.model.dtype = "bfloat16";  // from the file
+    expected.rollout.top_k = 7;
+    c.expected_change(expected);
+    expect_same(*config, expected);
+  }
+}
+
+TEST(ConfigTest, OverrideErrorsNameTheOverride) {
+  const ErrorCase cases[] = {
+      {"unknown key", "rollout.temprature=2",
+       "override 'rollout.temprature=2': rollout.temprature: unknown key; did you mean "
+       "'temperature'?"},
+      {"unknown section", "rollot.n=2",
+       "override 'rollot.n=2': rollot: unknown key; did you mean 'rollout'?"},
+      {"wrong type", "rollout.n=four",
+       "override 'rollout.n=four': rollout.n: expected an integer, got 'four'"},
+      {"bool spelled yes", "model.init.tie_embeddings=yes",
+       "override 'model.init.tie_embeddings=yes': model.init.tie_embeddings: expected true or "
+       "false, got 'yes'"},
+      {"below a scalar", "rollout.n.x=1",
+       "override 'rollout.n.x=1': rollout.n: expected an integer, got a map"},
+      {"bad value", "rollout.n=0", "override 'rollout.n=0': rollout.n: must be >= 1, got 0"},
+      {"no equals sign", "rollout.n", "override 'rollout.n': expected key.path=value"},
+      {"empty key", "=4", "override '=4': empty key"},
+      {"empty component", "rollout..n=4",
+       "override 'rollout..n=4': empty component in key 'rollout..n'"},
+      {"malformed value", "rollout.n=[4",
+       "override 'rollout.n=[4': malformed value: end of sequence flow not found"},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    StatusOr<ExperimentConfig> config = parse_config("", "x.yaml", {c.yaml});
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(config.status().message()), c.message);
+  }
+}
+
+TEST(ConfigTest, ErrorsNameFileOrOverride) {
+  // The file is decoded before any override is applied.
+  EXPECT_EQ(parse_error("rollout:\n  n: x\n", {"rollout.n=4"}),
+            "x.yaml:2: rollout.n: expected an integer, got 'x'");
+  // A validation problem names whichever of file or override set the value.
+  EXPECT_EQ(parse_error("rollout:\n  top_k: -1\n", {"trainer.lr=0"}),
+            "x.yaml: rollout.top_k: must be >= 0, got -1\n"
+            "override 'trainer.lr=0': trainer.lr: must be > 0, got 0");
+}
+
+TEST(ConfigTest, LoadConfigAppliesOverridesToFile) {
+  std::string path = write_temp("overrides.yaml", "rollout:\n  n: 8\n  max_new_tokens: 10\n");
+  StatusOr<ExperimentConfig> config = load_config(path, {"rollout.n=2", "run.name=x"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rollout.n, 2);
+  EXPECT_EQ(config->rollout.max_new_tokens, 10);
+  EXPECT_EQ(config->run.name, "x");
+}
+
+TEST(ConfigTest, TinyConfigLoadsAndValidates) {
+  StatusOr<ExperimentConfig> config = load_config(RELAY_SOURCE_DIR "/configs/tiny.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(validate(*config).ok());
+  EXPECT_EQ(config->run.name, "tiny");
+  EXPECT_EQ(config->model.path, "");
+  const ModelInitConfig& init = config->model.init;
+  EXPECT_EQ(init.layers, 2);
+  EXPECT_EQ(init.hidden, 64);
+  EXPECT_EQ(init.heads, 4);
+  EXPECT_EQ(init.kv_heads, 2);
+  EXPECT_EQ(init.ffn, 128);
+  EXPECT_EQ(init.max_seq_len, 128);
+  EXPECT_TRUE(init.tie_embeddings);
+  EXPECT_EQ(config->rollout.n, 4);
+  EXPECT_EQ(config->rollout.max_new_tokens, 16);
+}
+
+}  // namespace
+}  // namespace relay
