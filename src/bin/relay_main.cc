@@ -1,1 +1,74 @@
-int main() { return 0; }
+// relay: the command line for people. Thin: parses arguments, calls
+// src/bin/commands.cc.
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "bin/commands.h"
+#include "relay/common/logging.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"relay: asynchronous RL post-training for LLMs"};
+  app.require_subcommand(1);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off (stderr)");
+
+  // relay config check FILE [key=value ...]
+  auto* config = app.add_subcommand("config", "Experiment configs");
+  config->require_subcommand(1);
+  relay::cli::ConfigCheckArgs check_args;
+  auto* check = config->add_subcommand("check", "Validate a config and print it resolved");
+  check->add_option("file", check_args.file, "YAML experiment config")->required();
+  check->add_option("overrides", check_args.overrides, "key.path=value overrides");
+
+  relay::cli::InitArgs init_args;
+  auto* init = app.add_subcommand("init", "Write a fresh model directory from model.init");
+  init->add_option("config", init_args.config_file, "YAML experiment config")->required();
+  init->add_option("overrides", init_args.overrides, "key.path=value overrides");
+  init->add_option("--out", init_args.out_dir, "Model directory to create")->required();
+  init->add_flag("--overwrite", init_args.overwrite, "Replace an existing directory");
+
+  relay::cli::ScoreArgs score_args;
+  auto* score =
+      app.add_subcommand("score", "Per-token log-probs of a sequence: position t scores token t+1");
+  score->add_option("--model", score_args.model_dir, "HF-layout model directory")->required();
+  score->add_option("--ids", score_args.ids, "Token ids, comma-separated")->required();
+  score->add_option("--temperature", score_args.temperature, "Divide logits by this first");
+  score->add_flag("--json", score_args.json, "Print {\"logprobs\": [...]}");
+  score->add_flag("--logits", score_args.logits, "With --json, also print the logit rows");
+
+  relay::cli::GenerateArgs gen;
+  auto* generate = app.add_subcommand("generate", "Sample a continuation with the KV cache");
+  generate->add_option("--model", gen.model_dir, "HF-layout model directory")->required();
+  auto* ids_opt = generate->add_option("--ids", gen.ids, "Prompt token ids, comma-separated");
+  auto* text_opt =
+      generate->add_option("--text", gen.text, "Prompt text (uses the model's tokenizer)");
+  ids_opt->excludes(text_opt);
+  generate->add_option("--max-new-tokens", gen.max_new_tokens, "Tokens to generate at most");
+  auto* greedy = generate->add_flag("--greedy", gen.greedy, "Argmax decoding");
+  generate->add_option("--temperature", gen.temperature, "Sampling temperature (> 0)")
+      ->excludes(greedy);
+  generate->add_option("--top-k", gen.top_k, "Keep the k most likely tokens (0 = off)");
+  generate->add_option("--top-p", gen.top_p, "Nucleus mass in (0, 1] (1 = off)");
+  generate->add_option("--seed", gen.seed, "Sampling seed");
+  generate->add_option("--stop", gen.stop, "Extra stop token ids, comma-separated");
+  generate->add_flag("--no-eos-stop", gen.no_eos_stop, "Do not stop at the tokenizer's EOS");
+  generate->add_flag("--json", gen.json, "Print {\"ids\": [...], \"logprobs\": [...]}");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (relay::Status s = relay::init_logging(log_level); !s.ok()) {
+    std::fprintf(stderr, "relay: --%s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (*check) return relay::cli::config_check(check_args);
+  if (*init) return relay::cli::init_model(init_args);
+  if (*score) return relay::cli::score(score_args);
+  if (*generate) return relay::cli::generate(gen);
+  return 2;
+}

@@ -1,0 +1,175 @@
+#include "relay/model/checkpoint.h"
+
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "relay/model/hf_config.h"
+#include "relay/model/safetensors.h"
+
+namespace relay::model {
+namespace fs = std::filesystem;
+
+StatusOr<c10::ScalarType> parse_dtype_name(const std::string& name) {
+  if (name == "float32") return c10::ScalarType::Float;
+  if (name == "bfloat16") return c10::ScalarType::BFloat16;
+  if (name == "float16") return c10::ScalarType::Half;
+  return InvalidArgumentError(
+      absl::StrCat("dtype: must be float32, bfloat16 or float16, got '", name, "'"));
+}
+
+std::string dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float:
+      return "float32";
+    case c10::ScalarType::BFloat16:
+      return "bfloat16";
+    case c10::ScalarType::Half:
+      return "float16";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Tensors a checkpoint may carry that are not parameters of the model.
+bool ignorable(const std::string& name, const PolicyConfig& config) {
+  if (ends_with(name, "rotary_emb.inv_freq")) return true;  // older Llama checkpoints
+  return config.tie_word_embeddings && name == "lm_head.weight";
+}
+
+}  // namespace
+
+StatusOr<Policy> load_policy(const std::string& dir, const LoadOptions& options) {
+  if (!fs::is_directory(dir))
+    return NotFoundError(absl::StrCat("model directory not found: ", dir));
+  RELAY_ASSIGN_OR_RETURN(PolicyConfig config,
+                         read_hf_config((fs::path(dir) / "config.json").string()));
+  RELAY_ASSIGN_OR_RETURN(CheckpointTensors tensors, CheckpointTensors::open(dir));
+  try {
+    Policy policy(config);
+    torch::NoGradGuard no_grad;
+    std::set<std::string> used;
+    for (auto& item : policy->named_parameters()) {
+      const std::string& name = item.key();
+      at::Tensor& param = item.value();
+      const TensorEntry* entry = tensors.entry(name);
+      if (entry == nullptr) {
+        return InvalidArgumentError(absl::StrCat(dir, ": missing tensor '", name, "'"));
+      }
+      if (c10::IntArrayRef(entry->shape) != param.sizes()) {
+        return InvalidArgumentError(absl::StrCat(
+            dir, ": tensor '", name, "' has shape [", absl::StrJoin(entry->shape, ", "),
+            "], config.json implies [", absl::StrJoin(param.sizes(), ", "), "]"));
+      }
+      RELAY_ASSIGN_OR_RETURN(at::Tensor value, tensors.tensor(name));
+      param.copy_(value);
+      used.insert(name);
+    }
+    std::vector<std::string> unexpected;
+    for (const std::string& name : tensors.names()) {
+      if (!used.count(name) && !ignorable(name, config)) unexpected.push_back(name);
+    }
+    if (!unexpected.empty()) {
+      if (unexpected.size() > 5) unexpected.resize(5);
+      return InvalidArgumentError(
+          absl::StrCat(dir, ": tensors the ", config.model_type,
+                       " architecture does not have: ", absl::StrJoin(unexpected, ", ")));
+    }
+    policy->to(options.device, options.dtype);
+    policy->eval();
+    return policy;
+  } catch (const c10::Error& e) {
+    return InternalError(absl::StrCat(dir, ": ", e.what_without_backtrace()));
+  }
+}
+
+Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions& options) {
+  const fs::path target(dir);
+  std::error_code ec;
+  if (fs::exists(target) && !options.overwrite) {
+    return AlreadyExistsError(absl::StrCat(dir, ": already exists (pass overwrite to replace it)"));
+  }
+  const fs::path staging = target.string() + ".partial-" + std::to_string(::getpid());
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging, ec);
+  if (ec)
+    return InternalError(absl::StrCat("cannot create ", staging.string(), ": ", ec.message()));
+
+  auto fail = [&](Status s) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    return s;
+  };
+
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  c10::ScalarType saved_dtype = options.dtype;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& item : policy.named_parameters()) {
+      at::Tensor t = item.value().detach();
+      if (options.dtype != c10::ScalarType::Undefined) t = t.to(options.dtype);
+      saved_dtype = t.scalar_type();
+      tensors.emplace_back(item.key(), t.to(torch::kCPU).contiguous());
+    }
+  }
+  PolicyConfig config = policy.config();
+  config.torch_dtype = dtype_name(saved_dtype);
+  Status s = write_hf_config(config, (staging / "config.json").string());
+  if (s.ok()) s = write_checkpoint_tensors(staging.string(), tensors, options.max_shard_bytes);
+  for (const auto& [name, contents] : options.extra_files) {
+    if (!s.ok()) break;
+    if (name.empty() || name.find('/') != std::string::npos || name == "config.json") {
+      s = InvalidArgumentError(absl::StrCat("extra file name '", name, "' is not allowed"));
+      break;
+    }
+    std::ofstream out(staging / name, std::ios::binary | std::ios::trunc);
+    out << contents;
+    if (!out.flush()) s = InternalError(absl::StrCat("cannot write ", (staging / name).string()));
+  }
+  if (!s.ok()) return fail(s);
+
+  // Keep any other files already in the directory (a tokenizer, notes):
+  // copy them over unless the new checkpoint writes a file of that name.
+  if (fs::exists(target)) {
+    for (const auto& e : fs::directory_iterator(target)) {
+      const std::string name = e.path().filename().string();
+      const bool weights =
+          ends_with(name, ".safetensors") || name == "model.safetensors.index.json";
+      if (!weights && !fs::exists(staging / name))
+        fs::copy(e.path(), staging / name, fs::copy_options::recursive, ec);
+      if (ec)
+        return fail(
+            InternalError(absl::StrCat("cannot keep ", e.path().string(), ": ", ec.message())));
+    }
+    const fs::path old = target.string() + ".old-" + std::to_string(::getpid());
+    fs::rename(target, old, ec);
+    if (ec) return fail(InternalError(absl::StrCat("cannot replace ", dir, ": ", ec.message())));
+    fs::rename(staging, target, ec);
+    if (ec) {
+      fs::rename(old, target, ec);
+      return fail(InternalError(absl::StrCat("cannot move checkpoint into ", dir)));
+    }
+    fs::remove_all(old, ec);
+    return OkStatus();
+  }
+  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
+  fs::rename(staging, target, ec);
+  if (ec)
+    return fail(
+        InternalError(absl::StrCat("cannot move checkpoint into ", dir, ": ", ec.message())));
+  return OkStatus();
+}
+
+}  // namespace relay::model

@@ -1,0 +1,132 @@
+#include "relay/model/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace relay::model {
+namespace {
+constexpr const char* kSpecialNames[] = {"<pad>", "<bos>", "<eos>"};
+}  // namespace
+
+CharTokenizer::CharTokenizer(std::string alphabet) : alphabet_(std::move(alphabet)) {
+  for (int64_t& i : index_) i = -1;
+  for (size_t i = 0; i < alphabet_.size(); ++i) {
+    index_[static_cast<unsigned char>(alphabet_[i])] = kNumSpecials + static_cast<int64_t>(i);
+  }
+}
+
+StatusOr<CharTokenizer> CharTokenizer::create(std::string_view alphabet) {
+  if (alphabet.empty()) return InvalidArgumentError("char tokenizer: alphabet is empty");
+  bool seen[256] = {};
+  for (size_t i = 0; i < alphabet.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(alphabet[i]);
+    if (c >= 128) {
+      return InvalidArgumentError(
+          absl::StrCat("char tokenizer: alphabet[", i, "] is not ASCII (byte ", int(c), ")"));
+    }
+    if (seen[c]) {
+      return InvalidArgumentError(
+          absl::StrCat("char tokenizer: alphabet repeats '", std::string(1, alphabet[i]), "'"));
+    }
+    seen[c] = true;
+  }
+  return CharTokenizer(std::string(alphabet));
+}
+
+StatusOr<CharTokenizer> CharTokenizer::from_json(const std::string& json_text,
+                                                 const std::string& source) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  if (!j.contains("type") || j["type"] != "char") {
+    return InvalidArgumentError(absl::StrCat(source, ": type: expected \"char\""));
+  }
+  if (!j.contains("alphabet") || !j["alphabet"].is_string()) {
+    return InvalidArgumentError(absl::StrCat(source, ": alphabet: expected a string"));
+  }
+  StatusOr<CharTokenizer> t = create(j["alphabet"].get<std::string>());
+  if (!t.ok()) return InvalidArgumentError(absl::StrCat(source, ": ", t.status().message()));
+  return t;
+}
+
+std::string CharTokenizer::to_json() const {
+  nlohmann::json j = {{"type", "char"},
+                      {"alphabet", alphabet_},
+                      {"specials", {kSpecialNames[0], kSpecialNames[1], kSpecialNames[2]}}};
+  return j.dump(2) + "\n";
+}
+
+StatusOr<std::vector<int64_t>> CharTokenizer::encode(std::string_view text) const {
+  std::vector<int64_t> ids;
+  ids.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const int64_t id = index_[static_cast<unsigned char>(text[i])];
+    if (id < 0) {
+      return InvalidArgumentError(absl::StrCat("char tokenizer: character '",
+                                               std::string(1, text[i]), "' at offset ", i,
+                                               " is not in the alphabet \"", alphabet_, "\""));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+StatusOr<std::string> CharTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i];
+    if (id < 0 || id >= vocab_size()) {
+      return InvalidArgumentError(absl::StrCat("char tokenizer: ids[", i, "] = ", id,
+                                               " is outside the vocabulary [0, ", vocab_size(),
+                                               ")"));
+    }
+    if (id < kNumSpecials) {
+      out += kSpecialNames[id];
+    } else {
+      out += alphabet_[id - kNumSpecials];
+    }
+  }
+  return out;
+}
+
+std::optional<int64_t> CharTokenizer::token_id(std::string_view token) const {
+  for (int64_t i = 0; i < kNumSpecials; ++i) {
+    if (token == kSpecialNames[i]) return i;
+  }
+  if (token.size() == 1 && index_[static_cast<unsigned char>(token[0])] >= 0) {
+    return index_[static_cast<unsigned char>(token[0])];
+  }
+  return std::nullopt;
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) {
+  const std::filesystem::path path = std::filesystem::path(model_dir) / kCharTokenizerFile;
+  std::ifstream in(path);
+  if (!in) {
+    return NotFoundError(absl::StrCat(model_dir, ": no tokenizer (", kCharTokenizerFile, ")"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  RELAY_ASSIGN_OR_RETURN(CharTokenizer t, CharTokenizer::from_json(buffer.str(), path.string()));
+  return std::unique_ptr<Tokenizer>(new CharTokenizer(std::move(t)));
+}
+
+Status save_char_tokenizer(const CharTokenizer& tokenizer, const std::string& model_dir) {
+  const std::filesystem::path path = std::filesystem::path(model_dir) / kCharTokenizerFile;
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << tokenizer.to_json();
+    if (!out.flush()) return InternalError(absl::StrCat("cannot write ", tmp.string()));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", ec.message()));
+  return OkStatus();
+}
+
+}  // namespace relay::model

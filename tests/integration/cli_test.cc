@@ -1,0 +1,163 @@
+// The `relay` binary as a user runs it: exit codes, stdout, stderr.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "relay/model/checkpoint.h"
+
+namespace relay {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+CliResult RelayCli(const std::string& args) {
+  // ctest runs each test in its own process, in parallel: keep files apart.
+  const std::string err_file =
+      ::testing::TempDir() + "/relay_cli_stderr_" + std::to_string(::getpid()) + ".txt";
+  const std::string cmd = std::string(RELAY_CLI_PATH) + " " + args + " 2>" + err_file;
+  CliResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  FILE* f = fopen(err_file.c_str(), "r");
+  if (f) {
+    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
+    fclose(f);
+  }
+  return r;
+}
+
+const std::string kTinyConfig = std::string(RELAY_SOURCE_DIR) + "/configs/tiny.yaml";
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ =
+        new std::string(::testing::TempDir() + "/cli_tiny_model_" + std::to_string(::getpid()));
+    fs::remove_all(*model_dir_);
+    CliResult r = RelayCli("init " + kTinyConfig + " --out " + *model_dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*model_dir_);
+    delete model_dir_;
+  }
+  static std::string* model_dir_;
+};
+std::string* CliTest::model_dir_ = nullptr;
+
+TEST_F(CliTest, ConfigCheckPrintsTheResolvedConfig) {
+  CliResult r = RelayCli("config check " + kTinyConfig + " rollout.n=6");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("kv_heads: 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("n: 6"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, ConfigCheckReportsThePathOfABadValue) {
+  CliResult r = RelayCli("config check " + kTinyConfig + " rollout.n=0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("rollout.n: must be >= 1, got 0"), std::string::npos) << r.err;
+  r = RelayCli("config check /nonexistent/x.yaml");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("/nonexistent/x.yaml"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, InitWritesAnHfLayoutDirectory) {
+  EXPECT_TRUE(fs::exists(*model_dir_ + "/config.json"));
+  EXPECT_TRUE(fs::exists(*model_dir_ + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(*model_dir_ + "/relay_tokenizer.json"));
+  // A second init into the same directory refuses instead of clobbering it.
+  CliResult r = RelayCli("init " + kTinyConfig + " --out " + *model_dir_);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("already exists"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, ScoreJsonMatchesTheLibrary) {
+  CliResult r = RelayCli("score --model " + *model_dir_ + " --ids 1,18,6,13,7,19 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["logprobs"].size(), 5u);
+  EXPECT_FALSE(j.contains("logits"));
+  auto policy = model::load_policy(*model_dir_);
+  ASSERT_TRUE(policy.ok());
+  torch::NoGradGuard g;
+  at::Tensor expected = (*policy)->score(torch::tensor({1, 18, 6, 13, 7, 19}).view({1, -1}))[0];
+  for (int t = 0; t < 5; ++t) {
+    EXPECT_NEAR(j["logprobs"][t].get<double>(), expected[t].item<double>(), 1e-6) << t;
+  }
+  r = RelayCli("score --model " + *model_dir_ + " --ids 1,18,6 --json --logits");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["logits"].size(), 3u);
+  EXPECT_EQ(j["logits"][0].size(), 28u);  // the char tokenizer's vocabulary
+}
+
+// End to end through the binaries' own I/O: generate's recorded log-probs are
+// what score says for prompt + response at positions P - 1 + j.
+TEST_F(CliTest, GenerateLogProbsAgreeWithScore) {
+  CliResult g = RelayCli("generate --model " + *model_dir_ +
+                         " --ids 1,18,6,13 --max-new-tokens 8 --seed 3 --no-eos-stop --json");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  nlohmann::json gen = nlohmann::json::parse(g.out);
+  ASSERT_EQ(gen["ids"].size(), 8u);
+  ASSERT_EQ(gen["logprobs"].size(), 8u);
+  EXPECT_EQ(gen["finish_reason"], "length");
+  std::string ids = "1,18,6,13";
+  for (const auto& id : gen["ids"]) ids += "," + std::to_string(id.get<int64_t>());
+  CliResult s = RelayCli("score --model " + *model_dir_ + " --ids " + ids + " --json");
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  nlohmann::json sc = nlohmann::json::parse(s.out);
+  for (int j = 0; j < 8; ++j) {
+    EXPECT_NEAR(gen["logprobs"][j].get<double>(), sc["logprobs"][3 + j].get<double>(), 1e-4) << j;
+  }
+  // Same seed, same tokens.
+  CliResult again = RelayCli("generate --model " + *model_dir_ +
+                             " --ids 1,18,6,13 --max-new-tokens 8 --seed 3 --no-eos-stop --json");
+  EXPECT_EQ(nlohmann::json::parse(again.out)["ids"], gen["ids"]);
+}
+
+TEST_F(CliTest, GenerateFromText) {
+  CliResult r =
+      RelayCli("generate --model " + *model_dir_ + " --text '<3+4+5>' --greedy --max-new-tokens 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("text: <3+4+5>|"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, BadInputGivesOneLineErrors) {
+  CliResult r = RelayCli("score --model " + *model_dir_ + " --ids 1,x,3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "relay score: ids[1]: expected an integer, got 'x'\n");
+  r = RelayCli("score --model " + *model_dir_ + " --ids 1,500");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "relay score: ids[1]: token id 500 outside the vocabulary [0, 28)\n");
+  r = RelayCli("generate --model /nonexistent/model --ids 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "relay generate: model directory not found: /nonexistent/model\n");
+  r = RelayCli("generate --model " + *model_dir_ + " --ids 1 --temperature 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "relay generate: temperature: must be > 0, got 0\n");
+  r = RelayCli("score --model " + *model_dir_);  // missing --ids: a usage error
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+}  // namespace
+}  // namespace relay

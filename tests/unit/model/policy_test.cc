@@ -1,0 +1,263 @@
+#include "relay/model/policy.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+#include <string>
+
+#include "testing/tensor_testing.h"
+
+namespace relay::model {
+namespace {
+
+using relay::testing::AllClose;
+using relay::testing::TinyConfig;
+
+Policy MakePolicy(const PolicyConfig& config, uint64_t seed = 7) {
+  Policy p(config);
+  init_weights(*p, seed);
+  p->eval();
+  return p;
+}
+
+// Copies every parameter of `from` into the same-named parameter of `to`.
+void CopyWeights(Policy& from, Policy& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from->named_parameters();
+  for (auto& item : to->named_parameters()) item.value().copy_(src[item.key()]);
+}
+
+std::set<std::string> Names(Policy& p) {
+  std::set<std::string> names;
+  for (const auto& item : p->named_parameters()) names.insert(item.key());
+  return names;
+}
+
+TEST(PolicyTest, ParameterNamesFollowHuggingFace) {
+  PolicyConfig c = TinyConfig("qwen2");
+  c.num_hidden_layers = 1;
+  Policy p(c);
+  const std::set<std::string> expected = {
+      "model.embed_tokens.weight",
+      "model.layers.0.input_layernorm.weight",
+      "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.self_attn.q_proj.bias",
+      "model.layers.0.self_attn.k_proj.weight",
+      "model.layers.0.self_attn.k_proj.bias",
+      "model.layers.0.self_attn.v_proj.weight",
+      "model.layers.0.self_attn.v_proj.bias",
+      "model.layers.0.self_attn.o_proj.weight",
+      "model.layers.0.post_attention_layernorm.weight",
+      "model.layers.0.mlp.gate_proj.weight",
+      "model.layers.0.mlp.up_proj.weight",
+      "model.layers.0.mlp.down_proj.weight",
+      "model.norm.weight",
+      "lm_head.weight",
+  };
+  EXPECT_EQ(Names(p), expected);
+  // Shapes as in HF: GQA k/v project to kv_heads * head_dim = 2 * 8.
+  auto params = p->named_parameters();
+  EXPECT_EQ(params["model.layers.0.self_attn.k_proj.weight"].sizes(), (at::IntArrayRef{16, 32}));
+  EXPECT_EQ(params["model.layers.0.self_attn.q_proj.weight"].sizes(), (at::IntArrayRef{32, 32}));
+  EXPECT_EQ(params["lm_head.weight"].sizes(), (at::IntArrayRef{37, 32}));
+}
+
+TEST(PolicyTest, TiedModelHasNoLmHead) {
+  PolicyConfig c = TinyConfig();
+  c.tie_word_embeddings = true;
+  Policy p(c);
+  EXPECT_EQ(Names(p).count("lm_head.weight"), 0u);
+  EXPECT_EQ(Names(p).count("model.layers.0.self_attn.q_proj.bias"), 0u);
+}
+
+TEST(PolicyTest, RmsNormMatchesHandComputedValues) {
+  RMSNorm norm(4, 1e-6);
+  {
+    torch::NoGradGuard g;
+    norm->weight.copy_(torch::tensor({1.0f, 1.0f, 2.0f, 0.5f}));
+  }
+  at::Tensor x = torch::tensor({{1.0f, 2.0f, 3.0f, 4.0f}});
+  // mean(x^2) = 30 / 4 = 7.5
+  const double r = 1.0 / std::sqrt(7.5 + 1e-6);
+  at::Tensor expected =
+      torch::tensor({{1.0 * r, 2.0 * r, 2 * 3.0 * r, 0.5 * 4.0 * r}}, torch::kFloat32);
+  EXPECT_TRUE(AllClose(norm(x), expected, 1e-6));
+}
+
+TEST(PolicyTest, RopeIsIdentityAtZeroAndRelative) {
+  torch::manual_seed(0);
+  at::Tensor inv_freq = rope_inv_freq(8, 10000.0);
+  // inv_freq[i] = 10000^(-2i/8)
+  EXPECT_TRUE(
+      AllClose(inv_freq, torch::tensor({1.0, 0.1, 0.01, 0.001}, torch::kFloat32), 1e-7, 1e-6));
+  at::Tensor q = torch::randn({1, 1, 1, 8});
+  at::Tensor k = torch::randn({1, 1, 1, 8});
+  auto at_pos = [&](const at::Tensor& x, int64_t pos) {
+    return apply_rope(x, torch::full({1, 1}, pos, torch::kInt64), inv_freq);
+  };
+  EXPECT_TRUE(AllClose(at_pos(q, 0), q, 1e-7));
+  // <R(m) q, R(n) k> depends on m - n only.
+  const double d1 = (at_pos(q, 5) * at_pos(k, 2)).sum().item<double>();
+  const double d2 = (at_pos(q, 13) * at_pos(k, 10)).sum().item<double>();
+  EXPECT_NEAR(d1, d2, 1e-5);
+  const double d3 = (at_pos(q, 13) * at_pos(k, 9)).sum().item<double>();
+  EXPECT_GT(std::abs(d1 - d3), 1e-4);
+}
+
+TEST(PolicyTest, GroupedAttentionHandExample) {
+  // One query, two keys, equal scores -> the output is the mean of the values;
+  // with the second key masked it is the first value.
+  at::Tensor q = torch::zeros({1, 2, 1, 2});
+  at::Tensor k = torch::zeros({1, 1, 2, 2});
+  at::Tensor v = torch::tensor({1.0f, 2.0f, 3.0f, 6.0f}).view({1, 1, 2, 2});
+  at::Tensor all = torch::ones({1, 1, 1, 2}, torch::kBool);
+  at::Tensor out = grouped_attention(q, k, v, all);
+  EXPECT_TRUE(AllClose(out, torch::tensor({2.0f, 4.0f, 2.0f, 4.0f}).view({1, 2, 1, 2})));
+  at::Tensor first = torch::tensor({true, false}).view({1, 1, 1, 2});
+  out = grouped_attention(q, k, v, first);
+  EXPECT_TRUE(AllClose(out, torch::tensor({1.0f, 2.0f, 1.0f, 2.0f}).view({1, 2, 1, 2})));
+}
+
+TEST(PolicyTest, InitIsDeterministicPerSeed) {
+  Policy a = MakePolicy(TinyConfig(), 3), b = MakePolicy(TinyConfig(), 3),
+         c = MakePolicy(TinyConfig(), 4);
+  auto pb = b->named_parameters(), pc = c->named_parameters();
+  bool any_differs = false;
+  for (const auto& item : a->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), pb[item.key()])) << item.key();
+    any_differs = any_differs || !torch::equal(item.value(), pc[item.key()]);
+  }
+  EXPECT_TRUE(any_differs);
+  EXPECT_TRUE(torch::equal(a->named_parameters()["model.norm.weight"], torch::ones({32})));
+}
+
+TEST(PolicyTest, ForwardIsCausal) {
+  Policy p = MakePolicy(TinyConfig());
+  at::Tensor ids = torch::tensor({{1, 5, 9, 2, 7, 3}}, torch::kInt64);
+  at::Tensor changed = ids.clone();
+  changed[0][4] = 11;
+  at::Tensor a = p->forward(ids), b = p->forward(changed);
+  EXPECT_TRUE(AllClose(a.narrow(1, 0, 4), b.narrow(1, 0, 4), 1e-6));
+  EXPECT_FALSE(AllClose(a.narrow(1, 4, 2), b.narrow(1, 4, 2), 1e-4));
+}
+
+TEST(PolicyTest, PaddedBatchScoringEqualsPerSequenceScoring) {
+  Policy p = MakePolicy(TinyConfig());
+  torch::NoGradGuard g;
+  const std::vector<std::vector<int64_t>> seqs = {
+      {3, 8, 1, 4, 4}, {2, 9, 30, 11, 6, 5, 12, 1, 7}, {4, 19}};
+  const int64_t T = 9;
+  at::Tensor ids = torch::full({3, T}, 0, torch::kInt64);  // 0 = padding
+  at::Tensor lengths = torch::zeros({3}, torch::kInt64);
+  for (int64_t b = 0; b < 3; ++b) {
+    for (size_t t = 0; t < seqs[b].size(); ++t) ids[b][t] = seqs[b][t];
+    lengths[b] = static_cast<int64_t>(seqs[b].size());
+  }
+  at::Tensor batch = p->score(ids, lengths);
+  at::Tensor logits = p->forward(ids, lengths);
+  ASSERT_EQ(batch.sizes(), (at::IntArrayRef{3, T - 1}));
+  for (int64_t b = 0; b < 3; ++b) {
+    const int64_t n = lengths[b].item<int64_t>();
+    at::Tensor alone = torch::tensor(seqs[b], torch::kInt64).view({1, n});
+    EXPECT_TRUE(AllClose(batch[b].narrow(0, 0, n - 1), p->score(alone)[0], 1e-5)) << "row " << b;
+    EXPECT_TRUE(AllClose(logits[b].narrow(0, 0, n), p->forward(alone)[0], 1e-5)) << "row " << b;
+    // Padding positions are 0 (the caller's mask decides; they are not NaN).
+    EXPECT_TRUE(batch[b].narrow(0, n - 1, T - n).eq(0).all().item<bool>()) << "row " << b;
+  }
+}
+
+TEST(PolicyTest, ScoreEqualsLogSoftmaxOfForwardAtEveryChunking) {
+  Policy p = MakePolicy(TinyConfig());
+  torch::NoGradGuard g;
+  at::Tensor ids = torch::tensor({{1, 5, 9, 2, 7, 3, 30}, {4, 4, 8, 1, 0, 2, 6}}, torch::kInt64);
+  for (double temperature : {1.0, 0.7}) {
+    at::Tensor z = p->forward(ids).narrow(1, 0, 6) / temperature;
+    at::Tensor expected =
+        torch::log_softmax(z, -1).gather(2, ids.narrow(1, 1, 6).unsqueeze(2)).squeeze(2);
+    for (int64_t chunk : {1, 5, 1024}) {
+      ScoreOptions opts;
+      opts.temperature = temperature;
+      opts.chunk_tokens = chunk;
+      EXPECT_TRUE(AllClose(p->score(ids, {}, opts), expected, 1e-5))
+          << "temperature " << temperature << " chunk " << chunk;
+    }
+  }
+}
+
+TEST(PolicyTest, ScoreIsDifferentiable) {
+  Policy p = MakePolicy(TinyConfig());
+  p->train();
+  at::Tensor ids = torch::tensor({{1, 5, 9, 2}}, torch::kInt64);
+  p->score(ids).sum().backward();
+  auto params = p->named_parameters();
+  EXPECT_GT(params["model.layers.0.self_attn.q_proj.weight"].grad().abs().sum().item<double>(), 0);
+  EXPECT_GT(params["lm_head.weight"].grad().abs().sum().item<double>(), 0);
+}
+
+// Grouped-query attention equals multi-head attention whose k/v heads are
+// repeated (transformers' repeat_kv): query head h reads kv head h / 2.
+TEST(PolicyTest, GqaEqualsMhaWithRepeatedKvHeads) {
+  PolicyConfig gqa_config = TinyConfig();  // 4 heads, 2 kv heads, head_dim 8
+  PolicyConfig mha_config = gqa_config;
+  mha_config.num_key_value_heads = 4;
+  Policy gqa = MakePolicy(gqa_config, 11);
+  Policy mha(mha_config);
+  {
+    torch::NoGradGuard g;
+    auto src = gqa->named_parameters();
+    for (auto& item : mha->named_parameters()) {
+      const std::string& name = item.key();
+      if (name.find("k_proj") != std::string::npos || name.find("v_proj") != std::string::npos) {
+        // [2 * 8, 32] -> [2, 8, 32] -> repeat each kv head twice -> [4 * 8, 32]
+        at::Tensor w = src[name].view({2, 8, -1}).repeat_interleave(2, 0).reshape({32, -1});
+        item.value().copy_(w);
+      } else {
+        item.value().copy_(src[name]);
+      }
+    }
+  }
+  mha->eval();
+  at::Tensor ids = torch::tensor({{1, 5, 9, 2, 7, 3}}, torch::kInt64);
+  EXPECT_TRUE(AllClose(gqa->forward(ids), mha->forward(ids), 1e-5));
+}
+
+TEST(PolicyTest, TiedHeadEqualsUntiedHeadHoldingTheEmbedding) {
+  PolicyConfig tied_config = TinyConfig();
+  tied_config.tie_word_embeddings = true;
+  Policy tied = MakePolicy(tied_config, 5);
+  Policy untied(TinyConfig());
+  {
+    torch::NoGradGuard g;
+    auto src = tied->named_parameters();
+    for (auto& item : untied->named_parameters()) {
+      const std::string key =
+          item.key() == "lm_head.weight" ? "model.embed_tokens.weight" : item.key();
+      item.value().copy_(src[key]);
+    }
+  }
+  at::Tensor ids = torch::tensor({{1, 5, 9, 2}}, torch::kInt64);
+  EXPECT_TRUE(AllClose(tied->forward(ids), untied->forward(ids), 1e-6));
+  // Tying is real sharing: a change to the embedding moves the logits.
+  {
+    torch::NoGradGuard g;
+    tied->model->embed_tokens->weight.mul_(2.0);
+  }
+  EXPECT_FALSE(AllClose(tied->forward(ids), untied->forward(ids), 1e-3));
+}
+
+TEST(PolicyTest, QkvBiasIsAppliedWhenPresent) {
+  Policy qwen = MakePolicy(TinyConfig("qwen2"), 9);  // biases initialised to 0
+  Policy llama(TinyConfig("llama"));
+  CopyWeights(qwen, llama);  // llama has no bias parameters; the rest match
+  at::Tensor ids = torch::tensor({{1, 5, 9, 2}}, torch::kInt64);
+  EXPECT_TRUE(AllClose(qwen->forward(ids), llama->forward(ids), 1e-6));
+  {
+    torch::NoGradGuard g;
+    qwen->named_parameters()["model.layers.0.self_attn.k_proj.bias"].fill_(0.5);
+  }
+  EXPECT_FALSE(AllClose(qwen->forward(ids), llama->forward(ids), 1e-4));
+}
+
+}  // namespace
+}  // namespace relay::model

@@ -1,0 +1,106 @@
+#pragma once
+
+// The policy network: a LLaMA-family decoder (Llama, Qwen2) with two forward
+// paths over the same weights.
+//
+//  * Scoring/training: a right-padded batch of whole sequences with their
+//    lengths -> logits, or straight to per-token log-probs (score()).
+//  * Incremental decoding: extend() appends tokens to sequences held in a
+//    KVCache (prefill = extend from length 0; decode = extend by one token).
+//
+// Alignment (DESIGN.md invariant 4): the logit at position t predicts token
+// t + 1, so for prompt length P, response token j is scored at P - 1 + j.
+//
+// Parameter names are Hugging Face's (model.embed_tokens.weight, ...,
+// lm_head.weight when untied), so checkpoints load by name (checkpoint.h).
+
+#include <cstdint>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "relay/model/layers.h"
+#include "relay/model/policy_config.h"
+
+namespace relay::model {
+
+class KVCache;
+
+// The transformer body, registered as "model" so names match HF's.
+class DecoderImpl : public torch::nn::Module {
+ public:
+  explicit DecoderImpl(const PolicyConfig& config);
+  at::Tensor forward(const at::Tensor& input_ids, const AttentionContext& ctx,
+                     const at::Tensor& inv_freq);
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(Decoder);
+
+struct ScoreOptions {
+  double temperature = 1.0;     // logits are divided by this before log_softmax
+  int64_t chunk_tokens = 1024;  // positions per LM-head chunk; bounds the [chunk, vocab] buffer
+};
+
+// Which logits extend() returns.
+enum class ExtendLogits {
+  kLast,  // [B, V]: each row's last new token (enough to sample the next one)
+  kAll,   // [B, T, V]: every new position (re-prefill that scores a response)
+};
+
+class PolicyImpl : public torch::nn::Module {
+ public:
+  // Builds the architecture with placeholder values; call init_weights() or
+  // load a checkpoint before use. REQUIRES: validate(config).ok().
+  explicit PolicyImpl(const PolicyConfig& config);
+
+  const PolicyConfig& config() const { return config_; }
+
+  // Scoring path. input_ids [B, T] int64, right-padded; lengths [B] int64 (an
+  // undefined tensor = every row has length T). Returns logits [B, T, V].
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& lengths = {});
+
+  // Final hidden states [B, T, H] (after the last RMSNorm) on the scoring path.
+  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& lengths = {});
+
+  // LM head: hidden [..., H] -> logits [..., V].
+  at::Tensor logits(const at::Tensor& hidden);
+
+  // log p(token[t + 1] | tokens[0..t]) for t in [0, T - 1): [B, T - 1], fp32.
+  // Positions t >= lengths[b] - 1 (padding) are 0; the caller masks them.
+  // The LM head runs in chunks of options.chunk_tokens positions, so the
+  // full [B, T, V] logits are never held at once. Differentiable.
+  at::Tensor score(const at::Tensor& input_ids, const at::Tensor& lengths = {},
+                   const ScoreOptions& options = {});
+
+  // Incremental path. Appends input_ids[b, 0:new_lengths[b]] to the sequence
+  // in cache slot slots[b], at positions cache.length(slot) onwards, then
+  // advances the cache. input_ids [B, T] (right-padded), new_lengths [B] >= 1,
+  // slots [B] distinct. Throws c10::Error when a slot would overflow.
+  at::Tensor extend(const at::Tensor& input_ids, const at::Tensor& new_lengths,
+                    const at::Tensor& slots, KVCache& cache,
+                    ExtendLogits which = ExtendLogits::kLast);
+
+  Decoder model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  const at::Tensor& lm_head_weight();
+
+  PolicyConfig config_;
+  at::Tensor inv_freq_;  // RoPE frequencies, fp32 buffer (not a parameter)
+};
+TORCH_MODULE(Policy);
+
+// Deterministic initialisation from a seed, independent of device and of
+// global RNG state: N(0, initializer_range) for linear and embedding weights,
+// zeros for biases, ones for norm weights, drawn in named_parameters() order
+// on the CPU in fp32 and then copied into the parameters.
+void init_weights(PolicyImpl& policy, uint64_t seed, double initializer_range = 0.02);
+
+}  // namespace relay::model

@@ -1,0 +1,43 @@
+#pragma once
+
+// Batched generation with a KV cache: every prompt is prefilled in one
+// extend() call, then all unfinished sequences decode together, one token per
+// step. This is the plain loop behind `relay generate`; the rollout engine
+// (continuous batching, versions, interruption) builds on the same pieces.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "relay/common/status.h"
+#include "relay/model/policy.h"
+#include "relay/rollout/sampler.h"
+
+namespace relay::rollout {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 16;  // >= 1
+  SamplingOptions sampling;
+  std::vector<int64_t> stop_tokens;  // a sampled stop token ends its sequence (and is kept)
+  uint64_t seed = 0;                 // prompt i samples from SequenceRng(sequence_seed(seed, i))
+};
+
+enum class FinishReason { kStop, kLength };
+const char* finish_reason_name(FinishReason reason);  // "stop" | "length"
+
+struct Generation {
+  std::vector<int64_t> tokens;      // new tokens only
+  std::vector<float> logprobs;      // behavior log-prob of each new token
+  std::vector<float> raw_logprobs;  // temperature-1 untruncated, when requested
+  FinishReason finish_reason = FinishReason::kLength;
+};
+
+// Fails with InvalidArgument (naming the prompt and position) on an empty
+// prompt, a token id outside the vocabulary, or a prompt that leaves no room
+// in max_position_embeddings; and on invalid sampling options. A sequence
+// also stops ("length") when it reaches max_position_embeddings.
+StatusOr<std::vector<Generation>> generate(model::PolicyImpl& policy,
+                                           const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerateOptions& options);
+
+}  // namespace relay::rollout

@@ -1,0 +1,71 @@
+#pragma once
+
+// Next-token sampling that records the behavior log-prob (DESIGN.md
+// invariant 1): the token is drawn from exp(logp), where logp is the
+// temperature-scaled, top-k/top-p-truncated and renormalised log-softmax, and
+// the recorded value is logp[token] read from that same tensor. There is no
+// second softmax that could disagree with the one sampled from.
+//
+// What is recorded when truncation is on: the log-prob under the truncated,
+// renormalised distribution (the one actually sampled from). Trainers that
+// want the model's own distribution ask for raw_logprobs as well: the
+// log-prob at temperature 1 with no truncation.
+//
+// Randomness is per sequence: each row brings its own uniform draw, made by
+// its request's SequenceRng, so a sequence samples the same tokens whatever
+// else shares the batch (continuous batching reorders batches freely).
+
+#include <cstdint>
+#include <random>
+
+#include <ATen/core/Tensor.h>
+
+#include "relay/common/status.h"
+
+namespace relay::rollout {
+
+struct SamplingOptions {
+  double temperature = 1.0;          // > 0; logits are divided by it
+  int64_t top_k = 0;                 // keep the k most likely tokens; 0 = off
+  double top_p = 1.0;                // keep the smallest set with mass >= top_p; 1 = off
+  bool greedy = false;               // argmax; the recorded log-prob is then raw_logprobs' value
+  bool record_raw_logprobs = false;  // also return log p(token) at temperature 1, untruncated
+};
+
+// Rejects temperature <= 0, top_k < 0, top_p outside (0, 1]; names the field.
+Status validate(const SamplingOptions& options);
+
+struct SampleResult {
+  at::Tensor tokens;        // [B] int64
+  at::Tensor logprobs;      // [B] fp32: behavior log-prob of each token (see above)
+  at::Tensor raw_logprobs;  // [B] fp32 when requested (or greedy), else undefined
+};
+
+// logits [B, V] (any float dtype); uniforms [B] fp64 in (0, 1), one per row.
+// Sampling is by inverse CDF on the truncated distribution; a token of zero
+// probability is never chosen.
+SampleResult sample(const at::Tensor& logits, const at::Tensor& uniforms,
+                    const SamplingOptions& options);
+
+// The sampling distribution itself: log-softmax of the temperature-scaled,
+// truncated logits, [B, V] fp32 with -inf for removed tokens. sample() reads
+// its recorded log-probs from this tensor.
+at::Tensor sampling_logprobs(const at::Tensor& logits, const SamplingOptions& options);
+
+// A sequence's own random stream: the same seed gives the same draws on every
+// platform (mt19937_64 is fully specified; the conversion to (0, 1) is ours).
+class SequenceRng {
+ public:
+  explicit SequenceRng(uint64_t seed) : engine_(seed) {}
+  // Uniform in the open interval (0, 1).
+  double uniform() { return (static_cast<double>(engine_() >> 11) + 0.5) * 0x1.0p-53; }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+// Seed for request `index` of a run seeded with `seed` (splitmix64 mixing, so
+// neighbouring indices get unrelated streams).
+uint64_t sequence_seed(uint64_t seed, uint64_t index);
+
+}  // namespace relay::rollout

@@ -1,0 +1,57 @@
+#pragma once
+
+// The `relay` command line's subcommands, one function each. Each returns the
+// process exit code: 0 on success, 1 when the input is bad or an operation
+// fails (with a one-line message on stderr), never an uncaught exception.
+// Results go to stdout; logs go to stderr.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace relay::cli {
+
+struct ConfigCheckArgs {
+  std::string file;
+  std::vector<std::string> overrides;  // key.path=value
+};
+int config_check(const ConfigCheckArgs& args);
+
+struct InitArgs {
+  std::string config_file;
+  std::vector<std::string> overrides;
+  std::string out_dir;
+  bool overwrite = false;
+};
+// Writes a fresh model directory (HF layout + tokenizer) from model.init.
+int init_model(const InitArgs& args);
+
+struct ScoreArgs {
+  std::string model_dir;
+  std::string ids;  // "1,2,3"
+  bool json = false;
+  bool logits = false;
+  double temperature = 1.0;
+};
+int score(const ScoreArgs& args);
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::string ids;   // "1,2,3"; or
+  std::string text;  // encoded with the directory's tokenizer
+  int64_t max_new_tokens = 16;
+  bool greedy = false;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  std::string stop;  // extra stop ids "2,5"; the tokenizer's EOS always stops
+  bool no_eos_stop = false;
+  bool json = false;
+};
+int generate(const GenerateArgs& args);
+
+// "1, 2,3" -> {1, 2, 3}; errors name the bad item.
+bool parse_ids(const std::string& text, std::vector<int64_t>* ids, std::string* error);
+
+}  // namespace relay::cli
