@@ -18,8 +18,8 @@ packages=(
   # common
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libxxhash-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests
+  libgtest-dev libgmock-dev
 )
 
 missing=()

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set-up, build, then the main job. Until the services land (trainer and
+# rollout workers over gRPC), the main job is a short demo of the policy
+# model: write a fresh tiny model in Hugging Face layout from configs/tiny.yaml,
+# check the config, sample from the model with the KV cache, and score the
+# sample so the recorded log-probs can be compared with the scoring path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+build_dir=${BUILD_DIR:-build}
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build_dir" -j "$(nproc)" --target relay
+relay="$build_dir/src/relay"
+
+config=${1:-configs/tiny.yaml}
+model_dir=runs/demo/model
+echo "== relay config check $config"
+"$relay" config check "$config"
+echo "== relay init $config --out $model_dir"
+"$relay" init "$config" --out "$model_dir" --overwrite
+echo "== relay generate (temperature 0.8, seed 1)"
+"$relay" generate --model "$model_dir" --text '<3+4+5>' --temperature 0.8 --seed 1 --max-new-tokens 12
+echo "== relay generate --json"
+gen=$("$relay" generate --model "$model_dir" --ids 1,18,6,13,7,13,8,19 --temperature 0.8 --seed 1 \
+        --max-new-tokens 6 --no-eos-stop --json)
+echo "$gen"
+ids=$(echo "$gen" | sed -E 's/.*"ids":\[([^]]*)\].*/\1/')
+echo "== relay score: positions 8.. are the generated tokens; their log-probs at"
+echo "   temperature 0.8 equal the ones generate recorded"
+"$relay" score --model "$model_dir" --ids "1,18,6,13,7,13,8,19,$ids" --temperature 0.8

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set-up, configure, build and run every test. Exits non-zero on any failure.
+#   BUILD_DIR   build directory (default: build)
+#   JOBS        parallel build/test jobs (default: number of cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+
+build_dir=${BUILD_DIR:-build}
+jobs=${JOBS:-$(nproc)}
+start=$(date +%s)
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRELAY_WERROR=ON
+cmake --build "$build_dir" -j "$jobs"
+built=$(date +%s)
+echo "test.sh: build took $((built - start)) s"
+
+# Tests set their own thread counts where it matters; keep LibTorch from
+# oversubscribing when ctest runs several test processes at once.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+ctest --test-dir "$build_dir" -j "$jobs" --output-on-failure --timeout 300
+echo "test.sh: ctest took $(( $(date +%s) - built )) s"
