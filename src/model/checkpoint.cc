@@ -4,11 +4,12 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "relay/common/file_io.h"
 #include "relay/model/hf_config.h"
 #include "relay/model/safetensors.h"
 
@@ -38,14 +39,9 @@ std::string dtype_name(c10::ScalarType dtype) {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Tensors a checkpoint may carry that are not parameters of the model.
 bool ignorable(const std::string& name, const PolicyConfig& config) {
-  if (ends_with(name, "rotary_emb.inv_freq")) return true;  // older Llama checkpoints
+  if (absl::EndsWith(name, "rotary_emb.inv_freq")) return true;  // older Llama checkpoints
   return config.tie_word_embeddings && name == "lm_head.weight";
 }
 
@@ -134,9 +130,7 @@ Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions
       s = InvalidArgumentError(absl::StrCat("extra file name '", name, "' is not allowed"));
       break;
     }
-    std::ofstream out(staging / name, std::ios::binary | std::ios::trunc);
-    out << contents;
-    if (!out.flush()) s = InternalError(absl::StrCat("cannot write ", (staging / name).string()));
+    s = write_file_atomic((staging / name).string(), contents);
   }
   if (!s.ok()) return fail(s);
 
@@ -146,7 +140,7 @@ Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions
     for (const auto& e : fs::directory_iterator(target)) {
       const std::string name = e.path().filename().string();
       const bool weights =
-          ends_with(name, ".safetensors") || name == "model.safetensors.index.json";
+          absl::EndsWith(name, ".safetensors") || name == "model.safetensors.index.json";
       if (!weights && !fs::exists(staging / name))
         fs::copy(e.path(), staging / name, fs::copy_options::recursive, ec);
       if (ec)

@@ -1,10 +1,7 @@
 #include "relay/model/hf_config.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include "relay/common/file_io.h"
 
-#include <cerrno>
-#include <cstdio>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -189,15 +186,7 @@ StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::
 }
 
 StatusOr<PolicyConfig> read_hf_config(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) return absl::ErrnoToStatus(errno, path + ": cannot open");
-  std::string text;
-  char buf[1 << 14];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), file)) > 0) text.append(buf, n);
-  const bool failed = std::ferror(file);
-  std::fclose(file);
-  if (failed) return DataLossError(path + ": read failed");
+  RELAY_ASSIGN_OR_RETURN(std::string text, read_file(path));
   return parse_hf_config(text, path);
 }
 
@@ -231,33 +220,7 @@ std::string to_hf_config_json(const PolicyConfig& c) {
 Status write_hf_config(const PolicyConfig& config, const std::string& path) {
   Status s = validate(config);
   if (!s.ok()) return Status(s.code(), path + ": " + std::string(s.message()));
-  const std::string text = to_hf_config_json(config);
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, tmp + ": cannot create");
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      Status err = absl::ErrnoToStatus(errno, tmp + ": write failed");
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return err;
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    Status err = absl::ErrnoToStatus(errno, tmp + ": fsync/close failed");
-    ::unlink(tmp.c_str());
-    return err;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    Status err = absl::ErrnoToStatus(errno, tmp + ": rename to " + path + " failed");
-    ::unlink(tmp.c_str());
-    return err;
-  }
-  return OkStatus();
+  return write_file_atomic(path, to_hf_config_json(config));
 }
 
 }  // namespace relay::model

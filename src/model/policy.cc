@@ -7,15 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "relay/model/kv_cache.h"
 
 namespace relay::model {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // mask[b, 0, t, s]: query t of row b sits at absolute position past[b] + t and
 // may attend key s when s <= past[b] + t (causal) and s < past[b] + len[b]
@@ -184,9 +180,9 @@ void init_weights(PolicyImpl& policy, uint64_t seed, double initializer_range) {
     const std::string& name = item.key();
     at::Tensor& param = item.value();
     at::Tensor value;
-    if (ends_with(name, "norm.weight")) {
+    if (absl::EndsWith(name, "norm.weight")) {
       value = torch::ones(param.sizes(), torch::kFloat32);
-    } else if (ends_with(name, ".bias")) {
+    } else if (absl::EndsWith(name, ".bias")) {
       value = torch::zeros(param.sizes(), torch::kFloat32);
     } else {
       value = torch::empty(param.sizes(), torch::kFloat32).normal_(0.0, initializer_range, gen);

@@ -1,5 +1,7 @@
 #include "relay/model/safetensors.h"
 
+#include "relay/common/file_io.h"
+
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -66,63 +68,6 @@ static_assert(dtypes_in_enum_order());
 const DTypeInfo& info(DType dtype) { return kDTypes[static_cast<size_t>(dtype)]; }
 
 Status errno_status(int err, const std::string& what) { return absl::ErrnoToStatus(err, what); }
-
-// Writes all of [data, data + n) to fd, in chunks (write(2) may stop short).
-Status write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(n, 1u << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno_status(errno, path + ": write failed");
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return OkStatus();
-}
-
-// Owns `path`.tmp while it is written; removes it unless committed by rename.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {}
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-
-  Status open() {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return errno_status(errno, tmp_ + ": cannot create");
-    return OkStatus();
-  }
-  Status write(const void* data, size_t n) { return write_all(fd_, data, n, tmp_); }
-  // fsync, close, rename over path_, then fsync the directory (best effort).
-  Status commit() {
-    if (::fsync(fd_) != 0) return errno_status(errno, tmp_ + ": fsync failed");
-    int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) return errno_status(errno, tmp_ + ": close failed");
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      return errno_status(errno, tmp_ + ": rename to " + path_ + " failed");
-    }
-    committed_ = true;
-    std::string dir = std::filesystem::path(path_).parent_path().string();
-    int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-    return OkStatus();
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
 
 // a * b, or false on uint64 overflow.
 bool mul_u64(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_overflow(a, b, out); }
@@ -210,19 +155,6 @@ StatusOr<TensorEntry> parse_entry(const std::string& name, const nlohmann::json&
                                       " needs ", bytes, " (shape mismatch)"));
   }
   return e;
-}
-
-StatusOr<std::string> read_text_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return errno_status(errno, path + ": cannot open");
-  std::string text;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
-  const bool failed = std::ferror(f);
-  std::fclose(f);
-  if (failed) return DataLossError(path + ": read failed");
-  return text;
 }
 
 std::string join_path(const std::string& dir, const std::string& name) {
@@ -429,7 +361,7 @@ Status write_safetensors(const std::string& path,
 // ---------------------------------------------------------------- shards
 
 StatusOr<ShardIndex> read_shard_index(const std::string& index_path) {
-  RELAY_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path));
+  RELAY_ASSIGN_OR_RETURN(std::string text, read_file(index_path));
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

@@ -1,10 +1,10 @@
 #include "relay/model/tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "relay/common/file_io.h"
 
 namespace relay::model {
 namespace {
@@ -104,29 +104,19 @@ std::optional<int64_t> CharTokenizer::token_id(std::string_view token) const {
 }
 
 StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) {
-  const std::filesystem::path path = std::filesystem::path(model_dir) / kCharTokenizerFile;
-  std::ifstream in(path);
-  if (!in) {
+  const std::string path = (std::filesystem::path(model_dir) / kCharTokenizerFile).string();
+  StatusOr<std::string> text = read_file(path);
+  if (absl::IsNotFound(text.status())) {
     return NotFoundError(absl::StrCat(model_dir, ": no tokenizer (", kCharTokenizerFile, ")"));
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  RELAY_ASSIGN_OR_RETURN(CharTokenizer t, CharTokenizer::from_json(buffer.str(), path.string()));
+  RELAY_RETURN_IF_ERROR(text.status());
+  RELAY_ASSIGN_OR_RETURN(CharTokenizer t, CharTokenizer::from_json(*text, path));
   return std::unique_ptr<Tokenizer>(new CharTokenizer(std::move(t)));
 }
 
 Status save_char_tokenizer(const CharTokenizer& tokenizer, const std::string& model_dir) {
-  const std::filesystem::path path = std::filesystem::path(model_dir) / kCharTokenizerFile;
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << tokenizer.to_json();
-    if (!out.flush()) return InternalError(absl::StrCat("cannot write ", tmp.string()));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", ec.message()));
-  return OkStatus();
+  return write_file_atomic((std::filesystem::path(model_dir) / kCharTokenizerFile).string(),
+                           tokenizer.to_json());
 }
 
 }  // namespace relay::model

@@ -17,11 +17,11 @@
 namespace relay {
 
 struct RunConfig {
-  std::string name = "default";   // run directory is <output_dir>/<name>
+  std::string name = "default";  // run directory is <output_dir>/<name>
   std::string output_dir = "runs";
-  uint64_t seed = 0;              // seeds model init, sampling and data order
-  int threads = 0;                // intra-op threads for this process; 0 = all cores
-  std::string log_level = "info"; // trace | debug | info | warn | error | off
+  uint64_t seed = 0;               // seeds model init, sampling and data order
+  int threads = 0;                 // intra-op threads for this process; 0 = all cores
+  std::string log_level = "info";  // trace | debug | info | warn | error | off
 };
 
 // Architecture of a fresh model built from a seed (model.init). Ignored when
@@ -31,34 +31,34 @@ struct ModelInitConfig {
   int layers = 2;
   int hidden = 64;
   int heads = 4;
-  int kv_heads = 2;            // grouped-query attention when < heads; must divide heads
-  int ffn = 128;               // SwiGLU intermediate size
-  int vocab = 0;               // 0 = the tokenizer's vocabulary size
-  int max_seq_len = 256;       // max_position_embeddings
+  int kv_heads = 2;       // grouped-query attention when < heads; must divide heads
+  int ffn = 128;          // SwiGLU intermediate size
+  int vocab = 0;          // 0 = the tokenizer's vocabulary size
+  int max_seq_len = 256;  // max_position_embeddings
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_embeddings = true;  // LM head shares the token embedding matrix
 };
 
 struct ModelConfig {
-  std::string path;              // HF-layout directory (config.json + *.safetensors); empty = init
-  std::string dtype = "float32"; // float32 | bfloat16 | float16: parameters in memory
-  std::string tokenizer = "char";// char (built-in tasks) | a tokenizer.json path (later)
+  std::string path;               // HF-layout directory (config.json + *.safetensors); empty = init
+  std::string dtype = "float32";  // float32 | bfloat16 | float16: parameters in memory
+  std::string tokenizer = "char";  // char (built-in tasks) | a tokenizer.json path (later)
   ModelInitConfig init;
 };
 
 // Sampling for rollouts. Consumed by the generation engine.
 struct RolloutConfig {
-  int n = 8;                   // responses sampled per prompt (the group size K)
+  int n = 8;  // responses sampled per prompt (the group size K)
   int max_new_tokens = 32;
-  double temperature = 1.0;    // > 0; sampling is greedy only through `relay generate --greedy`
-  int top_k = 0;               // 0 = off
-  double top_p = 1.0;          // 1 = off; in (0, 1]
+  double temperature = 1.0;  // > 0; sampling is greedy only through `relay generate --greedy`
+  int top_k = 0;             // 0 = off
+  double top_p = 1.0;        // 1 = off; in (0, 1]
 };
 
 struct TrainerConfig {
-  int max_staleness = 0;       // train on tokens of version >= v - max_staleness; 0 = synchronous
-  double lr = 1e-5;            // learning rate, > 0
+  int max_staleness = 0;  // train on tokens of version >= v - max_staleness; 0 = synchronous
+  double lr = 1e-5;       // learning rate, > 0
 };
 
 struct ExperimentConfig {
