@@ -111,7 +111,7 @@ int init_model(const InitArgs& args) {
   if (!tokenizer.ok()) return fail("init", tokenizer.status());
   StatusOr<model::PolicyConfig> pc = policy_config_from_init(*config, *tokenizer);
   if (!pc.ok()) return fail("init", pc.status());
-  StatusOr<c10::ScalarType> dtype = model::parse_dtype_name(config->model.dtype);
+  StatusOr<c10::ScalarType> dtype = model::parse_torch_dtype(config->model.dtype);
   if (!dtype.ok()) return fail("init", dtype.status());
 
   model::Policy policy(*pc);

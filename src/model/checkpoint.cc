@@ -16,7 +16,7 @@
 namespace relay::model {
 namespace fs = std::filesystem;
 
-StatusOr<c10::ScalarType> parse_dtype_name(const std::string& name) {
+StatusOr<c10::ScalarType> parse_torch_dtype(const std::string& name) {
   if (name == "float32") return c10::ScalarType::Float;
   if (name == "bfloat16") return c10::ScalarType::BFloat16;
   if (name == "float16") return c10::ScalarType::Half;
@@ -24,7 +24,7 @@ StatusOr<c10::ScalarType> parse_dtype_name(const std::string& name) {
       absl::StrCat("dtype: must be float32, bfloat16 or float16, got '", name, "'"));
 }
 
-std::string dtype_name(c10::ScalarType dtype) {
+std::string torch_dtype_name(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::ScalarType::Float:
       return "float32";
@@ -121,7 +121,7 @@ Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions
     }
   }
   PolicyConfig config = policy.config();
-  config.torch_dtype = dtype_name(saved_dtype);
+  config.torch_dtype = torch_dtype_name(saved_dtype);
   Status s = write_hf_config(config, (staging / "config.json").string());
   if (s.ok()) s = write_checkpoint_tensors(staging.string(), tensors, options.max_shard_bytes);
   for (const auto& [name, contents] : options.extra_files) {

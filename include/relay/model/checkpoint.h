@@ -44,8 +44,9 @@ struct SaveOptions {
 // the complete new one, never half of each.
 Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions& options = {});
 
-// "float32" | "bfloat16" | "float16" <-> ScalarType.
-StatusOr<c10::ScalarType> parse_dtype_name(const std::string& name);
-std::string dtype_name(c10::ScalarType dtype);
+// config.json's torch_dtype spelling ("float32" | "bfloat16" | "float16") <-> ScalarType.
+// (safetensors.h's dtype_name is the file format's spelling, "F32".)
+StatusOr<c10::ScalarType> parse_torch_dtype(const std::string& name);
+std::string torch_dtype_name(c10::ScalarType dtype);
 
 }  // namespace relay::model
