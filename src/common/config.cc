@@ -71,6 +71,54 @@ void visit_fields(V& v, RolloutConfig& c) {
   v.field("temperature", c.temperature);
   v.field("top_k", c.top_k);
   v.field("top_p", c.top_p);
+  v.field("stop", c.stop);
+  v.field("record_raw_logprobs", c.record_raw_logprobs);
+  v.field("num_slots", c.num_slots);
+  v.field("interrupt", c.interrupt);
+  v.section("prefix", c.prefix);
+}
+
+template <class V>
+void visit_fields(V& v, PrefixConfig& c) {
+  v.field("n_prefix", c.n_prefix);
+  v.field("strategy", c.strategy);
+  v.field("min_ratio", c.min_ratio);
+  v.field("max_ratio", c.max_ratio);
+  v.field("steps", c.steps);
+  v.field("share_across_group", c.share_across_group);
+  v.field("max_len", c.max_len);
+}
+
+template <class V>
+void visit_fields(V& v, ArithmeticTaskConfig& c) {
+  v.field("min_operands", c.min_operands);
+  v.field("max_operands", c.max_operands);
+  v.field("min_digits", c.min_digits);
+  v.field("max_digits", c.max_digits);
+  v.field("operators", c.operators);
+}
+
+template <class V>
+void visit_fields(V& v, MathAnswerTaskConfig& c) {
+  v.field("format_reward", c.format_reward);
+}
+
+template <class V>
+void visit_fields(V& v, JsonlTaskConfig& c) {
+  v.field("prompt_key", c.prompt_key);
+  v.field("answer_key", c.answer_key);
+  v.field("target_key", c.target_key);
+  v.field("match", c.match);
+}
+
+template <class V>
+void visit_fields(V& v, TaskConfig& c) {
+  v.field("name", c.name);
+  v.field("path", c.path);
+  v.field("verifier_timeout_s", c.verifier_timeout_s);
+  v.section("arithmetic", c.arithmetic);
+  v.section("math_answer", c.math_answer);
+  v.section("jsonl", c.jsonl);
 }
 
 template <class V>
@@ -84,6 +132,7 @@ void visit_fields(V& v, ExperimentConfig& c) {
   v.section("run", c.run);
   v.section("model", c.model);
   v.section("rollout", c.rollout);
+  v.section("task", c.task);
   v.section("trainer", c.trainer);
 }
 
@@ -228,6 +277,26 @@ class Reader {
     }
   }
 
+  void field(const char* key, std::vector<std::string>& out) {
+    const Entry* entry = find(key);
+    if (entry == nullptr) return;
+    const YAML::Node& node = entry->value;
+    if (!node.IsSequence()) {
+      type_error(*entry, key, "a sequence of strings");
+      return;
+    }
+    std::vector<std::string> items;
+    for (size_t i = 0; i < node.size(); ++i) {
+      if (!node[i].IsScalar()) {
+        error(node[i], absl::StrCat(join_path(scope_->path, key), "[", i, "]"),
+              absl::StrCat("expected a string, got ", describe(node[i])));
+        return;
+      }
+      items.push_back(node[i].Scalar());
+    }
+    out = std::move(items);
+  }
+
   void field(const char* key, bool& out) {
     const Entry* entry = find(key);
     if (entry == nullptr) return;
@@ -365,6 +434,12 @@ class Writer {
     out_ << YAML::Key << key << YAML::Value << value;
   }
 
+  void field(const char* key, std::vector<std::string>& value) {
+    out_ << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const std::string& item : value) out_ << item;
+    out_ << YAML::EndSeq;
+  }
+
   void field(const char* key, double& value) {
     std::string text = format_double(value);
     // "10000" -> "10000.0", so the file shows the field is a real number.
@@ -465,6 +540,66 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   p.at_least("rollout.top_k", rollout.top_k, 0);
   if (!(rollout.top_p > 0 && rollout.top_p <= 1)) {
     p.add("rollout.top_p", "must be in (0, 1]", rollout.top_p);
+  }
+
+  p.at_least("rollout.num_slots", rollout.num_slots, 1);
+  p.one_of("rollout.interrupt", rollout.interrupt, {"recompute", "keep", "finish", "restart"});
+  for (size_t i = 0; i < rollout.stop.size(); ++i) {
+    if (rollout.stop[i].empty())
+      p.add_string(absl::StrCat("rollout.stop[", i, "]"), "must be non-empty", "");
+  }
+  const PrefixConfig& prefix = rollout.prefix;
+  if (prefix.n_prefix < -1) p.add("rollout.prefix.n_prefix", "must be >= -1", prefix.n_prefix);
+  if (prefix.n_prefix > rollout.n) {
+    p.add("rollout.prefix.n_prefix", absl::StrCat("must be <= rollout.n (", rollout.n, ")"),
+          prefix.n_prefix);
+  }
+  p.one_of("rollout.prefix.strategy", prefix.strategy,
+           {"random", "linear", "linear_max", "reverse_linear", "fixed"});
+  if (!(prefix.min_ratio >= 0 && prefix.min_ratio <= 1)) {
+    p.add("rollout.prefix.min_ratio", "must be in [0, 1]", prefix.min_ratio);
+  }
+  if (!(prefix.max_ratio >= 0 && prefix.max_ratio <= 1)) {
+    p.add("rollout.prefix.max_ratio", "must be in [0, 1]", prefix.max_ratio);
+  } else if (prefix.min_ratio >= 0 && prefix.max_ratio < prefix.min_ratio) {
+    p.add(
+        "rollout.prefix.max_ratio",
+        absl::StrCat("must be >= rollout.prefix.min_ratio (", format_double(prefix.min_ratio), ")"),
+        prefix.max_ratio);
+  }
+  p.at_least("rollout.prefix.steps", prefix.steps, 1);
+  p.at_least("rollout.prefix.max_len", prefix.max_len, 0);
+  if (prefix.strategy == "fixed" && prefix.share_across_group) {
+    // A fixed set gives each prefixed sample its own ratio; sharing one contradicts it.
+    p.add("rollout.prefix.share_across_group", "must be false with strategy 'fixed'", "true");
+  }
+
+  const TaskConfig& task = config.task;
+  p.one_of("task.name", task.name, {"arithmetic", "math_answer", "jsonl"});
+  if ((task.name == "math_answer" || task.name == "jsonl") && task.path.empty()) {
+    p.add_string("task.path", absl::StrCat("must name a JSONL file for task '", task.name, "'"),
+                 task.path);
+  }
+  p.positive("task.verifier_timeout_s", task.verifier_timeout_s);
+  const ArithmeticTaskConfig& arith = task.arithmetic;
+  p.at_least("task.arithmetic.min_operands", arith.min_operands, 1);
+  p.at_least("task.arithmetic.max_operands", arith.max_operands, arith.min_operands);
+  p.at_least("task.arithmetic.min_digits", arith.min_digits, 1);
+  p.at_least("task.arithmetic.max_digits", arith.max_digits, arith.min_digits);
+  if (arith.max_digits > 9) p.add("task.arithmetic.max_digits", "must be <= 9", arith.max_digits);
+  if (arith.operators.empty() || arith.operators.find_first_not_of("+-*") != std::string::npos) {
+    p.add_string("task.arithmetic.operators", "must be a non-empty string of + - *",
+                 arith.operators);
+  }
+  if (!(task.math_answer.format_reward >= 0 && task.math_answer.format_reward <= 1)) {
+    p.add("task.math_answer.format_reward", "must be in [0, 1]", task.math_answer.format_reward);
+  }
+  p.one_of("task.jsonl.match", task.jsonl.match, {"exact", "regex"});
+  if (task.jsonl.prompt_key.empty()) {
+    p.add_string("task.jsonl.prompt_key", "must be non-empty", task.jsonl.prompt_key);
+  }
+  if (task.jsonl.answer_key.empty()) {
+    p.add_string("task.jsonl.answer_key", "must be non-empty", task.jsonl.answer_key);
   }
 
   p.at_least("trainer.max_staleness", config.trainer.max_staleness, 0);

@@ -47,13 +47,61 @@ struct ModelConfig {
   ModelInitConfig init;
 };
 
-// Sampling for rollouts. Consumed by the generation engine.
+// Prefix-guided (off-policy) sampling, as in LUFFY: some of a group's samples
+// start from a forced prefix of the prompt's target solution. The prefix
+// length is floor(ratio x target length), capped at max_len.
+struct PrefixConfig {
+  int n_prefix = 0;                 // samples per group given a prefix; -1 = all K; 0 = off
+  std::string strategy = "random";  // random | linear | linear_max | reverse_linear | fixed
+  double min_ratio = 0.0;           // ratios lie in [min_ratio, max_ratio] within [0, 1]
+  double max_ratio = 0.8;
+  int steps = 300;                  // training steps over which linear schedules move
+  bool share_across_group = false;  // one ratio for all prefixed samples of a group
+  int max_len = 8192;               // at most this many forced tokens
+};
+
+// Sampling and the generation engine for rollouts.
 struct RolloutConfig {
   int n = 8;  // responses sampled per prompt (the group size K)
   int max_new_tokens = 32;
-  double temperature = 1.0;  // > 0; sampling is greedy only through `relay generate --greedy`
-  int top_k = 0;             // 0 = off
-  double top_p = 1.0;        // 1 = off; in (0, 1]
+  double temperature = 1.0;       // > 0; sampling is greedy only through `relay generate --greedy`
+  int top_k = 0;                  // 0 = off
+  double top_p = 1.0;             // 1 = off; in (0, 1]
+  std::vector<std::string> stop;  // extra stop strings, each one token; the task adds its own
+  bool record_raw_logprobs = false;  // also keep log p(token) at temperature 1, untruncated
+  int num_slots = 64;                // KV-cache slots: sequences decoding at once
+  // What a weight update does to sequences in flight: recompute | keep | finish | restart.
+  std::string interrupt = "recompute";
+  PrefixConfig prefix;
+};
+
+struct ArithmeticTaskConfig {
+  int min_operands = 2;
+  int max_operands = 3;
+  int min_digits = 1;  // digits per operand
+  int max_digits = 1;
+  std::string operators = "+";  // any of + - *
+};
+
+struct MathAnswerTaskConfig {
+  double format_reward = 0.0;  // weight in [0, 1] of the "answer is in \boxed{}" sub-score
+};
+
+struct JsonlTaskConfig {
+  std::string prompt_key = "prompt";
+  std::string answer_key = "answer";
+  std::string target_key = "target";  // optional field: a target solution for prefix guidance
+  std::string match = "exact";  // exact | regex (the answer is a regex the response must match)
+};
+
+// Where prompts come from and how responses are scored.
+struct TaskConfig {
+  std::string name = "arithmetic";  // arithmetic | math_answer | jsonl
+  std::string path;                 // JSONL file for math_answer and jsonl
+  double verifier_timeout_s = 5.0;  // a verifier running longer scores 0 and counts an error
+  ArithmeticTaskConfig arithmetic;
+  MathAnswerTaskConfig math_answer;
+  JsonlTaskConfig jsonl;
 };
 
 struct TrainerConfig {
@@ -65,6 +113,7 @@ struct ExperimentConfig {
   RunConfig run;
   ModelConfig model;
   RolloutConfig rollout;
+  TaskConfig task;
   TrainerConfig trainer;
 };
 

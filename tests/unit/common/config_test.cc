@@ -49,6 +49,32 @@ void expect_same(const ExperimentConfig& a, const ExperimentConfig& b) {
   EXPECT_EQ(a.rollout.temperature, b.rollout.temperature);
   EXPECT_EQ(a.rollout.top_k, b.rollout.top_k);
   EXPECT_EQ(a.rollout.top_p, b.rollout.top_p);
+  EXPECT_EQ(a.rollout.stop, b.rollout.stop);
+  EXPECT_EQ(a.rollout.record_raw_logprobs, b.rollout.record_raw_logprobs);
+  EXPECT_EQ(a.rollout.num_slots, b.rollout.num_slots);
+  EXPECT_EQ(a.rollout.interrupt, b.rollout.interrupt);
+  const PrefixConfig& ap = a.rollout.prefix;
+  const PrefixConfig& bp = b.rollout.prefix;
+  EXPECT_EQ(ap.n_prefix, bp.n_prefix);
+  EXPECT_EQ(ap.strategy, bp.strategy);
+  EXPECT_EQ(ap.min_ratio, bp.min_ratio);
+  EXPECT_EQ(ap.max_ratio, bp.max_ratio);
+  EXPECT_EQ(ap.steps, bp.steps);
+  EXPECT_EQ(ap.share_across_group, bp.share_across_group);
+  EXPECT_EQ(ap.max_len, bp.max_len);
+  EXPECT_EQ(a.task.name, b.task.name);
+  EXPECT_EQ(a.task.path, b.task.path);
+  EXPECT_EQ(a.task.verifier_timeout_s, b.task.verifier_timeout_s);
+  EXPECT_EQ(a.task.arithmetic.min_operands, b.task.arithmetic.min_operands);
+  EXPECT_EQ(a.task.arithmetic.max_operands, b.task.arithmetic.max_operands);
+  EXPECT_EQ(a.task.arithmetic.min_digits, b.task.arithmetic.min_digits);
+  EXPECT_EQ(a.task.arithmetic.max_digits, b.task.arithmetic.max_digits);
+  EXPECT_EQ(a.task.arithmetic.operators, b.task.arithmetic.operators);
+  EXPECT_EQ(a.task.math_answer.format_reward, b.task.math_answer.format_reward);
+  EXPECT_EQ(a.task.jsonl.prompt_key, b.task.jsonl.prompt_key);
+  EXPECT_EQ(a.task.jsonl.answer_key, b.task.jsonl.answer_key);
+  EXPECT_EQ(a.task.jsonl.target_key, b.task.jsonl.target_key);
+  EXPECT_EQ(a.task.jsonl.match, b.task.jsonl.match);
   EXPECT_EQ(a.trainer.max_staleness, b.trainer.max_staleness);
   EXPECT_EQ(a.trainer.lr, b.trainer.lr);
 }
@@ -139,6 +165,35 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  temperature: 1.0\n"
             "  top_k: 0\n"
             "  top_p: 1.0\n"
+            "  stop: []\n"
+            "  record_raw_logprobs: false\n"
+            "  num_slots: 64\n"
+            "  interrupt: recompute\n"
+            "  prefix:\n"
+            "    n_prefix: 0\n"
+            "    strategy: random\n"
+            "    min_ratio: 0.0\n"
+            "    max_ratio: 0.8\n"
+            "    steps: 300\n"
+            "    share_across_group: false\n"
+            "    max_len: 8192\n"
+            "task:\n"
+            "  name: arithmetic\n"
+            "  path: \"\"\n"
+            "  verifier_timeout_s: 5.0\n"
+            "  arithmetic:\n"
+            "    min_operands: 2\n"
+            "    max_operands: 3\n"
+            "    min_digits: 1\n"
+            "    max_digits: 1\n"
+            "    operators: +\n"
+            "  math_answer:\n"
+            "    format_reward: 0.0\n"
+            "  jsonl:\n"
+            "    prompt_key: prompt\n"
+            "    answer_key: answer\n"
+            "    target_key: target\n"
+            "    match: exact\n"
             "trainer:\n"
             "  max_staleness: 0\n"
             "  lr: 1e-05\n");
@@ -166,6 +221,31 @@ TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
   custom.rollout.temperature = 0.1 + 0.2;  // 0.30000000000000004
   custom.rollout.top_k = 50;
   custom.rollout.top_p = 0.95;
+  custom.rollout.stop = {"#", "- x", "*", "\n"};  // YAML indicators must come back as strings
+  custom.rollout.record_raw_logprobs = true;
+  custom.rollout.num_slots = 7;
+  custom.rollout.interrupt = "keep";
+  custom.rollout.n = 4;
+  custom.rollout.prefix.n_prefix = -1;
+  custom.rollout.prefix.strategy = "linear_max";
+  custom.rollout.prefix.min_ratio = 0.1;
+  custom.rollout.prefix.max_ratio = 0.9;
+  custom.rollout.prefix.steps = 50;
+  custom.rollout.prefix.share_across_group = true;
+  custom.rollout.prefix.max_len = 12;
+  custom.task.name = "jsonl";
+  custom.task.path = "data/q.jsonl";
+  custom.task.verifier_timeout_s = 0.25;
+  custom.task.arithmetic.min_operands = 3;
+  custom.task.arithmetic.max_operands = 5;
+  custom.task.arithmetic.min_digits = 2;
+  custom.task.arithmetic.max_digits = 3;
+  custom.task.arithmetic.operators = "*-";
+  custom.task.math_answer.format_reward = 0.1;
+  custom.task.jsonl.prompt_key = "question";
+  custom.task.jsonl.answer_key = "solution";
+  custom.task.jsonl.target_key = "demo";
+  custom.task.jsonl.match = "regex";
   custom.trainer.max_staleness = 2;
   custom.trainer.lr = 1e-300;
   for (const ExperimentConfig* config : {&defaults, &custom}) {
@@ -195,9 +275,9 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "x.yaml:3: rollout.temprature: unknown key; did you mean 'temperature'?"},
       {"no close key", "rollout:\n  beam_width: 4\n",
        "x.yaml:2: rollout.beam_width: unknown key; known keys: n, max_new_tokens, temperature, "
-       "top_k, top_p"},
+       "top_k, top_p, stop, record_raw_logprobs, num_slots, interrupt, prefix"},
       {"unknown section", "optimizer:\n  lr: 1\n",
-       "x.yaml:1: optimizer: unknown key; known keys: run, model, rollout, trainer"},
+       "x.yaml:1: optimizer: unknown key; known keys: run, model, rollout, task, trainer"},
       {"duplicate key", "rollout:\n  n: 4\n  n: 5\n", "x.yaml:3: rollout.n: duplicate key"},
       {"non-string key", "rollout:\n  ? [n]\n  : 4\n",
        "x.yaml:2: rollout: keys must be strings, got a sequence"},
@@ -321,6 +401,48 @@ TEST(ConfigTest, ValidateChecksEachRule) {
        "rollout.top_k: must be >= 0, got -1"},
       {"top_p above 1", [](ExperimentConfig& c) { c.rollout.top_p = 1.5; },
        "rollout.top_p: must be in (0, 1], got 1.5"},
+      {"num_slots", [](ExperimentConfig& c) { c.rollout.num_slots = 0; },
+       "rollout.num_slots: must be >= 1, got 0"},
+      {"interrupt", [](ExperimentConfig& c) { c.rollout.interrupt = "drop"; },
+       "rollout.interrupt: must be one of recompute, keep, finish, restart, got 'drop'"},
+      {"empty stop",
+       [](ExperimentConfig& c) {
+         c.rollout.stop = {"#", ""};
+       },
+       "rollout.stop[1]: must be non-empty, got ''"},
+      {"n_prefix below -1", [](ExperimentConfig& c) { c.rollout.prefix.n_prefix = -2; },
+       "rollout.prefix.n_prefix: must be >= -1, got -2"},
+      {"n_prefix above n", [](ExperimentConfig& c) { c.rollout.prefix.n_prefix = 9; },
+       "rollout.prefix.n_prefix: must be <= rollout.n (8), got 9"},
+      {"strategy", [](ExperimentConfig& c) { c.rollout.prefix.strategy = "cosine"; },
+       "rollout.prefix.strategy: must be one of random, linear, linear_max, reverse_linear, "
+       "fixed, got 'cosine'"},
+      {"ratio range", [](ExperimentConfig& c) { c.rollout.prefix.min_ratio = 1.5; },
+       "rollout.prefix.min_ratio: must be in [0, 1], got 1.5"},
+      {"ratio order", [](ExperimentConfig& c) { c.rollout.prefix.min_ratio = 0.9; },
+       "rollout.prefix.max_ratio: must be >= rollout.prefix.min_ratio (0.9), got 0.8"},
+      {"fixed shared",
+       [](ExperimentConfig& c) {
+         c.rollout.prefix.strategy = "fixed";
+         c.rollout.prefix.share_across_group = true;
+       },
+       "rollout.prefix.share_across_group: must be false with strategy 'fixed', got true"},
+      {"task name", [](ExperimentConfig& c) { c.task.name = "chess"; },
+       "task.name: must be one of arithmetic, math_answer, jsonl, got 'chess'"},
+      {"task path", [](ExperimentConfig& c) { c.task.name = "math_answer"; },
+       "task.path: must name a JSONL file for task 'math_answer', got ''"},
+      {"verifier timeout", [](ExperimentConfig& c) { c.task.verifier_timeout_s = 0; },
+       "task.verifier_timeout_s: must be > 0, got 0"},
+      {"operand order", [](ExperimentConfig& c) { c.task.arithmetic.max_operands = 1; },
+       "task.arithmetic.max_operands: must be >= 2, got 1"},
+      {"digits", [](ExperimentConfig& c) { c.task.arithmetic.max_digits = 10; },
+       "task.arithmetic.max_digits: must be <= 9, got 10"},
+      {"operators", [](ExperimentConfig& c) { c.task.arithmetic.operators = "+/"; },
+       "task.arithmetic.operators: must be a non-empty string of + - *, got '+/'"},
+      {"format reward", [](ExperimentConfig& c) { c.task.math_answer.format_reward = 2; },
+       "task.math_answer.format_reward: must be in [0, 1], got 2"},
+      {"match", [](ExperimentConfig& c) { c.task.jsonl.match = "fuzzy"; },
+       "task.jsonl.match: must be one of exact, regex, got 'fuzzy'"},
       {"max_staleness", [](ExperimentConfig& c) { c.trainer.max_staleness = -1; },
        "trainer.max_staleness: must be >= 0, got -1"},
       {"lr", [](ExperimentConfig& c) { c.trainer.lr = 0; }, "trainer.lr: must be > 0, got 0"},
