@@ -561,7 +561,8 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   }
   if (!(prefix.max_ratio >= 0 && prefix.max_ratio <= 1)) {
     p.add("rollout.prefix.max_ratio", "must be in [0, 1]", prefix.max_ratio);
-  } else if (prefix.min_ratio >= 0 && prefix.max_ratio < prefix.min_ratio) {
+  } else if (prefix.min_ratio >= 0 && prefix.min_ratio <= 1 &&
+             prefix.max_ratio < prefix.min_ratio) {
     p.add(
         "rollout.prefix.max_ratio",
         absl::StrCat("must be >= rollout.prefix.min_ratio (", format_double(prefix.min_ratio), ")"),
