@@ -33,6 +33,8 @@ find_package(CLI11 CONFIG REQUIRED)
 
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# PCRE2 (8-bit code units): the jsonl task's regex verifier.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 
 if(RELAY_BUILD_TESTS)
   find_package(GTest REQUIRED)

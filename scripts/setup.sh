@@ -17,7 +17,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # common
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-  libxxhash-dev
+  libxxhash-dev libpcre2-dev
   # tests
   libgtest-dev libgmock-dev
 )

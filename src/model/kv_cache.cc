@@ -35,11 +35,17 @@ void KVCache::reset(int64_t slot) {
   lengths_[slot] = 0;
 }
 
-void KVCache::copy_slot(int64_t src, int64_t dst) {
+void KVCache::copy_slot(int64_t src, int64_t dst) { copy_prefix(src, dst, length(src)); }
+
+void KVCache::copy_prefix(int64_t src, int64_t dst, int64_t n) {
   check_slot(src);
   check_slot(dst);
-  if (src == dst) return;
-  const int64_t n = lengths_[src];
+  TORCH_CHECK(n >= 0 && n <= lengths_[src], "KVCache: cannot copy ", n, " positions of slot ", src,
+              ", which holds ", lengths_[src]);
+  if (src == dst) {
+    lengths_[dst] = n;
+    return;
+  }
   if (n > 0) {
     for (size_t l = 0; l < keys_.size(); ++l) {
       keys_[l][dst].narrow(0, 0, n).copy_(keys_[l][src].narrow(0, 0, n));

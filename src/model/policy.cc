@@ -168,6 +168,7 @@ at::Tensor PolicyImpl::extend(const at::Tensor& input_ids, const at::Tensor& new
   // Only now is the step complete: a throw above leaves every length as it was.
   for (int64_t b = 0; b < B; ++b) cache.advance(slot_p[b], len_p[b]);
 
+  if (which == ExtendLogits::kNone) return at::Tensor();
   if (which == ExtendLogits::kAll) return logits(hidden);
   at::Tensor last = (len_t - 1).view({B, 1, 1}).expand({B, 1, hidden.size(2)});
   return logits(hidden.gather(1, last).squeeze(1));

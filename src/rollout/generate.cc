@@ -8,10 +8,6 @@
 
 namespace relay::rollout {
 
-const char* finish_reason_name(FinishReason reason) {
-  return reason == FinishReason::kStop ? "stop" : "length";
-}
-
 namespace {
 
 Status validate_prompts(const std::vector<std::vector<int64_t>>& prompts, int64_t vocab,

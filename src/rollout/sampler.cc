@@ -68,6 +68,14 @@ SampleResult sample(const at::Tensor& logits, const at::Tensor& uniforms,
   return r;
 }
 
+at::Tensor tempered_logprobs(const at::Tensor& logits, const at::Tensor& tokens,
+                             double temperature) {
+  at::Tensor z = logits.to(torch::kFloat32);
+  if (temperature != 1.0) z = z / temperature;
+  at::Tensor index = tokens.to(z.device(), torch::kInt64).view({-1, 1});
+  return (z.gather(1, index) - z.logsumexp(-1, /*keepdim=*/true)).squeeze(1);
+}
+
 uint64_t sequence_seed(uint64_t seed, uint64_t index) {
   uint64_t z = seed + 0x9E3779B97F4A7C15ull * (index + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

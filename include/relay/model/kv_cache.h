@@ -35,6 +35,9 @@ class KVCache {
   void reset(int64_t slot);
   // Makes `dst` a copy of `src`: its first length(src) positions and length.
   void copy_slot(int64_t src, int64_t dst);
+  // Makes `dst` hold a copy of the first `length` positions of `src`
+  // (length <= length(src)): a shared prompt prefix without what follows.
+  void copy_prefix(int64_t src, int64_t dst, int64_t length);
   // Records that `count` positions were appended to `slot` (the policy's
   // extend() calls this after writing them).
   void advance(int64_t slot, int64_t count);

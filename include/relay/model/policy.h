@@ -51,6 +51,7 @@ struct ScoreOptions {
 enum class ExtendLogits {
   kLast,  // [B, V]: each row's last new token (enough to sample the next one)
   kAll,   // [B, T, V]: every new position (re-prefill that scores a response)
+  kNone,  // undefined tensor: only fill the cache (a prompt's context before its last token)
 };
 
 class PolicyImpl : public torch::nn::Module {

@@ -12,6 +12,7 @@
 #include "relay/common/status.h"
 #include "relay/model/policy.h"
 #include "relay/rollout/sampler.h"
+#include "relay/rollout/trajectory.h"
 
 namespace relay::rollout {
 
@@ -21,9 +22,6 @@ struct GenerateOptions {
   std::vector<int64_t> stop_tokens;  // a sampled stop token ends its sequence (and is kept)
   uint64_t seed = 0;                 // prompt i samples from SequenceRng(sequence_seed(seed, i))
 };
-
-enum class FinishReason { kStop, kLength };
-const char* finish_reason_name(FinishReason reason);  // "stop" | "length"
 
 struct Generation {
   std::vector<int64_t> tokens;      // new tokens only

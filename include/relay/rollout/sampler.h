@@ -52,6 +52,12 @@ SampleResult sample(const at::Tensor& logits, const at::Tensor& uniforms,
 // its recorded log-probs from this tensor.
 at::Tensor sampling_logprobs(const at::Tensor& logits, const SamplingOptions& options);
 
+// log softmax(logits / temperature)[token] for each row, fp32, no truncation:
+// the policy's own log-prob of `tokens` [B] at that temperature, as score()
+// computes it. Used for forced tokens and proximal values.
+at::Tensor tempered_logprobs(const at::Tensor& logits, const at::Tensor& tokens,
+                             double temperature);
+
 // A sequence's own random stream: the same seed gives the same draws on every
 // platform (mt19937_64 is fully specified; the conversion to (0, 1) is ours).
 class SequenceRng {

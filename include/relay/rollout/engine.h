@@ -1,0 +1,180 @@
+#pragma once
+
+// The rollout engine: K samples per prompt with per-token behavior log-probs
+// and versions, continuous batching over a fixed set of KV-cache slots, and
+// weight updates that land between decode steps (DESIGN.md invariants 1-3).
+//
+// One step, in order:
+//   1. apply at most one pending weight update (never mid-step), as the
+//      interrupt policy says (trajectory.h);
+//   2. admit pending samples into free slots. Samples of one group admitted
+//      together share one prefill: the first fills its slot with the prompt's
+//      context, the others copy it (KVCache::copy_prefix) instead of
+//      recomputing it. A later sample copies from a live sibling whose cache
+//      was built by the current weights;
+//   3. run the model: context (prompt prefixes, re-prefills) in one batched
+//      call that fills the cache only; then every live sequence's remaining
+//      tokens: one batched decode call for sequences with one new token, one
+//      call with all positions' logits for sequences that must score tokens
+//      (forced prefix tokens, proximal recompute);
+//   4. sample one token for every live sequence in one batched call, each row
+//      with its own random stream, and read the results to the host once;
+//   5. retire finished sequences; their slots are free for the next step.
+// A sampled token enters the cache in the next step's call, so the logits a
+// token is sampled from always come from the weights of the step it is
+// sampled in, and carry that step's version.
+//
+// Threads: one thread drives step() / run(); submit(), update_weights() and
+// abort() may be called from any thread at any time.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "relay/common/config.h"
+#include "relay/common/status.h"
+#include "relay/model/kv_cache.h"
+#include "relay/model/policy.h"
+#include "relay/rollout/prefix.h"
+#include "relay/rollout/sampler.h"
+#include "relay/rollout/trajectory.h"
+
+namespace relay::rollout {
+
+struct EngineOptions {
+  int64_t num_slots = 64;            // sequences decoding at once
+  int64_t max_seq_len = 0;           // positions per slot; 0 = the model's max_position_embeddings
+  int64_t max_new_tokens = 32;       // response tokens per sample, forced prefix included
+  SamplingOptions sampling;          // greedy is allowed (evaluation)
+  std::vector<int64_t> stop_tokens;  // a sampled stop token ends its sequence and is kept
+  InterruptPolicy interrupt = InterruptPolicy::kRecompute;
+  PrefixOptions prefix;
+};
+
+// From config (rollout section); stop tokens come from the caller, which
+// knows the tokenizer. Errors name the field.
+StatusOr<EngineOptions> engine_options(const RolloutConfig& config,
+                                       std::vector<int64_t> stop_tokens);
+
+// Counters since construction, for metrics and tests.
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t sampled_tokens = 0;     // tokens drawn by the sampler
+  int64_t forced_tokens = 0;      // prefix tokens copied from targets and scored
+  int64_t context_tokens = 0;     // positions run through the model to fill caches
+  int64_t shared_prefills = 0;    // samples whose prompt context was copied, not computed
+  int64_t recomputed_tokens = 0;  // positions re-run by recompute after an update
+  int64_t updates_applied = 0;
+  int64_t groups_completed = 0;
+};
+
+class Engine {
+ public:
+  // `policy` is the engine's own inference copy: update_weights() writes into
+  // its parameters. `version` and `digest` describe the weights it holds now.
+  static StatusOr<std::unique_ptr<Engine>> create(model::Policy policy, EngineOptions options,
+                                                  int64_t version, uint64_t digest);
+  ~Engine();
+
+  // Queues a group. InvalidArgument (naming the group and field) for an empty
+  // prompt, k < 1, a token outside the vocabulary, a prompt that leaves no
+  // room in a slot, or a duplicate group_id among groups not yet returned.
+  Status submit(PromptGroup group);
+
+  // Stages new weights, applied between two steps. `tensors` maps parameter
+  // names (Hugging Face's) to values and must name every parameter with its
+  // shape; dtype and device are converted. `version` must exceed the version
+  // held and any version already staged. Checked here, so a bad update fails
+  // at the call and changes nothing. The engine keeps the tensors until it
+  // has copied them; the caller must not write to them meanwhile.
+  Status update_weights(int64_t version, uint64_t digest,
+                        std::unordered_map<std::string, at::Tensor> tensors);
+
+  // Ends every group in flight or queued at the next step: partial responses
+  // finish as kAborted and are returned, nothing is dropped silently.
+  void abort();
+
+  // One engine step (see the top of this file). Returns the groups whose last
+  // sample finished in this step, in completion order.
+  StatusOr<std::vector<TrajectoryGroup>> step();
+
+  // Steps until no group is queued or in flight; returns them all.
+  StatusOr<std::vector<TrajectoryGroup>> run();
+
+  bool idle() const;        // nothing queued or in flight
+  int64_t version() const;  // version of the weights the next step samples with
+  int64_t live_sequences() const;
+  EngineStats stats() const;
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct Sequence;
+  struct Group;
+  struct Submission {
+    PromptGroup group;
+    double at_s = 0.0;  // seconds since the engine started
+  };
+  struct PendingUpdate {
+    int64_t version = 0;
+    uint64_t digest = 0;
+    std::unordered_map<std::string, at::Tensor> tensors;
+  };
+
+  Engine(model::Policy policy, EngineOptions options, int64_t version, uint64_t digest);
+
+  void enqueue(Submission submission);
+  bool is_stop(int64_t token) const;
+  void apply_update(PendingUpdate& update);
+  void reset_cache(Sequence& seq);
+  void begin_response(Sequence& seq);
+  void admit(double now);
+  at::Tensor extend_rows(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
+                         model::ExtendLogits which);
+  void run_model();
+  void record_scores(Sequence& seq, const at::Tensor& logits, int64_t start);
+  void sample_and_retire(double now);
+  void finish(Sequence& seq, FinishReason reason, double now);
+  void abort_all(double now);
+  void collect_done(std::vector<TrajectoryGroup>& done);
+  double seconds_since(std::chrono::steady_clock::time_point t) const;
+
+  model::Policy policy_;
+  const EngineOptions options_;
+  model::KVCache cache_;
+  const int64_t capacity_;                                    // positions per slot
+  std::map<std::string, std::vector<int64_t>> param_shapes_;  // immutable after construction
+
+  // Engine-thread state.
+  int64_t version_ = 0;
+  int64_t epoch_ = 0;                          // bumps whenever the weights change
+  std::map<int64_t, uint64_t> digests_;        // every version held, with its digest
+  std::deque<std::unique_ptr<Group>> groups_;  // not yet returned, in submission order
+  std::vector<Sequence*> slots_;               // slot -> live sequence, or null
+  std::deque<Sequence*> waiting_;              // samples not yet admitted, in order
+  std::vector<std::pair<Sequence*, at::Tensor>> last_logits_;  // this step's next-token logits
+  const std::chrono::steady_clock::time_point start_time_;
+  EngineStats stats_;
+
+  // Shared with other threads, under mu_.
+  mutable std::mutex mu_;
+  std::deque<Submission> submitted_;
+  std::deque<PendingUpdate> updates_;
+  int64_t staged_version_ = 0;  // highest version held or staged
+  bool abort_requested_ = false;
+  std::set<std::string> open_ids_;  // groups submitted and not yet returned
+  int64_t version_snapshot_ = 0;
+  int64_t live_snapshot_ = 0;
+  EngineStats stats_snapshot_;
+};
+
+}  // namespace relay::rollout

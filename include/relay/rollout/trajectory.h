@@ -1,0 +1,114 @@
+#pragma once
+
+// What the rollout engine consumes and produces. Plain data, no LibTorch, so
+// the wire layer and the store can use it without the model.
+//
+// Per-token fields of a Trajectory have one entry per response token, and
+// response token j sits at position P + j of prompt + response (P = prompt
+// length); the logit that scored it is at position P - 1 + j (DESIGN.md
+// invariant 4).
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "relay/common/status.h"
+
+namespace relay::rollout {
+
+enum class FinishReason {
+  kStop,     // a stop token was sampled (it is the last response token)
+  kLength,   // max_new_tokens or the slot's capacity was reached
+  kAborted,  // the engine was told to abort; the response is partial
+};
+const char* finish_reason_name(FinishReason reason);  // "stop" | "length" | "aborted"
+
+// What happens to sequences in flight when new weights arrive (AReaL's
+// partial rollout and its alternatives). The one applied is recorded on each
+// trajectory.
+enum class InterruptPolicy {
+  // Re-prefill every live sequence (prompt + response so far) under the new
+  // weights, rebuilding its KV cache; the same pass records the proximal
+  // log-prob of each response token whose version is new_version - 1. Default.
+  kRecompute,
+  // Keep decoding on the KV cache built by the old weights, now with the new
+  // weights (PRIME-RL). Trajectories that did are flagged (stale_kv).
+  kKeep,
+  // Finish every sequence in flight on the old weights, then switch; no new
+  // sequence starts meanwhile. Every response has a single version.
+  kFinish,
+  // Drop the partial response and sample it again from the prompt.
+  kRestart,
+};
+const char* interrupt_policy_name(InterruptPolicy policy);
+StatusOr<InterruptPolicy> parse_interrupt_policy(std::string_view name);
+
+// One prompt and how to sample it.
+struct PromptGroup {
+  std::string group_id;         // caller's id, echoed on the result
+  std::vector<int64_t> prompt;  // token ids, non-empty
+  int k = 1;                    // samples to draw
+  // Off-policy target solution (token ids) for prefix-guided sampling; empty
+  // = none. Which samples start from a prefix of it is the engine's prefix
+  // schedule (prefix.h).
+  std::vector<int64_t> target;
+  uint64_t seed = 0;  // sample j draws from SequenceRng(sequence_seed(seed, j))
+  // Training step the prefix schedule is evaluated at; -1 = the engine's
+  // policy version when the group is submitted.
+  int64_t prefix_step = -1;
+};
+
+struct Trajectory {
+  std::vector<int64_t> prompt_tokens;
+  std::vector<int64_t> response_tokens;
+  // log pi_behavior(token): for sampled tokens, read from the distribution
+  // the token was drawn from (temperature-scaled, top-k/top-p truncated,
+  // renormalised); for forced prefix tokens, the policy's log-prob at the
+  // sampling temperature without truncation.
+  std::vector<float> behavior_logprobs;
+  // log p(token) at temperature 1 without truncation, under the same weights;
+  // empty unless the engine records raw log-probs.
+  std::vector<float> raw_logprobs;
+  // Policy version that produced each token; non-decreasing.
+  std::vector<int64_t> token_versions;
+  // Proximal log-prob of each token at the sampling temperature, untruncated,
+  // under weights proximal_versions[j]: token_versions[j] + 1 when an update
+  // landed while the sequence was in flight and the recompute pass scored it;
+  // token_versions[j] for tokens of the last version the engine held when the
+  // sequence finished (the trainer's proximal policy if it is still at that
+  // version). NaN, with version -1, where neither is known (e.g. after `keep`).
+  std::vector<float> proximal_logprobs;
+  std::vector<int64_t> proximal_versions;
+  std::vector<uint8_t> offpolicy_mask;  // 1 = forced token copied from the target
+  FinishReason finish_reason = FinishReason::kLength;
+  InterruptPolicy interrupt_policy = InterruptPolicy::kRecompute;  // the engine's policy
+  int interruptions = 0;      // weight updates applied while this sequence was in flight
+  bool stale_kv = false;      // kKeep: some tokens were sampled over a KV cache from older weights
+  int restarts = 0;           // kRestart: times the partial response was dropped
+  double prefix_ratio = 0.0;  // ratio drawn by the prefix schedule (0 = on-policy sample)
+  // (version, digest of that version's weights) for every version named in
+  // token_versions or proximal_versions, ascending.
+  std::vector<std::pair<int64_t, uint64_t>> version_digests;
+  // Wall-clock seconds from submission: admitted to a slot, first sampled
+  // token, finished.
+  double admitted_s = 0.0;
+  double first_token_s = 0.0;
+  double finished_s = 0.0;
+
+  int64_t num_forced() const;  // number of offpolicy_mask entries set
+};
+
+struct TrajectoryGroup {
+  std::string group_id;
+  std::vector<Trajectory> trajectories;  // sample j at index j
+};
+
+// Checks the per-token invariants: every per-token field sized like the
+// response, versions non-decreasing, proximal_versions in {-1, v, v + 1},
+// finite behavior log-probs <= 0, digests for every version used. Names the
+// field and index of the first violation.
+Status check_trajectory(const Trajectory& t);
+
+}  // namespace relay::rollout

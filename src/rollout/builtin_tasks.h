@@ -1,0 +1,50 @@
+#pragma once
+
+// Private to relay_tasks: the built-in tasks' constructors, which make_task
+// (task.cc) dispatches to, and the pieces they share.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "relay/common/config.h"
+#include "relay/common/status.h"
+#include "relay/rollout/task.h"
+
+namespace relay::rollout {
+
+// Each checks what it needs from its config and names the offending
+// "task.<...>" field (or the file and line) in its error.
+StatusOr<std::unique_ptr<Task>> make_arithmetic_task(const ArithmeticTaskConfig& config,
+                                                     uint64_t seed);
+StatusOr<std::unique_ptr<Task>> make_math_answer_task(const std::string& path,
+                                                      const MathAnswerTaskConfig& config);
+StatusOr<std::unique_ptr<Task>> make_jsonl_task(const std::string& path,
+                                                const JsonlTaskConfig& config);
+
+// Which fields of a JSONL line make a prompt.
+struct JsonlKeys {
+  std::string prompt;  // required string
+  std::string answer;  // required string or number (a number is rendered as its JSON text)
+  std::string target;  // optional string; "" = the task has no targets
+};
+
+// Reads the whole JSONL file at `path`: one prompt per non-blank line, in
+// order (TaskPrompt::index counts prompts, not lines), id "<path>:<line>".
+// Any bad line fails the whole read with InvalidArgument naming the file,
+// the 1-based line and the field: "data/q.jsonl:12: field 'answer': missing".
+// A file with no prompts is an error too.
+StatusOr<std::vector<TaskPrompt>> read_jsonl_prompts(const std::string& path,
+                                                     const JsonlKeys& keys);
+
+// The prompt at `index` of a finite task, or OutOfRange naming the task.
+StatusOr<TaskPrompt> prompt_at(const std::vector<TaskPrompt>& prompts, int64_t index,
+                               std::string_view task_name);
+
+// `response` without one trailing "<eos>", which is how the char tokenizer
+// renders end-of-sequence when the rollout decodes the stop token.
+std::string_view strip_eos(std::string_view response);
+
+}  // namespace relay::rollout

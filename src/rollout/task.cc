@@ -1,0 +1,142 @@
+#include "relay/rollout/task.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "rollout/builtin_tasks.h"
+
+namespace relay::rollout {
+
+StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed) {
+  if (config.name == "arithmetic") return make_arithmetic_task(config.arithmetic, seed);
+  if (config.name != "math_answer" && config.name != "jsonl") {
+    return InvalidArgumentError(absl::StrCat("task.name: unknown task '", config.name,
+                                             "'; expected arithmetic | math_answer | jsonl"));
+  }
+  if (config.path.empty()) {
+    return InvalidArgumentError(
+        absl::StrCat("task.path: must name a JSONL file for task '", config.name, "'"));
+  }
+  if (config.name == "math_answer") return make_math_answer_task(config.path, config.math_answer);
+  return make_jsonl_task(config.path, config.jsonl);
+}
+
+StatusOr<TaskPrompt> prompt_at(const std::vector<TaskPrompt>& prompts, int64_t index,
+                               std::string_view task_name) {
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  if (index < 0 || index >= n) {
+    return OutOfRangeError(
+        absl::StrCat(std::string(task_name), ": prompt index ", index, " is outside [0, ", n, ")"));
+  }
+  return prompts[index];
+}
+
+std::string_view strip_eos(std::string_view response) {
+  constexpr std::string_view kEos = "<eos>";
+  if (response.size() >= kEos.size() && response.substr(response.size() - kEos.size()) == kEos) {
+    response.remove_suffix(kEos.size());
+  }
+  return response;
+}
+
+// ---- SafeVerifier -------------------------------------------------------------
+
+namespace {
+
+// One verifier call, shared by the caller and the thread running it. The
+// thread holds its own copies of the prompt and response and a reference on
+// the task, so when the caller abandons it at the time limit (and its
+// arguments, even the SafeVerifier, may be destroyed) it touches nothing
+// that can be freed under it.
+struct VerifierCall {
+  std::shared_ptr<const Task> task;
+  TaskPrompt prompt;
+  std::string response;
+
+  std::mutex mu;
+  std::condition_variable done_cv;
+  bool done = false;           // guarded by mu
+  std::optional<Score> score;  // guarded by mu; set when the call succeeded
+  std::string error;           // guarded by mu; set when it did not
+};
+
+// "" when every value is finite, else which one is not.
+std::string first_non_finite(const Score& s) {
+  if (!std::isfinite(s.reward)) return absl::StrCat("reward = ", s.reward);
+  for (const auto& [name, value] : s.sub_scores) {
+    if (!std::isfinite(value)) return absl::StrCat("sub-score '", name, "' = ", value);
+  }
+  return "";
+}
+
+// Runs on the verifier thread: score, turning every failure into `error`.
+void run_call(VerifierCall& call) {
+  std::optional<Score> score;
+  std::string error;
+  try {
+    StatusOr<Score> s = call.task->score(call.prompt, call.response);
+    if (!s.ok()) {
+      error = absl::StrCat("verifier returned an error: ", s.status().ToString());
+    } else if (std::string bad = first_non_finite(*s); !bad.empty()) {
+      error = absl::StrCat("verifier returned a non-finite ", bad);
+    } else {
+      score = *std::move(s);
+    }
+  } catch (const std::exception& e) {
+    error = absl::StrCat("verifier threw: ", e.what());
+  } catch (...) {
+    error = "verifier threw something that is not a std::exception";
+  }
+  {
+    std::lock_guard<std::mutex> lock(call.mu);
+    call.score = std::move(score);
+    call.error = std::move(error);
+    call.done = true;
+  }
+  call.done_cv.notify_all();
+}
+
+}  // namespace
+
+SafeVerifier::SafeVerifier(std::shared_ptr<const Task> task, std::chrono::milliseconds timeout)
+    : task_(std::move(task)), timeout_(timeout) {
+  RELAY_CHECK(task_ != nullptr, "SafeVerifier: task is null");
+  RELAY_CHECK(timeout_.count() > 0, "SafeVerifier: timeout must be > 0");
+}
+
+Score SafeVerifier::score(const TaskPrompt& prompt, std::string_view response, std::string* error) {
+  if (error != nullptr) error->clear();
+  const auto fail = [&](std::atomic<int64_t>& counter, std::string what) {
+    counter.fetch_add(1);
+    if (error != nullptr) *error = absl::StrCat(prompt.id, ": ", what);
+    return Score{};
+  };
+
+  auto call = std::make_shared<VerifierCall>();
+  call->task = task_;
+  call->prompt = prompt;
+  call->response = std::string(response);
+  // A thread per call: a pool would need a way to replace workers stuck in
+  // an abandoned call, and thread start-up (~tens of microseconds) is small
+  // next to generating the response being scored.
+  try {
+    std::thread([call] { run_call(*call); }).detach();
+  } catch (const std::system_error& e) {
+    return fail(errors_, absl::StrCat("could not start a verifier thread: ", e.what()));
+  }
+
+  std::unique_lock<std::mutex> lock(call->mu);
+  if (!call->done_cv.wait_for(lock, timeout_, [&] { return call->done; })) {
+    return fail(timeouts_, absl::StrCat("verifier timed out after ", timeout_.count(),
+                                        " ms; the call is abandoned"));
+  }
+  if (!call->score) return fail(errors_, call->error);
+  return *std::move(call->score);
+}
+
+}  // namespace relay::rollout

@@ -1,0 +1,93 @@
+#include "relay/rollout/trajectory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+namespace relay::rollout {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAborted:
+      return "aborted";
+  }
+  return "?";
+}
+
+namespace {
+constexpr std::pair<const char*, InterruptPolicy> kPolicies[] = {
+    {"recompute", InterruptPolicy::kRecompute},
+    {"keep", InterruptPolicy::kKeep},
+    {"finish", InterruptPolicy::kFinish},
+    {"restart", InterruptPolicy::kRestart},
+};
+}  // namespace
+
+const char* interrupt_policy_name(InterruptPolicy policy) {
+  for (const auto& [name, p] : kPolicies) {
+    if (p == policy) return name;
+  }
+  return "?";
+}
+
+StatusOr<InterruptPolicy> parse_interrupt_policy(std::string_view name) {
+  for (const auto& [n, p] : kPolicies) {
+    if (name == n) return p;
+  }
+  return InvalidArgumentError(absl::StrCat("rollout.interrupt: unknown policy '", std::string(name),
+                                           "'; expected recompute, keep, finish or restart"));
+}
+
+int64_t Trajectory::num_forced() const {
+  return std::count(offpolicy_mask.begin(), offpolicy_mask.end(), 1);
+}
+
+Status check_trajectory(const Trajectory& t) {
+  const size_t n = t.response_tokens.size();
+  auto sized = [&](size_t got, const char* field) -> Status {
+    if (got == n) return OkStatus();
+    return InvalidArgumentError(
+        absl::StrCat(field, ": ", got, " entries for ", n, " response tokens"));
+  };
+  RELAY_RETURN_IF_ERROR(sized(t.behavior_logprobs.size(), "behavior_logprobs"));
+  RELAY_RETURN_IF_ERROR(sized(t.token_versions.size(), "token_versions"));
+  RELAY_RETURN_IF_ERROR(sized(t.proximal_logprobs.size(), "proximal_logprobs"));
+  RELAY_RETURN_IF_ERROR(sized(t.proximal_versions.size(), "proximal_versions"));
+  RELAY_RETURN_IF_ERROR(sized(t.offpolicy_mask.size(), "offpolicy_mask"));
+  if (!t.raw_logprobs.empty()) RELAY_RETURN_IF_ERROR(sized(t.raw_logprobs.size(), "raw_logprobs"));
+  std::set<int64_t> used;
+  for (size_t j = 0; j < n; ++j) {
+    const float lp = t.behavior_logprobs[j];
+    if (!std::isfinite(lp) || lp > 0) {
+      return InvalidArgumentError(
+          absl::StrCat("behavior_logprobs[", j, "]: must be finite and <= 0, got ", lp));
+    }
+    const int64_t v = t.token_versions[j];
+    if (v < 0 || (j > 0 && v < t.token_versions[j - 1])) {
+      return InvalidArgumentError(
+          absl::StrCat("token_versions[", j, "]: ", v, " breaks the non-decreasing order"));
+    }
+    used.insert(v);
+    const int64_t pv = t.proximal_versions[j];
+    const bool known = std::isfinite(t.proximal_logprobs[j]);
+    if (pv == -1 ? known : (!known || (pv != v && pv != v + 1))) {
+      return InvalidArgumentError(absl::StrCat("proximal_versions[", j, "]: ", pv,
+                                               " does not fit token version ", v,
+                                               " and proximal log-prob ", t.proximal_logprobs[j]));
+    }
+    if (pv >= 0) used.insert(pv);
+  }
+  for (int64_t v : used) {
+    bool found = std::any_of(t.version_digests.begin(), t.version_digests.end(),
+                             [v](const auto& d) { return d.first == v; });
+    if (!found)
+      return InvalidArgumentError(absl::StrCat("version_digests: no digest for version ", v));
+  }
+  return OkStatus();
+}
+
+}  // namespace relay::rollout

@@ -1,0 +1,607 @@
+#include "relay/rollout/engine.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include "testing/tensor_testing.h"
+
+namespace relay::rollout {
+namespace {
+
+using relay::testing::TinyConfig;
+
+// A random policy with peaked enough distributions that stop tokens and
+// top-k/top-p truncation both matter.
+model::Policy make_policy(uint64_t seed) {
+  model::Policy p(TinyConfig());
+  model::init_weights(*p, seed, 0.3);
+  p->eval();
+  return p;
+}
+
+std::unordered_map<std::string, at::Tensor> weights_of(model::Policy& p) {
+  std::unordered_map<std::string, at::Tensor> out;
+  for (const auto& item : p->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+EngineOptions base_options() {
+  EngineOptions o;
+  o.num_slots = 4;
+  o.max_new_tokens = 8;
+  return o;
+}
+
+std::unique_ptr<Engine> make_engine(uint64_t weights_seed, const EngineOptions& options,
+                                    int64_t version = 0, uint64_t digest = 100) {
+  auto engine = Engine::create(make_policy(weights_seed), options, version, digest);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
+PromptGroup group(const std::string& id, std::vector<int64_t> prompt, int k, uint64_t seed) {
+  PromptGroup g;
+  g.group_id = id;
+  g.prompt = std::move(prompt);
+  g.k = k;
+  g.seed = seed;
+  return g;
+}
+
+std::map<std::string, TrajectoryGroup> by_id(std::vector<TrajectoryGroup> groups) {
+  std::map<std::string, TrajectoryGroup> out;
+  for (TrajectoryGroup& g : groups) out[g.group_id] = std::move(g);
+  return out;
+}
+
+std::vector<TrajectoryGroup> run_all(Engine& engine) {
+  auto r = engine.run();
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? std::move(r).value() : std::vector<TrajectoryGroup>{};
+}
+
+// Scoring-path log-probs of the response tokens (temperature, untruncated),
+// from a separate policy object: position P - 1 + j scores response token j.
+std::vector<float> score_response(model::Policy& policy, const Trajectory& t, double temperature) {
+  torch::NoGradGuard g;
+  std::vector<int64_t> ids = t.prompt_tokens;
+  ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+  at::Tensor x = torch::tensor(ids).view({1, -1});
+  model::ScoreOptions so;
+  so.temperature = temperature;
+  at::Tensor lp = policy->score(x, {}, so)[0];
+  const int64_t P = static_cast<int64_t>(t.prompt_tokens.size());
+  std::vector<float> out;
+  for (size_t j = 0; j < t.response_tokens.size(); ++j) out.push_back(lp[P - 1 + j].item<float>());
+  return out;
+}
+
+// The truncated sampling distribution, written out independently of the
+// sampler: temperature, then top-k (ties at the k-th value kept), then top-p
+// (smallest prefix of the sorted distribution with mass >= p), renormalised.
+// Returns log p(token), -inf if the token was removed.
+double reference_logprob(const at::Tensor& logits_row, int64_t token, const SamplingOptions& o) {
+  at::Tensor z = logits_row.to(torch::kFloat64) / o.temperature;
+  const int64_t V = z.size(0);
+  std::vector<double> v(z.data_ptr<double>(), z.data_ptr<double>() + V);
+  std::vector<bool> keep(V, true);
+  if (o.top_k > 0 && o.top_k < V) {
+    std::vector<double> sorted = v;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    const double kth = sorted[o.top_k - 1];
+    for (int64_t i = 0; i < V; ++i) keep[i] = v[i] >= kth;
+  }
+  if (o.top_p < 1.0) {
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < V; ++i) {
+      if (keep[i]) mx = std::max(mx, v[i]);
+    }
+    std::vector<std::pair<double, int64_t>> probs;
+    double total = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      if (keep[i]) {
+        probs.push_back({std::exp(v[i] - mx), i});
+        total += probs.back().first;
+      }
+    }
+    std::sort(probs.begin(), probs.end(), std::greater<>());
+    double before = 0;
+    for (auto& [p, i] : probs) {
+      if (before / total >= o.top_p) keep[i] = false;
+      before += p;
+    }
+  }
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) {
+    if (keep[i]) mx = std::max(mx, v[i]);
+  }
+  double total = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    if (keep[i]) total += std::exp(v[i] - mx);
+  }
+  if (!keep[token]) return -INFINITY;
+  return v[token] - mx - std::log(total);
+}
+
+// Invariant 1: the recorded behavior log-prob is the log-prob under the
+// distribution the token was sampled from, truncation included.
+TEST(EngineTest, BehaviorLogprobsEqualIndependentRecomputation) {
+  struct Case {
+    double temperature;
+    int64_t top_k;
+    double top_p;
+  };
+  const Case cases[] = {{1.0, 0, 1.0}, {0.6, 0, 1.0}, {1.4, 0, 1.0}, {1.0, 5, 1.0},
+                        {0.8, 0, 0.7}, {1.2, 8, 0.9}, {0.7, 3, 0.5}};
+  model::Policy scorer = make_policy(7);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message()
+                 << "T=" << c.temperature << " top_k=" << c.top_k << " top_p=" << c.top_p);
+    EngineOptions o = base_options();
+    o.sampling.temperature = c.temperature;
+    o.sampling.top_k = c.top_k;
+    o.sampling.top_p = c.top_p;
+    o.sampling.record_raw_logprobs = true;
+    auto engine = make_engine(7, o);
+    ASSERT_TRUE(engine->submit(group("a", {3, 7, 1}, 3, 11)).ok());
+    ASSERT_TRUE(engine->submit(group("b", {9, 2, 2, 5, 30, 6}, 2, 12)).ok());
+    int checked = 0;
+    for (const TrajectoryGroup& g : run_all(*engine)) {
+      for (const Trajectory& t : g.trajectories) {
+        ASSERT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+        torch::NoGradGuard ng;
+        std::vector<int64_t> ids = t.prompt_tokens;
+        ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+        at::Tensor logits = scorer->forward(torch::tensor(ids).view({1, -1}))[0];
+        const size_t P = t.prompt_tokens.size();
+        for (size_t j = 0; j < t.response_tokens.size(); ++j) {
+          at::Tensor row = logits[P - 1 + j];
+          const double want = reference_logprob(row, t.response_tokens[j], o.sampling);
+          ASSERT_TRUE(std::isfinite(want)) << "sampled a token outside the truncated set";
+          EXPECT_NEAR(t.behavior_logprobs[j], want, 1e-5) << "token " << j;
+          const double raw =
+              torch::log_softmax(row.to(torch::kFloat64), -1)[t.response_tokens[j]].item<double>();
+          EXPECT_NEAR(t.raw_logprobs[j], raw, 1e-5) << "token " << j;
+          ++checked;
+        }
+      }
+    }
+    EXPECT_GT(checked, 20);
+  }
+}
+
+// Continuous batching: with fewer slots than sequences, slots are refilled as
+// sequences finish, and every sequence gets the tokens it gets alone.
+TEST(EngineTest, ContinuousBatchingMatchesGeneratingEachGroupAlone) {
+  EngineOptions o = base_options();
+  o.num_slots = 3;
+  o.max_new_tokens = 12;
+  o.stop_tokens = {4, 5};
+  const std::vector<PromptGroup> groups = {
+      group("g0", {3, 7, 1}, 2, 1), group("g1", {9, 2, 2, 5, 30, 6, 8, 8, 1}, 3, 2),
+      group("g2", {11}, 1, 3), group("g3", {6, 6, 6, 6, 6}, 2, 4)};
+  auto batched = make_engine(21, o);
+  for (const PromptGroup& g : groups) ASSERT_TRUE(batched->submit(g).ok());
+  auto together = by_id(run_all(*batched));
+  ASSERT_EQ(together.size(), groups.size());
+  EXPECT_EQ(batched->stats().sampled_tokens, [&] {
+    int64_t n = 0;
+    for (auto& [id, g] : together)
+      for (auto& t : g.trajectories) n += t.response_tokens.size();
+    return n;
+  }());
+
+  bool mixed_lengths = false;
+  for (const PromptGroup& g : groups) {
+    EngineOptions alone_options = o;
+    alone_options.num_slots = 1;
+    auto alone = make_engine(21, alone_options);
+    ASSERT_TRUE(alone->submit(g).ok());
+    auto result = run_all(*alone);
+    ASSERT_EQ(result.size(), 1u);
+    const TrajectoryGroup& want = result[0];
+    const TrajectoryGroup& got = together[g.group_id];
+    ASSERT_EQ(got.trajectories.size(), want.trajectories.size());
+    for (size_t j = 0; j < want.trajectories.size(); ++j) {
+      SCOPED_TRACE(g.group_id + " sample " + std::to_string(j));
+      const Trajectory& a = got.trajectories[j];
+      const Trajectory& b = want.trajectories[j];
+      EXPECT_EQ(a.response_tokens, b.response_tokens);
+      EXPECT_EQ(a.finish_reason, b.finish_reason);
+      ASSERT_EQ(a.behavior_logprobs.size(), b.behavior_logprobs.size());
+      for (size_t i = 0; i < a.behavior_logprobs.size(); ++i) {
+        EXPECT_NEAR(a.behavior_logprobs[i], b.behavior_logprobs[i], 1e-5);
+      }
+      if (a.response_tokens.size() != got.trajectories[0].response_tokens.size()) {
+        mixed_lengths = true;
+      }
+    }
+  }
+  // The case is only interesting if sequences finished at different times.
+  EXPECT_TRUE(mixed_lengths);
+}
+
+// The K samples of one prompt share its prefill: the context (P - 1
+// positions) is computed once and copied into the other K - 1 slots.
+TEST(EngineTest, SamplesOfOneGroupShareThePromptPrefill) {
+  const std::vector<int64_t> prompt = {9, 2, 2, 5, 30, 6, 8, 8, 1, 17};
+  EngineOptions o = base_options();
+  o.num_slots = 4;
+  auto shared = make_engine(3, o);
+  ASSERT_TRUE(shared->submit(group("g", prompt, 4, 9)).ok());
+  auto a = run_all(*shared);
+  EXPECT_EQ(shared->stats().context_tokens, static_cast<int64_t>(prompt.size()) - 1);
+  EXPECT_EQ(shared->stats().shared_prefills, 3);
+
+  o.num_slots = 1;  // one at a time: nothing live to copy from
+  auto serial = make_engine(3, o);
+  ASSERT_TRUE(serial->submit(group("g", prompt, 4, 9)).ok());
+  auto b = run_all(*serial);
+  EXPECT_EQ(serial->stats().context_tokens, 4 * (static_cast<int64_t>(prompt.size()) - 1));
+  EXPECT_EQ(serial->stats().shared_prefills, 0);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(a[0].trajectories[j].response_tokens, b[0].trajectories[j].response_tokens);
+  }
+}
+
+TEST(EngineTest, SameSeedSameTokensDifferentSeedDifferentTokens) {
+  EngineOptions o = base_options();
+  auto run_seed = [&](uint64_t seed) {
+    auto e = make_engine(5, o);
+    EXPECT_TRUE(e->submit(group("g", {1, 2, 3}, 2, seed)).ok());
+    auto r = run_all(*e);
+    return r.at(0).trajectories.at(1).response_tokens;
+  };
+  EXPECT_EQ(run_seed(42), run_seed(42));
+  EXPECT_NE(run_seed(42), run_seed(43));
+}
+
+// Seed 001's timeline: token 0 at v0; update to v1; tokens 1-2 at v1; update
+// to v2; token 3 at v2. Versions [0, 1, 1, 2]; proximal values are the
+// log-probs under v1, v2, v2, v2, checked against the scoring path of
+// separately built policies holding those weights.
+TEST(EngineTest, Seed001TimelineVersionsAndProximalLogprobs) {
+  EngineOptions o = base_options();
+  o.max_new_tokens = 4;
+  o.sampling.temperature = 0.9;
+  o.sampling.top_k = 20;  // behavior (truncated) and proximal (untruncated) differ
+  model::Policy w0 = make_policy(100), w1 = make_policy(101), w2 = make_policy(102);
+  auto engine = Engine::create(make_policy(100), o, 0, 0xA0).value();
+  ASSERT_TRUE(engine->submit(group("g", {3, 8, 13, 21}, 1, 77)).ok());
+
+  ASSERT_TRUE(engine->step().ok());  // token 0 at v0
+  ASSERT_TRUE(engine->update_weights(1, 0xA1, weights_of(w1)).ok());
+  ASSERT_TRUE(engine->step().ok());  // update lands, re-prefill, token 1 at v1
+  ASSERT_TRUE(engine->step().ok());  // token 2 at v1
+  ASSERT_TRUE(engine->update_weights(2, 0xA2, weights_of(w2)).ok());
+  auto last = engine->step();  // update lands, token 3 at v2, length reached
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_EQ(last->size(), 1u);
+  const Trajectory& t = (*last)[0].trajectories[0];
+  ASSERT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+
+  EXPECT_EQ(t.token_versions, (std::vector<int64_t>{0, 1, 1, 2}));
+  EXPECT_EQ(t.proximal_versions, (std::vector<int64_t>{1, 2, 2, 2}));
+  const std::vector<float> under_v1 = score_response(w1, t, o.sampling.temperature);
+  const std::vector<float> under_v2 = score_response(w2, t, o.sampling.temperature);
+  EXPECT_NEAR(t.proximal_logprobs[0], under_v1[0], 1e-5);
+  EXPECT_NEAR(t.proximal_logprobs[1], under_v2[1], 1e-5);
+  EXPECT_NEAR(t.proximal_logprobs[2], under_v2[2], 1e-5);
+  EXPECT_NEAR(t.proximal_logprobs[3], under_v2[3], 1e-5);
+  // And the proximal values are not just the old ones carried over.
+  const std::vector<float> under_v0 = score_response(w0, t, o.sampling.temperature);
+  EXPECT_GT(std::abs(t.proximal_logprobs[0] - under_v0[0]), 1e-3);
+  EXPECT_GT(std::abs(t.proximal_logprobs[1] - under_v1[1]), 1e-3);
+
+  // Behavior values come from the truncated distribution of each token's own
+  // version.
+  SamplingOptions so = o.sampling;
+  model::Policy* by_version[] = {&w0, &w1, &w1, &w2};
+  for (int j = 0; j < 4; ++j) {
+    torch::NoGradGuard ng;
+    std::vector<int64_t> ids = t.prompt_tokens;
+    ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+    at::Tensor logits = (*by_version[j])->forward(torch::tensor(ids).view({1, -1}))[0];
+    EXPECT_NEAR(t.behavior_logprobs[j],
+                reference_logprob(logits[t.prompt_tokens.size() - 1 + j], t.response_tokens[j], so),
+                1e-5);
+  }
+  EXPECT_EQ(t.version_digests,
+            (std::vector<std::pair<int64_t, uint64_t>>{{0, 0xA0}, {1, 0xA1}, {2, 0xA2}}));
+  EXPECT_EQ(t.interruptions, 2);
+  EXPECT_EQ(t.interrupt_policy, InterruptPolicy::kRecompute);
+  EXPECT_FALSE(t.stale_kv);
+  EXPECT_EQ(engine->version(), 2);
+}
+
+// Updates from another thread at any time: each lands between steps, tokens
+// sampled after it carry its version, versions never go down.
+TEST(EngineTest, ConcurrentUpdatesLandBetweenStepsWithNonDecreasingVersions) {
+  EngineOptions o = base_options();
+  o.num_slots = 6;
+  o.max_new_tokens = 16;
+  auto engine = make_engine(1, o);
+  for (int g = 0; g < 12; ++g) {
+    ASSERT_TRUE(engine->submit(group("g" + std::to_string(g), {1 + g, 2, 3}, 2, g)).ok());
+  }
+  std::vector<std::unordered_map<std::string, at::Tensor>> weights;
+  for (int v = 1; v <= 6; ++v) {
+    model::Policy p = make_policy(200 + v);
+    weights.push_back(weights_of(p));
+  }
+  std::atomic<bool> stop{false};
+  std::thread updater([&] {
+    for (int v = 1; v <= 6 && !stop; ++v) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      Status s = engine->update_weights(v, 1000 + v, weights[v - 1]);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  });
+  auto groups = run_all(*engine);
+  stop = true;
+  updater.join();
+  ASSERT_EQ(groups.size(), 12u);
+  int64_t max_version = 0;
+  for (const TrajectoryGroup& g : groups) {
+    for (const Trajectory& t : g.trajectories) {
+      ASSERT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+      for (size_t j = 0; j < t.token_versions.size(); ++j) {
+        max_version = std::max(max_version, t.token_versions[j]);
+        // recompute: a token followed by a newer one has its proximal value
+        // under version + 1 unless a newer token skips a version.
+        if (j + 1 < t.token_versions.size() && t.token_versions[j + 1] == t.token_versions[j] + 1) {
+          EXPECT_EQ(t.proximal_versions[j], t.token_versions[j] + 1);
+        }
+      }
+      for (const auto& [v, d] : t.version_digests) EXPECT_EQ(d, v == 0 ? 100u : 1000u + v);
+    }
+  }
+  EXPECT_GT(max_version, 0) << "no update landed while generating";
+}
+
+// `finish`: sequences in flight complete on the old weights; the update
+// lands only then, and nothing new starts meanwhile.
+TEST(EngineTest, FinishPolicyKeepsInFlightSequencesOnTheOldVersion) {
+  EngineOptions o = base_options();
+  o.interrupt = InterruptPolicy::kFinish;
+  o.num_slots = 2;
+  auto engine = make_engine(1, o);
+  ASSERT_TRUE(engine->submit(group("first", {1, 2, 3}, 2, 1)).ok());
+  ASSERT_TRUE(engine->step().ok());
+  model::Policy w1 = make_policy(55);
+  ASSERT_TRUE(engine->update_weights(1, 7, weights_of(w1)).ok());
+  ASSERT_TRUE(engine->submit(group("second", {4, 5, 6}, 2, 2)).ok());
+  auto groups = by_id(run_all(*engine));
+  for (const Trajectory& t : groups["first"].trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 0));
+    EXPECT_EQ(t.interruptions, 0);
+    EXPECT_EQ(t.interrupt_policy, InterruptPolicy::kFinish);
+  }
+  for (const Trajectory& t : groups["second"].trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 1));
+  }
+}
+
+// `keep`: decoding continues on the old cache with the new weights; tokens
+// after the update carry the new version, and the trajectory says so.
+TEST(EngineTest, KeepPolicyFlagsStaleCacheAndLeavesProximalUnknown) {
+  EngineOptions o = base_options();
+  o.interrupt = InterruptPolicy::kKeep;
+  o.max_new_tokens = 5;
+  auto engine = make_engine(1, o);
+  ASSERT_TRUE(engine->submit(group("g", {1, 2, 3}, 1, 1)).ok());
+  ASSERT_TRUE(engine->step().ok());
+  ASSERT_TRUE(engine->step().ok());
+  model::Policy w1 = make_policy(56);
+  ASSERT_TRUE(engine->update_weights(1, 7, weights_of(w1)).ok());
+  auto groups = run_all(*engine);
+  ASSERT_EQ(groups.size(), 1u);
+  const Trajectory& t = groups[0].trajectories[0];
+  ASSERT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+  EXPECT_EQ(t.token_versions, (std::vector<int64_t>{0, 0, 1, 1, 1}));
+  EXPECT_TRUE(t.stale_kv);
+  for (float p : t.proximal_logprobs) EXPECT_TRUE(std::isnan(p));
+  EXPECT_EQ(engine->stats().recomputed_tokens, 0);
+}
+
+// `restart`: the partial response is dropped and sampled again under the
+// new weights.
+TEST(EngineTest, RestartPolicyResamplesTheWholeResponse) {
+  EngineOptions o = base_options();
+  o.interrupt = InterruptPolicy::kRestart;
+  o.max_new_tokens = 5;
+  auto engine = make_engine(1, o);
+  ASSERT_TRUE(engine->submit(group("g", {1, 2, 3}, 1, 1)).ok());
+  ASSERT_TRUE(engine->step().ok());
+  ASSERT_TRUE(engine->step().ok());
+  model::Policy w1 = make_policy(57);
+  ASSERT_TRUE(engine->update_weights(1, 7, weights_of(w1)).ok());
+  auto groups = run_all(*engine);
+  const Trajectory& t = groups.at(0).trajectories.at(0);
+  ASSERT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+  EXPECT_EQ(t.token_versions, std::vector<int64_t>(5, 1));
+  EXPECT_EQ(t.restarts, 1);
+  const std::vector<float> under_v1 = score_response(w1, t, 1.0);
+  for (int j = 0; j < 5; ++j) EXPECT_NEAR(t.behavior_logprobs[j], under_v1[j], 1e-5);
+}
+
+// Prefix-guided sampling: the prefixed samples start with the target's
+// prefix (mask 1, scored by the current policy), then sample freely.
+TEST(EngineTest, PrefixSamplesForceTargetTokensAndScoreThem) {
+  EngineOptions o = base_options();
+  o.max_new_tokens = 10;
+  o.sampling.temperature = 0.8;
+  o.prefix.n_prefix = 2;
+  o.prefix.strategy = PrefixStrategy::kFixed;
+  o.prefix.min_ratio = 0.5;
+  o.prefix.max_ratio = 1.0;
+  auto engine = make_engine(8, o);
+  PromptGroup g = group("g", {3, 1, 4, 1, 5}, 4, 3);
+  g.target = {9, 2, 6, 5, 3, 5};
+  ASSERT_TRUE(engine->submit(g).ok());
+  auto groups = run_all(*engine);
+  ASSERT_EQ(groups.size(), 1u);
+  model::Policy scorer = make_policy(8);
+  const std::vector<size_t> forced = {3, 6, 0, 0};
+  const std::vector<double> ratios = {0.5, 1.0, 0.0, 0.0};
+  for (int j = 0; j < 4; ++j) {
+    SCOPED_TRACE(j);
+    const Trajectory& t = groups[0].trajectories[j];
+    ASSERT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+    EXPECT_EQ(t.num_forced(), static_cast<int64_t>(forced[j]));
+    EXPECT_DOUBLE_EQ(t.prefix_ratio, ratios[j]);
+    ASSERT_GT(t.response_tokens.size(), forced[j]);
+    for (size_t i = 0; i < t.response_tokens.size(); ++i) {
+      EXPECT_EQ(t.offpolicy_mask[i], i < forced[j] ? 1 : 0);
+      if (i < forced[j]) {
+        EXPECT_EQ(t.response_tokens[i], g.target[i]);
+      }
+    }
+    const std::vector<float> want = score_response(scorer, t, 0.8);
+    for (size_t i = 0; i < forced[j]; ++i) EXPECT_NEAR(t.behavior_logprobs[i], want[i], 1e-5);
+  }
+  EXPECT_EQ(engine->stats().forced_tokens, 9);
+}
+
+TEST(EngineTest, ForcedPrefixEndingInAStopTokenFinishesThere) {
+  EngineOptions o = base_options();
+  o.stop_tokens = {2};
+  o.prefix.n_prefix = -1;
+  o.prefix.strategy = PrefixStrategy::kFixed;
+  o.prefix.min_ratio = 1.0;
+  o.prefix.max_ratio = 1.0;
+  auto engine = make_engine(8, o);
+  PromptGroup g = group("g", {3, 1}, 2, 3);
+  g.target = {9, 2, 6};  // the stop token is its second token
+  ASSERT_TRUE(engine->submit(g).ok());
+  auto groups = run_all(*engine);
+  for (const Trajectory& t : groups.at(0).trajectories) {
+    EXPECT_EQ(t.response_tokens, (std::vector<int64_t>{9, 2}));
+    EXPECT_EQ(t.finish_reason, FinishReason::kStop);
+    EXPECT_EQ(t.offpolicy_mask, (std::vector<uint8_t>{1, 1}));
+  }
+}
+
+TEST(EngineTest, StopTokensAndLengthEndSequences) {
+  EngineOptions o = base_options();
+  o.max_new_tokens = 30;
+  o.num_slots = 8;
+  // Every token is a stop token but one: responses are one or two tokens.
+  for (int64_t t = 0; t < 37; ++t) {
+    if (t != 11) o.stop_tokens.push_back(t);
+  }
+  auto engine = make_engine(2, o);
+  ASSERT_TRUE(engine->submit(group("g", {1, 2, 3}, 8, 5)).ok());
+  for (const Trajectory& t : run_all(*engine).at(0).trajectories) {
+    ASSERT_FALSE(t.response_tokens.empty());
+    EXPECT_EQ(t.finish_reason, FinishReason::kStop);
+    EXPECT_NE(t.response_tokens.back(), 11);
+  }
+  // Capacity: a slot of 8 positions ends a 5-token prompt after 3 tokens.
+  EngineOptions small = base_options();
+  small.max_seq_len = 8;
+  auto tight = make_engine(2, small);
+  ASSERT_TRUE(tight->submit(group("g", {1, 2, 3, 4, 5}, 1, 5)).ok());
+  const Trajectory t = run_all(*tight).at(0).trajectories.at(0);
+  EXPECT_EQ(t.response_tokens.size(), 3u);
+  EXPECT_EQ(t.finish_reason, FinishReason::kLength);
+}
+
+TEST(EngineTest, AbortReturnsEveryGroupWithPartialResponses) {
+  EngineOptions o = base_options();
+  o.num_slots = 2;
+  auto engine = make_engine(2, o);
+  ASSERT_TRUE(engine->submit(group("a", {1, 2, 3}, 2, 1)).ok());
+  ASSERT_TRUE(engine->submit(group("b", {4, 5}, 2, 2)).ok());
+  ASSERT_TRUE(engine->step().ok());
+  ASSERT_TRUE(engine->step().ok());
+  engine->abort();
+  auto done = engine->step();
+  ASSERT_TRUE(done.ok());
+  auto groups = by_id(std::move(done).value());
+  ASSERT_EQ(groups.size(), 2u);
+  for (const Trajectory& t : groups["a"].trajectories) {
+    EXPECT_EQ(t.finish_reason, FinishReason::kAborted);
+    EXPECT_EQ(t.response_tokens.size(), 2u);
+    EXPECT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+  }
+  for (const Trajectory& t : groups["b"].trajectories) {
+    EXPECT_EQ(t.finish_reason, FinishReason::kAborted);
+    EXPECT_TRUE(t.response_tokens.empty());
+  }
+  EXPECT_TRUE(engine->idle());
+}
+
+TEST(EngineTest, BadSubmissionsAreRejectedWithTheField) {
+  auto engine = make_engine(2, base_options());
+  auto message = [&](PromptGroup g) { return std::string(engine->submit(g).message()); };
+  EXPECT_EQ(message(group("x", {}, 1, 0)), "group 'x': prompt: empty");
+  EXPECT_EQ(message(group("x", {1}, 0, 0)), "group 'x': k: must be >= 1, got 0");
+  EXPECT_EQ(message(group("x", {1, 37}, 1, 0)),
+            "group 'x': prompt[1]: token id 37 outside the vocabulary [0, 37)");
+  EXPECT_EQ(message(group("x", std::vector<int64_t>(64, 1), 1, 0)),
+            "group 'x': prompt: length 64 leaves no room in a slot of 64 positions");
+  PromptGroup bad_target = group("x", {1}, 1, 0);
+  bad_target.target = {-1};
+  EXPECT_EQ(message(bad_target),
+            "group 'x': target[0]: token id -1 outside the vocabulary [0, 37)");
+  ASSERT_TRUE(engine->submit(group("x", {1}, 1, 0)).ok());
+  EXPECT_EQ(message(group("x", {2}, 1, 0)), "group 'x': group_id: already queued or in flight");
+  EXPECT_EQ(run_all(*engine).size(), 1u);
+  EXPECT_TRUE(engine->submit(group("x", {2}, 1, 0)).ok()) << "a returned id may be reused";
+}
+
+TEST(EngineTest, BadUpdatesFailAtTheCallAndChangeNothing) {
+  auto engine = make_engine(2, base_options(), /*version=*/3);
+  model::Policy other = make_policy(9);
+  auto good = weights_of(other);
+
+  auto missing = good;
+  missing.erase("model.norm.weight");
+  EXPECT_EQ(engine->update_weights(4, 1, missing).message(),
+            "update_weights: version 4 is missing parameter 'model.norm.weight'");
+  auto wrong_shape = good;
+  wrong_shape["model.norm.weight"] = torch::ones({31});
+  EXPECT_EQ(engine->update_weights(4, 1, wrong_shape).message(),
+            "update_weights: version 4: parameter 'model.norm.weight' has shape [31], expected "
+            "[32]");
+  auto extra = good;
+  extra["model.extra.weight"] = torch::ones({1});
+  EXPECT_EQ(engine->update_weights(4, 1, extra).message(),
+            "update_weights: version 4: unknown parameter 'model.extra.weight'");
+  EXPECT_EQ(engine->update_weights(3, 1, good).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine->version(), 3);
+
+  ASSERT_TRUE(engine->update_weights(5, 1, good).ok());
+  EXPECT_EQ(engine->update_weights(4, 1, good).code(), absl::StatusCode::kFailedPrecondition)
+      << "a version older than one already staged";
+}
+
+TEST(EngineTest, OptionsFromConfigNameTheField) {
+  RolloutConfig c;
+  c.interrupt = "drop";
+  EXPECT_EQ(engine_options(c, {}).status().message(),
+            "rollout.interrupt: unknown policy 'drop'; expected recompute, keep, finish or "
+            "restart");
+  c.interrupt = "keep";
+  c.top_p = 0;
+  EXPECT_EQ(engine_options(c, {}).status().message(), "rollout.top_p: must be in (0, 1], got 0");
+  c.top_p = 0.9;
+  c.num_slots = 5;
+  c.record_raw_logprobs = true;
+  auto o = engine_options(c, {2});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->interrupt, InterruptPolicy::kKeep);
+  EXPECT_EQ(o->num_slots, 5);
+  EXPECT_EQ(o->stop_tokens, std::vector<int64_t>{2});
+  EXPECT_TRUE(o->sampling.record_raw_logprobs);
+}
+
+}  // namespace
+}  // namespace relay::rollout
