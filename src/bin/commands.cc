@@ -2,18 +2,26 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "relay/common/config.h"
+#include "relay/common/file_io.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
+#include "relay/model/threads.h"
 #include "relay/model/tokenizer.h"
+#include "relay/rollout/engine.h"
 #include "relay/rollout/generate.h"
+#include "relay/rollout/task.h"
 
 namespace relay::cli {
 namespace {
@@ -216,7 +224,7 @@ int generate(const GenerateArgs& args) {
   const int64_t eos = (*policy)->config().eos_token_id;
   if (!args.no_eos_stop && eos >= 0) opts.stop_tokens.push_back(eos);
 
-  StatusOr<std::vector<rollout::Generation>> result = rollout::generate(**policy, {prompt}, opts);
+  StatusOr<std::vector<rollout::Generation>> result = rollout::generate(*policy, {prompt}, opts);
   if (!result.ok()) return fail("generate", result.status());
   const rollout::Generation& g = (*result)[0];
   if (args.json) {
@@ -237,6 +245,186 @@ int generate(const GenerateArgs& args) {
     if (prompt_text.ok() && text.ok())
       std::printf("text: %s|%s\n", prompt_text->c_str(), text->c_str());
   }
+  return 0;
+}
+
+namespace {
+
+// A float list where NaN (unknown) is null.
+nlohmann::json nullable_floats(const std::vector<float>& values) {
+  nlohmann::json out = nlohmann::json::array();
+  for (float v : values) {
+    if (std::isnan(v)) {
+      out.push_back(nullptr);
+    } else {
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+// Each stop string must be exactly one token of the tokenizer.
+StatusOr<int64_t> stop_token(const model::Tokenizer& tokenizer, const std::string& text,
+                             const std::string& field) {
+  if (std::optional<int64_t> id = tokenizer.token_id(text)) return *id;
+  StatusOr<std::vector<int64_t>> ids = tokenizer.encode(text);
+  if (ids.ok() && ids->size() == 1) return (*ids)[0];
+  return InvalidArgumentError(
+      absl::StrCat(field, ": stop text '", text, "' is not a single token of the tokenizer"));
+}
+
+struct RolloutSetup {
+  ExperimentConfig config;
+  model::Policy policy{nullptr};
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::shared_ptr<rollout::Task> task;
+  rollout::EngineOptions engine;
+};
+
+StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
+  RolloutSetup s;
+  RELAY_ASSIGN_OR_RETURN(s.config, load_config(args.config_file, args.overrides));
+  if (args.prompts < 1) {
+    return InvalidArgumentError(absl::StrCat("--prompts: must be >= 1, got ", args.prompts));
+  }
+  if (args.start < 0) {
+    return InvalidArgumentError(absl::StrCat("--start: must be >= 0, got ", args.start));
+  }
+  const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
+  if (dir.empty()) {
+    return InvalidArgumentError("model.path: empty; give a model directory with --model");
+  }
+  model::configure_threads(s.config.run.threads);
+  RELAY_ASSIGN_OR_RETURN(s.policy, model::load_policy(dir));
+  RELAY_ASSIGN_OR_RETURN(s.tokenizer, model::load_tokenizer(dir));
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Task> task,
+                         rollout::make_task(s.config.task, s.config.run.seed));
+  s.task = std::move(task);
+  if (s.task->size() >= 0 && args.start + args.prompts > s.task->size()) {
+    return InvalidArgumentError(absl::StrCat("--prompts: task '", s.task->name(), "' has ",
+                                             s.task->size(), " prompts; asked for [", args.start,
+                                             ", ", args.start + args.prompts, ")"));
+  }
+  std::vector<int64_t> stops;
+  if (s.tokenizer->eos_id() >= 0) stops.push_back(s.tokenizer->eos_id());
+  for (size_t i = 0; i < s.config.rollout.stop.size(); ++i) {
+    RELAY_ASSIGN_OR_RETURN(int64_t id, stop_token(*s.tokenizer, s.config.rollout.stop[i],
+                                                  absl::StrCat("rollout.stop[", i, "]")));
+    stops.push_back(id);
+  }
+  for (const std::string& text : s.task->stop_strings()) {
+    RELAY_ASSIGN_OR_RETURN(
+        int64_t id, stop_token(*s.tokenizer, text, absl::StrCat("task '", s.task->name(), "'")));
+    stops.push_back(id);
+  }
+  RELAY_ASSIGN_OR_RETURN(s.engine, rollout::engine_options(s.config.rollout, stops));
+  return s;
+}
+
+nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& text,
+                               const rollout::Score& score, const std::string& verifier_error) {
+  nlohmann::json digests = nlohmann::json::array();
+  for (const auto& [v, d] : t.version_digests) digests.push_back({v, d});
+  nlohmann::json j = {
+      {"response", text},
+      {"response_tokens", t.response_tokens},
+      {"behavior_logprobs", nullable_floats(t.behavior_logprobs)},
+      {"token_versions", t.token_versions},
+      {"proximal_logprobs", nullable_floats(t.proximal_logprobs)},
+      {"proximal_versions", t.proximal_versions},
+      {"offpolicy_mask", t.offpolicy_mask},
+      {"finish_reason", rollout::finish_reason_name(t.finish_reason)},
+      {"interrupt_policy", rollout::interrupt_policy_name(t.interrupt_policy)},
+      {"interruptions", t.interruptions},
+      {"prefix_ratio", t.prefix_ratio},
+      {"version_digests", digests},
+      {"reward", score.reward},
+      {"sub_scores", score.sub_scores},
+      {"seconds",
+       {{"admitted", t.admitted_s}, {"first_token", t.first_token_s}, {"finished", t.finished_s}}}};
+  if (!t.raw_logprobs.empty()) j["raw_logprobs"] = nullable_floats(t.raw_logprobs);
+  if (!verifier_error.empty()) j["verifier_error"] = verifier_error;
+  return j;
+}
+
+}  // namespace
+
+int rollout(const RolloutArgs& args) {
+  StatusOr<RolloutSetup> setup = setup_rollout(args);
+  if (!setup.ok()) return fail("rollout", setup.status());
+  RolloutSetup& s = *setup;
+  StatusOr<std::unique_ptr<rollout::Engine>> engine =
+      rollout::Engine::create(s.policy, s.engine, /*version=*/0, /*digest=*/0);
+  if (!engine.ok()) return fail("rollout", engine.status());
+
+  std::map<std::string, rollout::TaskPrompt> prompts;
+  for (int64_t i = args.start; i < args.start + args.prompts; ++i) {
+    StatusOr<rollout::TaskPrompt> p = s.task->prompt(i);
+    if (!p.ok()) return fail("rollout", p.status());
+    rollout::PromptGroup g;
+    g.group_id = p->id;
+    g.k = s.config.rollout.n;
+    g.seed = rollout::sequence_seed(s.config.run.seed, static_cast<uint64_t>(i));
+    StatusOr<std::vector<int64_t>> ids = s.tokenizer->encode(p->prompt);
+    if (!ids.ok())
+      return fail("rollout", Status(ids.status().code(),
+                                    absl::StrCat(p->id, ": prompt: ", ids.status().message())));
+    g.prompt = *ids;
+    if (p->target) {
+      StatusOr<std::vector<int64_t>> target = s.tokenizer->encode(*p->target);
+      if (!target.ok())
+        return fail("rollout",
+                    Status(target.status().code(),
+                           absl::StrCat(p->id, ": target: ", target.status().message())));
+      g.target = *target;
+    }
+    if (Status st = (*engine)->submit(std::move(g)); !st.ok()) return fail("rollout", st);
+    prompts.emplace(p->id, std::move(*p));
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<std::vector<rollout::TrajectoryGroup>> groups = (*engine)->run();
+  if (!groups.ok()) return fail("rollout", groups.status());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  rollout::SafeVerifier verifier(s.task, std::chrono::milliseconds(static_cast<int64_t>(
+                                             std::ceil(s.config.task.verifier_timeout_s * 1000))));
+  std::string lines;
+  double reward_sum = 0;
+  int64_t trajectories = 0, tokens = 0;
+  for (const rollout::TrajectoryGroup& g : *groups) {
+    const rollout::TaskPrompt& p = prompts.at(g.group_id);
+    nlohmann::json out = {{"group_id", g.group_id},
+                          {"prompt", p.prompt},
+                          {"reference", p.reference},
+                          {"prompt_tokens", g.trajectories.at(0).prompt_tokens}};
+    nlohmann::json list = nlohmann::json::array();
+    for (const rollout::Trajectory& t : g.trajectories) {
+      StatusOr<std::string> text = s.tokenizer->decode(t.response_tokens);
+      if (!text.ok()) return fail("rollout", text.status());
+      std::string error;
+      rollout::Score score = verifier.score(p, *text, &error);
+      reward_sum += score.reward;
+      ++trajectories;
+      tokens += static_cast<int64_t>(t.response_tokens.size());
+      list.push_back(trajectory_json(t, *text, score, error));
+    }
+    out["trajectories"] = std::move(list);
+    absl::StrAppend(&lines, out.dump(), "\n");
+  }
+  if (!args.out.empty()) {
+    if (Status st = write_file_atomic(args.out, lines); !st.ok()) return fail("rollout", st);
+  }
+  const rollout::EngineStats stats = (*engine)->stats();
+  std::printf(
+      "%lld groups, %lld trajectories, %lld response tokens in %.2f s (%.1f tokens/s); "
+      "mean reward %.4f; verifier errors %lld, timeouts %lld; prefill shared %lld times\n",
+      static_cast<long long>(groups->size()), static_cast<long long>(trajectories),
+      static_cast<long long>(tokens), seconds, seconds > 0 ? tokens / seconds : 0.0,
+      trajectories > 0 ? reward_sum / trajectories : 0.0, static_cast<long long>(verifier.errors()),
+      static_cast<long long>(verifier.timeouts()), static_cast<long long>(stats.shared_prefills));
+  if (!args.out.empty()) std::printf("wrote %s\n", args.out.c_str());
   return 0;
 }
 

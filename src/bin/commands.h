@@ -51,6 +51,18 @@ struct GenerateArgs {
 };
 int generate(const GenerateArgs& args);
 
+struct RolloutArgs {
+  std::string config_file;
+  std::vector<std::string> overrides;
+  std::string model_dir;  // default: model.path
+  int64_t prompts = 8;    // groups to sample: task prompts [start, start + prompts)
+  int64_t start = 0;
+  std::string out;  // JSONL, one trajectory group per line; empty = no file
+};
+// Samples rollout.n responses for each of a range of task prompts with the
+// rollout engine, scores them with the task's verifier and writes them out.
+int rollout(const RolloutArgs& args);
+
 // "1, 2,3" -> {1, 2, 3}; errors name the bad item.
 bool parse_ids(const std::string& text, std::vector<int64_t>* ids, std::string* error);
 

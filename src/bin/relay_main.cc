@@ -57,6 +57,16 @@ int main(int argc, char** argv) {
   generate->add_flag("--no-eos-stop", gen.no_eos_stop, "Do not stop at the tokenizer's EOS");
   generate->add_flag("--json", gen.json, "Print {\"ids\": [...], \"logprobs\": [...]}");
 
+  relay::cli::RolloutArgs roll;
+  auto* rollout = app.add_subcommand(
+      "rollout", "Sample K responses per task prompt with the rollout engine and score them");
+  rollout->add_option("config", roll.config_file, "YAML experiment config")->required();
+  rollout->add_option("overrides", roll.overrides, "key.path=value overrides");
+  rollout->add_option("--model", roll.model_dir, "HF-layout model directory (default: model.path)");
+  rollout->add_option("--prompts", roll.prompts, "Number of task prompts (groups)");
+  rollout->add_option("--start", roll.start, "Index of the first task prompt");
+  rollout->add_option("--out", roll.out, "Write trajectory groups as JSONL here");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -70,5 +80,6 @@ int main(int argc, char** argv) {
   if (*init) return relay::cli::init_model(init_args);
   if (*score) return relay::cli::score(score_args);
   if (*generate) return relay::cli::generate(gen);
+  if (*rollout) return relay::cli::rollout(roll);
   return 2;
 }

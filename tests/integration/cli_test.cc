@@ -8,6 +8,8 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -157,6 +159,69 @@ TEST_F(CliTest, BadInputGivesOneLineErrors) {
   EXPECT_EQ(r.err, "relay generate: temperature: must be > 0, got 0\n");
   r = RelayCli("score --model " + *model_dir_);  // missing --ids: a usage error
   EXPECT_EQ(r.exit_code, 2);
+}
+
+}  // namespace
+}  // namespace relay
+
+namespace relay {
+namespace {
+
+// `relay rollout`: the whole in-process rollout path (task -> tokenizer ->
+// engine -> verifier) writes one JSON line per group with complete,
+// consistent per-token fields.
+TEST_F(CliTest, RolloutWritesScoredTrajectoryGroups) {
+  const std::string out =
+      ::testing::TempDir() + "/rollout_" + std::to_string(::getpid()) + ".jsonl";
+  CliResult r = RelayCli("rollout " + kTinyConfig + " --model " + *model_dir_ +
+                         " --prompts 3 --start 5 --out " + out +
+                         " rollout.n=3 rollout.prefix.n_prefix=1 rollout.prefix.strategy=fixed"
+                         " rollout.prefix.min_ratio=1.0 rollout.prefix.max_ratio=1.0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("3 groups, 9 trajectories"), std::string::npos) << r.out;
+  std::ifstream in(out);
+  std::string line;
+  int groups = 0;
+  std::set<std::string> ids;
+  while (std::getline(in, line)) {
+    nlohmann::json g = nlohmann::json::parse(line);
+    ++groups;
+    ids.insert(g["group_id"].get<std::string>());
+    ASSERT_EQ(g["trajectories"].size(), 3u);
+    for (size_t j = 0; j < 3; ++j) {
+      const nlohmann::json& t = g["trajectories"][j];
+      const size_t n = t["response_tokens"].size();
+      ASSERT_GT(n, 0u);
+      for (const char* field : {"behavior_logprobs", "token_versions", "proximal_logprobs",
+                                "proximal_versions", "offpolicy_mask"}) {
+        EXPECT_EQ(t[field].size(), n) << field;
+      }
+      const double reward = t["reward"].get<double>();
+      EXPECT_TRUE(reward == 0.0 || reward == 1.0);
+      EXPECT_EQ(t["interrupt_policy"], "recompute");
+      // Sample 0 copies the whole target ("<answer>#"), which ends in the
+      // task's stop token: it is forced, stopped and correct.
+      if (j == 0) {
+        EXPECT_EQ(t["offpolicy_mask"], nlohmann::json(std::vector<int>(n, 1)));
+        EXPECT_EQ(t["finish_reason"], "stop");
+        EXPECT_EQ(t["response"].get<std::string>(), g["reference"].get<std::string>() + "#");
+        EXPECT_EQ(reward, 1.0);
+      } else {
+        EXPECT_EQ(t["offpolicy_mask"][0], 0);
+      }
+    }
+  }
+  EXPECT_EQ(groups, 3);
+  EXPECT_EQ(ids, (std::set<std::string>{"arithmetic/5", "arithmetic/6", "arithmetic/7"}));
+}
+
+TEST_F(CliTest, RolloutRejectsAStopTextThatIsNotOneToken) {
+  CliResult r =
+      RelayCli("rollout " + kTinyConfig + " --model " + *model_dir_ + " rollout.stop=[\\\"12\\\"]");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err,
+            "relay rollout: rollout.stop[0]: stop text '12' is not a single token of the "
+            "tokenizer\n");
 }
 
 }  // namespace

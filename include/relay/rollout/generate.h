@@ -1,9 +1,8 @@
 #pragma once
 
-// Batched generation with a KV cache: every prompt is prefilled in one
-// extend() call, then all unfinished sequences decode together, one token per
-// step. This is the plain loop behind `relay generate`; the rollout engine
-// (continuous batching, versions, interruption) builds on the same pieces.
+// One-shot generation for people and tools (`relay generate`): each prompt
+// sampled once, by the rollout engine (engine.h) with one slot per prompt and
+// no weight updates.
 
 #include <cstdint>
 #include <string>
@@ -20,7 +19,8 @@ struct GenerateOptions {
   int64_t max_new_tokens = 16;  // >= 1
   SamplingOptions sampling;
   std::vector<int64_t> stop_tokens;  // a sampled stop token ends its sequence (and is kept)
-  uint64_t seed = 0;                 // prompt i samples from SequenceRng(sequence_seed(seed, i))
+  // Prompt i is a group of one sample with seed sequence_seed(seed, i).
+  uint64_t seed = 0;
 };
 
 struct Generation {
@@ -34,7 +34,7 @@ struct Generation {
 // prompt, a token id outside the vocabulary, or a prompt that leaves no room
 // in max_position_embeddings; and on invalid sampling options. A sequence
 // also stops ("length") when it reaches max_position_embeddings.
-StatusOr<std::vector<Generation>> generate(model::PolicyImpl& policy,
+StatusOr<std::vector<Generation>> generate(model::Policy policy,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerateOptions& options);
 

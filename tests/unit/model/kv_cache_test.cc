@@ -118,6 +118,28 @@ TEST_F(KVCacheTest, CopiedSlotDecodesLikeItsOwnPrefill) {
   }
 }
 
+// A prompt's context without its last token (what the engine shares among
+// a group's samples), filled with kNone, then each sample runs that last
+// token itself: the same logits as a full prefill.
+TEST_F(KVCacheTest, CopiedPrefixThenLastTokenMatchesFullPrefill) {
+  KVCache cache(policy_->config(), 3, 16, torch::kFloat32, torch::kCPU);
+  const Seq prompt = {6, 1, 8, 0, 3};
+  const Seq context(prompt.begin(), prompt.end() - 1);
+  at::Tensor none = Extend(cache, {context, {2, 2, 2, 2, 2, 2}}, {0, 1}, ExtendLogits::kNone);
+  EXPECT_FALSE(none.defined());
+  EXPECT_EQ(cache.length(0), 4);
+  cache.copy_prefix(0, 2, 4);
+  cache.copy_prefix(1, 1, 2);  // in place: truncates
+  EXPECT_EQ(cache.length(2), 4);
+  EXPECT_EQ(cache.length(1), 2);
+  EXPECT_THROW(cache.copy_prefix(0, 1, 5), c10::Error);
+  at::Tensor logits = Extend(cache, {{prompt.back()}, {prompt.back()}}, {0, 2});
+  EXPECT_TRUE(AllClose(logits[0], FullLast(prompt), kTol));
+  EXPECT_TRUE(AllClose(logits[1], FullLast(prompt), kTol));
+  at::Tensor truncated = Extend(cache, {{9}}, {1});
+  EXPECT_TRUE(AllClose(truncated[0], FullLast({2, 2, 9}), kTol));
+}
+
 TEST_F(KVCacheTest, OverflowThrowsAndLeavesLengthsUnchanged) {
   KVCache cache(policy_->config(), 2, 4, torch::kFloat32, torch::kCPU);
   Extend(cache, {{1, 2, 3}, {4}}, {0, 1});

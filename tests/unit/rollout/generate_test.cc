@@ -30,7 +30,7 @@ TEST_F(GenerateTest, RecordedLogProbsEqualScoringAtShiftedPositions) {
   opts.seed = 5;
   opts.sampling.temperature = 0.8;
   opts.sampling.record_raw_logprobs = true;
-  auto result = generate(*policy_, prompts, opts);
+  auto result = generate(policy_, prompts, opts);
   ASSERT_TRUE(result.ok()) << result.status();
   torch::NoGradGuard g;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -56,14 +56,14 @@ TEST_F(GenerateTest, SeededSamplingIsReproducibleAndBatchIndependent) {
   GenerateOptions opts;
   opts.max_new_tokens = 8;
   opts.seed = 99;
-  auto alone = generate(*policy_, {{4, 4, 1}}, opts);
-  auto again = generate(*policy_, {{4, 4, 1}}, opts);
-  auto batched = generate(*policy_, {{4, 4, 1}, {8, 8, 8, 8, 8}}, opts);
+  auto alone = generate(policy_, {{4, 4, 1}}, opts);
+  auto again = generate(policy_, {{4, 4, 1}}, opts);
+  auto batched = generate(policy_, {{4, 4, 1}, {8, 8, 8, 8, 8}}, opts);
   ASSERT_TRUE(alone.ok() && again.ok() && batched.ok());
   EXPECT_EQ((*alone)[0].tokens, (*again)[0].tokens);
   EXPECT_EQ((*alone)[0].tokens, (*batched)[0].tokens);
   opts.seed = 100;
-  auto other = generate(*policy_, {{4, 4, 1}}, opts);
+  auto other = generate(policy_, {{4, 4, 1}}, opts);
   EXPECT_NE((*alone)[0].tokens, (*other)[0].tokens);
 }
 
@@ -71,12 +71,12 @@ TEST_F(GenerateTest, StopTokenEndsOnlyItsSequence) {
   GenerateOptions opts;
   opts.max_new_tokens = 6;
   opts.sampling.greedy = true;
-  auto free_run = generate(*policy_, {{5, 6}, {1, 2, 3}}, opts);
+  auto free_run = generate(policy_, {{5, 6}, {1, 2, 3}}, opts);
   ASSERT_TRUE(free_run.ok());
   // Stop on the token the first sequence produces second.
   const int64_t stop = (*free_run)[0].tokens[1];
   opts.stop_tokens = {stop};
-  auto stopped = generate(*policy_, {{5, 6}, {1, 2, 3}}, opts);
+  auto stopped = generate(policy_, {{5, 6}, {1, 2, 3}}, opts);
   ASSERT_TRUE(stopped.ok());
   const Generation& first = (*stopped)[0];
   EXPECT_EQ(first.finish_reason, FinishReason::kStop);
@@ -94,7 +94,7 @@ TEST_F(GenerateTest, StopsAtTheModelContext) {
   opts.max_new_tokens = 100;
   opts.sampling.greedy = true;
   std::vector<int64_t> prompt(60, 3);  // max_position_embeddings is 64
-  auto r = generate(*policy_, {prompt}, opts);
+  auto r = generate(policy_, {prompt}, opts);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)[0].tokens.size(), 4u);
   EXPECT_EQ((*r)[0].finish_reason, FinishReason::kLength);
@@ -102,17 +102,17 @@ TEST_F(GenerateTest, StopsAtTheModelContext) {
 
 TEST_F(GenerateTest, BadInputIsAnErrorNamingTheField) {
   GenerateOptions opts;
-  auto r = generate(*policy_, {{1, 2}, {1, 99}}, opts);
+  auto r = generate(policy_, {{1, 2}, {1, 99}}, opts);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(), "prompts[1][1]: token id 99 outside the vocabulary [0, 37)");
-  r = generate(*policy_, {{}}, opts);
+  r = generate(policy_, {{}}, opts);
   EXPECT_EQ(r.status().message(), "prompts[0]: empty");
   opts.max_new_tokens = 0;
-  r = generate(*policy_, {{1}}, opts);
+  r = generate(policy_, {{1}}, opts);
   EXPECT_EQ(r.status().message(), "max_new_tokens: must be >= 1, got 0");
   opts.max_new_tokens = 4;
   opts.sampling.top_p = 0;
-  r = generate(*policy_, {{1}}, opts);
+  r = generate(policy_, {{1}}, opts);
   EXPECT_EQ(r.status().message(), "top_p: must be in (0, 1], got 0");
 }
 

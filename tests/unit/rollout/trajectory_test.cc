@@ -1,0 +1,77 @@
+#include "relay/rollout/trajectory.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+namespace relay::rollout {
+namespace {
+
+Trajectory valid() {
+  Trajectory t;
+  t.prompt_tokens = {1, 2};
+  t.response_tokens = {5, 6, 7};
+  t.behavior_logprobs = {-1.0f, -0.5f, -2.0f};
+  t.token_versions = {0, 1, 1};
+  t.proximal_logprobs = {-1.1f, NAN, -2.1f};
+  t.proximal_versions = {1, -1, 1};
+  t.offpolicy_mask = {1, 0, 0};
+  t.version_digests = {{0, 10}, {1, 11}};
+  return t;
+}
+
+TEST(TrajectoryTest, CheckAcceptsAConsistentTrajectory) {
+  EXPECT_TRUE(check_trajectory(valid()).ok()) << check_trajectory(valid());
+  EXPECT_EQ(valid().num_forced(), 1);
+}
+
+TEST(TrajectoryTest, CheckNamesTheFirstViolation) {
+  struct Case {
+    std::function<void(Trajectory&)> change;
+    std::string message;
+  };
+  const Case cases[] = {
+      {[](Trajectory& t) { t.token_versions.pop_back(); },
+       "token_versions: 2 entries for 3 response tokens"},
+      {[](Trajectory& t) { t.raw_logprobs = {0.0f}; },
+       "raw_logprobs: 1 entries for 3 response tokens"},
+      {[](Trajectory& t) { t.behavior_logprobs[1] = NAN; },
+       "behavior_logprobs[1]: must be finite and <= 0, got nan"},
+      {[](Trajectory& t) { t.behavior_logprobs[2] = 0.5f; },
+       "behavior_logprobs[2]: must be finite and <= 0, got 0.5"},
+      {[](Trajectory& t) {
+         t.token_versions = {1, 0, 1};
+       },
+       "token_versions[1]: 0 breaks the non-decreasing order"},
+      {[](Trajectory& t) { t.proximal_versions[1] = 2; },
+       "proximal_versions[1]: 2 does not fit token version 1 and proximal log-prob nan"},
+      {[](Trajectory& t) { t.proximal_versions[0] = 3; },
+       "proximal_versions[0]: 3 does not fit token version 0 and proximal log-prob -1.1"},
+      {[](Trajectory& t) {
+         t.version_digests = {{0, 10}};
+       },
+       "version_digests: no digest for version 1"},
+  };
+  for (const Case& c : cases) {
+    Trajectory t = valid();
+    c.change(t);
+    Status s = check_trajectory(t);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(std::string(s.message()), c.message);
+  }
+}
+
+TEST(TrajectoryTest, PolicyNamesRoundTrip) {
+  for (InterruptPolicy p : {InterruptPolicy::kRecompute, InterruptPolicy::kKeep,
+                            InterruptPolicy::kFinish, InterruptPolicy::kRestart}) {
+    auto parsed = parse_interrupt_policy(interrupt_policy_name(p));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, p);
+  }
+  EXPECT_FALSE(parse_interrupt_policy("Recompute").ok());
+  EXPECT_EQ(std::string(finish_reason_name(FinishReason::kAborted)), "aborted");
+}
+
+}  // namespace
+}  // namespace relay::rollout
