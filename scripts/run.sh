@@ -2,8 +2,9 @@
 # Set-up, build, then the main job. Until the services land (trainer and
 # rollout workers over gRPC), the main job is a short demo of the policy
 # model: write a fresh tiny model in Hugging Face layout from configs/tiny.yaml,
-# check the config, sample from the model with the KV cache, and score the
-# sample so the recorded log-probs can be compared with the scoring path.
+# check the config, sample from the model with the KV cache, score the sample
+# so the recorded log-probs can be compared with the scoring path, then run
+# the rollout engine on a few arithmetic prompts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,3 +30,6 @@ ids=$(echo "$gen" | sed -E 's/.*"ids":\[([^]]*)\].*/\1/')
 echo "== relay score: positions 8.. are the generated tokens; their log-probs at"
 echo "   temperature 0.8 equal the ones generate recorded"
 "$relay" score --model "$model_dir" --ids "1,18,6,13,7,13,8,19,$ids" --temperature 0.8
+echo "== relay rollout: 4 arithmetic prompts x rollout.n samples, scored by the verifier"
+"$relay" rollout "$config" --model "$model_dir" --prompts 4 --out runs/demo/rollout.jsonl
+head -c 600 runs/demo/rollout.jsonl; echo " ..."
