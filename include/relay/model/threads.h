@@ -11,11 +11,15 @@ struct ThreadSettings {
   int blas = -1;     // OpenBLAS's own pthread pool; -1 when the BLAS is not OpenBLAS
 };
 
-// Sets both pools to `threads` (0 = every core this process may use). Both
-// are sized alike because LibTorch hands a whole GEMM to the BLAS from one
-// thread, while its own pool runs elementwise work and batched matmuls; on a
-// core budget the two must not multiply (on 2 cores, 2 intra-op threads next
-// to a busy neighbour ran a decode-shaped loop ~3x slower than 1).
+// Gives this process `threads` cores (0 = every core it may use).
+//
+// With OpenBLAS (Debian's LibTorch), the cores go to OpenBLAS's pthread pool
+// and LibTorch's OpenMP pool gets one thread: LibTorch hands each GEMM to the
+// BLAS from one thread, and two pools that both spin on the same cores
+// collide. Measured on 2 cores (docs/BENCHMARKS.md, "Threads"): 1 intra-op +
+// 2 OpenBLAS threads decoded a 100M model ~2x faster than 2 + 2, and steadily.
+// With any other BLAS (MKL in upstream LibTorch, which shares OpenMP's pool)
+// all cores go to the intra-op pool.
 ThreadSettings configure_threads(int threads);
 
 }  // namespace relay::model

@@ -1,0 +1,556 @@
+// Decode throughput of the rollout engine (relay/rollout/engine.h) against
+// baselines measured in the same run, for two randomly initialised models:
+// "tiny" (the shape of configs/tiny.yaml) and "qwen2-100m" (Qwen2-shaped,
+// about 100M parameters). Results: docs/BENCHMARKS.md.
+//
+// kv     B prompts of P tokens, N new tokens each, no stop tokens, so every
+//        row decodes exactly N tokens. Three ways to produce them:
+//          re-encode  (baseline) policy->forward over the whole [B, P + s]
+//                     sequence at every step s, sampling the last position;
+//          extend     the model's KV-cache path alone (Policy::extend, one
+//                     token per step), without the engine;
+//          engine     rollout::Engine, num_slots = B, B groups of k = 1.
+//        All three draw from the engine's per-sequence random streams, so
+//        they sample the same tokens up to floating-point rounding (the notes
+//        column counts the rows that came out identical).
+// mixed  S = max(8, c B) sequences (c = 8 tiny, 4 qwen2-100m) whose lengths
+//        are roughly geometric (a fixed random set of stop tokens, capped at
+//        max_new_tokens):
+//          static     (baseline) B sequences at a time, each batch run to
+//                     completion before the next is submitted;
+//          continuous all S submitted to one engine with B slots; a finished
+//                     sequence's slot is refilled at the next step.
+//        Same seeds, so both produce the same trajectories (checked).
+//
+//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed]
+//                 [--threads N] [--blas-threads T] [--reps R] [--prompt P] [--new N] [--json]
+//
+// Threads default to what relay's binaries use (model::configure_threads with
+// every core: 1 intra-op thread, all cores to OpenBLAS). --threads sets
+// LibTorch's intra-op pool and --blas-threads OpenBLAS's own pthread pool
+// explicitly, to compare settings. Both are printed.
+// tokens/s counts response tokens only (prompt positions are work, not output).
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "relay/model/kv_cache.h"
+#include "relay/model/policy.h"
+#include "relay/model/threads.h"
+#include "relay/rollout/engine.h"
+#include "relay/rollout/sampler.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using relay::model::Policy;
+using relay::model::PolicyConfig;
+using relay::rollout::Engine;
+using relay::rollout::EngineOptions;
+using relay::rollout::PromptGroup;
+using relay::rollout::SamplingOptions;
+using relay::rollout::SequenceRng;
+using relay::rollout::TrajectoryGroup;
+using Tokens = std::vector<std::vector<int64_t>>;  // one response per sequence
+
+// What one model is benchmarked with.
+struct Workload {
+  std::string name;
+  PolicyConfig config;
+  int64_t prompt_len = 16;       // P, both benchmarks
+  int64_t new_tokens = 32;       // N, kv
+  int64_t mixed_max_new = 64;    // cap on a mixed-length response
+  double mixed_mean_len = 16.0;  // sets the stop-token count: vocab / mean
+  int64_t mixed_per_slot = 4;    // mixed: S = max(8, mixed_per_slot * B) sequences
+  int reps = 1;                  // timed repetitions per row at batch < 64 (median reported)
+  int reps_64 = 1;               // at batch >= 64
+};
+
+std::vector<Workload> workloads() {
+  Workload tiny;
+  tiny.name = "tiny";
+  PolicyConfig& t = tiny.config;
+  t.model_type = "llama";
+  t.vocab_size = 28;  // the char tokenizer
+  t.hidden_size = 64;
+  t.intermediate_size = 128;
+  t.num_hidden_layers = 2;
+  t.num_attention_heads = 4;
+  t.num_key_value_heads = 2;
+  t.max_position_embeddings = 128;
+  t.tie_word_embeddings = true;
+  tiny.prompt_len = 16;
+  tiny.new_tokens = 64;
+  tiny.mixed_max_new = 96;
+  tiny.mixed_mean_len = 14.0;
+  tiny.mixed_per_slot = 8;
+  tiny.reps = 5;
+  tiny.reps_64 = 5;
+
+  Workload qwen;
+  qwen.name = "qwen2-100m";
+  PolicyConfig& q = qwen.config;
+  q.model_type = "qwen2";
+  q.vocab_size = 32000;
+  q.hidden_size = 768;
+  q.intermediate_size = 2048;
+  q.num_hidden_layers = 12;
+  q.num_attention_heads = 12;
+  q.num_key_value_heads = 4;
+  q.max_position_embeddings = 2048;
+  q.rope_theta = 1000000.0;
+  q.tie_word_embeddings = true;
+  q.attention_bias = true;
+  qwen.prompt_len = 16;
+  qwen.new_tokens = 16;  // re-encoding [64, P + N] every step bounds this on 2 cores
+  qwen.mixed_max_new = 64;
+  qwen.mixed_mean_len = 16.0;
+  qwen.mixed_per_slot = 4;
+  qwen.reps = 3;
+  qwen.reps_64 = 1;
+  return {tiny, qwen};
+}
+
+struct Row {
+  std::string model, bench, mode;
+  int64_t batch = 0, tokens = 0;
+  double seconds = 0.0, ratio = 1.0;  // ratio = this row's tokens/s over the baseline's
+  std::string notes;
+};
+
+// ---------------------------------------------------------------------------
+// Command line.
+
+const char* flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  }
+  return nullptr;
+}
+
+bool has(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Policy make_policy(const PolicyConfig& config) {
+  Policy policy(config);
+  relay::model::init_weights(*policy, /*seed=*/0);
+  policy->eval();
+  return policy;
+}
+
+int64_t count_parameters(Policy& policy) {
+  int64_t n = 0;
+  for (const at::Tensor& p : policy->parameters()) n += p.numel();
+  return n;
+}
+
+// `count` prompts of `len` tokens, uniform over the vocabulary.
+Tokens random_prompts(int64_t count, int64_t len, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_int_distribution<int64_t> token(0, vocab - 1);
+  Tokens out(count, std::vector<int64_t>(len));
+  for (auto& p : out) {
+    for (int64_t& t : p) t = token(gen);
+  }
+  return out;
+}
+
+at::Tensor to_tensor(const Tokens& rows) {
+  const int64_t B = static_cast<int64_t>(rows.size()), T = static_cast<int64_t>(rows[0].size());
+  at::Tensor t = torch::empty({B, T}, torch::kInt64);
+  for (int64_t b = 0; b < B; ++b)
+    std::copy(rows[b].begin(), rows[b].end(), t[b].data_ptr<int64_t>());
+  return t;
+}
+
+Tokens to_rows(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  Tokens out(c.size(0));
+  for (int64_t b = 0; b < c.size(0); ++b) {
+    const int64_t* p = c[b].data_ptr<int64_t>();
+    out[b].assign(p, p + c.size(1));
+  }
+  return out;
+}
+
+int64_t identical(const Tokens& a, const Tokens& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += a[i] == b[i];
+  return n;
+}
+
+int64_t total_tokens(const Tokens& t) {
+  int64_t n = 0;
+  for (const auto& r : t) n += static_cast<int64_t>(r.size());
+  return n;
+}
+
+// Sequence i of a run is group "i" with seed i, k = 1: its stream is
+// SequenceRng(sequence_seed(i, 0)), which the baselines reproduce.
+std::vector<SequenceRng> row_streams(int64_t count) {
+  std::vector<SequenceRng> out;
+  for (int64_t i = 0; i < count; ++i) {
+    out.emplace_back(relay::rollout::sequence_seed(static_cast<uint64_t>(i), 0));
+  }
+  return out;
+}
+
+at::Tensor draw(std::vector<SequenceRng>& streams) {
+  std::vector<double> u;
+  for (SequenceRng& s : streams) u.push_back(s.uniform());
+  return torch::tensor(u, torch::kFloat64);
+}
+
+// OpenBLAS keeps its own pthread pool next to LibTorch's OpenMP one. It is
+// whatever libblas.so.3 resolves to at run time, so its setter is looked up,
+// not linked. Returns -1 when the BLAS is not OpenBLAS.
+int blas_threads(int set) {
+  using Set = void (*)(int);
+  using Get = int (*)();
+  auto set_fn = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  auto get_fn = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (set > 0 && set_fn) set_fn(set);
+  return get_fn ? get_fn() : -1;
+}
+
+void die_if(const relay::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "rollout_bench: %s: %s\n", what, std::string(s.message()).c_str());
+    std::exit(1);
+  }
+}
+
+std::unique_ptr<Engine> make_engine(Policy policy, int64_t slots, int64_t max_seq_len,
+                                    int64_t max_new, std::vector<int64_t> stop_tokens) {
+  EngineOptions o;
+  o.num_slots = slots;
+  o.max_seq_len = max_seq_len;
+  o.max_new_tokens = max_new;
+  o.stop_tokens = std::move(stop_tokens);
+  auto engine = Engine::create(std::move(policy), std::move(o), 0, 0);
+  die_if(engine.status(), "Engine::create");
+  return std::move(engine).value();
+}
+
+void submit(Engine& engine, const Tokens& prompts, int64_t first, int64_t count) {
+  for (int64_t i = first; i < first + count; ++i) {
+    PromptGroup g;
+    g.group_id = std::to_string(i);
+    g.prompt = prompts[i];
+    g.k = 1;
+    g.seed = static_cast<uint64_t>(i);
+    die_if(engine.submit(std::move(g)), "Engine::submit");
+  }
+}
+
+// Runs the engine to idle and files each response under its sequence index.
+void drain(Engine& engine, Tokens* out) {
+  auto done = engine.run();
+  die_if(done.status(), "Engine::run");
+  for (TrajectoryGroup& g : *done) {
+    (*out)[std::stoll(g.group_id)] = std::move(g.trajectories[0].response_tokens);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// kv: three ways to decode N tokens for each of B prompts. Each returns
+// seconds and writes the responses to *out.
+
+double kv_reencode(Policy& p, const Tokens& prompts, int64_t N, Tokens* out) {
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  auto streams = row_streams(B);
+  const SamplingOptions so;
+  torch::NoGradGuard no_grad;
+  const auto start = Clock::now();
+  at::Tensor seq = to_tensor(prompts);
+  for (int64_t s = 0; s < N; ++s) {
+    at::Tensor logits = p->forward(seq).select(1, seq.size(1) - 1);
+    at::Tensor next = relay::rollout::sample(logits, draw(streams), so).tokens;
+    seq = torch::cat({seq, next.view({B, 1})}, 1);
+  }
+  const double t = since(start);
+  *out = to_rows(seq.narrow(1, seq.size(1) - N, N));
+  return t;
+}
+
+double kv_extend(Policy& p, const Tokens& prompts, int64_t N, Tokens* out) {
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  const int64_t P = static_cast<int64_t>(prompts[0].size());
+  auto streams = row_streams(B);
+  const SamplingOptions so;
+  torch::NoGradGuard no_grad;
+  relay::model::KVCache cache(p->config(), B, P + N, torch::kFloat32, torch::kCPU);
+  const at::Tensor slots = torch::arange(B);
+  const auto start = Clock::now();
+  at::Tensor logits =
+      p->extend(to_tensor(prompts), torch::full({B}, P, torch::kInt64), slots, cache);
+  std::vector<at::Tensor> tokens;
+  for (int64_t s = 0; s < N; ++s) {
+    at::Tensor next = relay::rollout::sample(logits, draw(streams), so).tokens;
+    tokens.push_back(next);
+    if (s + 1 < N) {
+      logits = p->extend(next.view({B, 1}), torch::ones({B}, torch::kInt64), slots, cache);
+    }
+  }
+  const double t = since(start);
+  *out = to_rows(torch::stack(tokens, 1));
+  return t;
+}
+
+double kv_engine(Policy& p, const Tokens& prompts, int64_t N, Tokens* out, int64_t* steps) {
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  const int64_t P = static_cast<int64_t>(prompts[0].size());
+  auto engine = make_engine(p, B, P + N, N, {});
+  out->assign(B, {});
+  const auto start = Clock::now();
+  submit(*engine, prompts, 0, B);
+  drain(*engine, out);
+  const double t = since(start);
+  *steps = engine->stats().steps;
+  return t;
+}
+
+void bench_kv(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
+              std::vector<Row>* rows) {
+  const int64_t P = w.prompt_len;
+  const Tokens prompts = random_prompts(B, P, w.config.vocab_size, 1000 + B);
+  // Warm-up: a short run of each, untimed.
+  Tokens warm;
+  int64_t steps = 0;
+  kv_reencode(p, prompts, 2, &warm);
+  kv_extend(p, prompts, 2, &warm);
+  kv_engine(p, prompts, 2, &warm, &steps);
+
+  std::vector<double> tr, te, tg;
+  Tokens a, b, c;
+  for (int r = 0; r < reps; ++r) {  // interleaved, so drift hits all three alike
+    tr.push_back(kv_reencode(p, prompts, N, &a));
+    te.push_back(kv_extend(p, prompts, N, &b));
+    tg.push_back(kv_engine(p, prompts, N, &c, &steps));
+  }
+  const int64_t tokens = B * N;
+  const double base = median(tr);
+  auto row = [&](const char* mode, double secs, std::string notes) {
+    rows->push_back({w.name, "kv", mode, B, tokens, secs, base / secs, std::move(notes)});
+  };
+  const std::string shape = "P=" + std::to_string(P) + " N=" + std::to_string(N);
+  row("re-encode", base, shape);
+  row("extend", median(te),
+      "same tokens as re-encode: " + std::to_string(identical(a, b)) + "/" + std::to_string(B));
+  row("engine", median(tg),
+      "same as extend: " + std::to_string(identical(b, c)) + "/" + std::to_string(B) + ", steps " +
+          std::to_string(steps));
+}
+
+// ---------------------------------------------------------------------------
+// mixed: S sequences of geometric-ish lengths, static vs continuous batching.
+
+// A fixed random set of about vocab / mean_len tokens; at random init the
+// next-token distribution is close to uniform, so lengths are close to
+// geometric with that mean (capped at max_new_tokens).
+std::vector<int64_t> stop_set(int64_t vocab, double mean_len) {
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(vocab / mean_len + 0.5));
+  std::vector<int64_t> all(vocab);
+  for (int64_t i = 0; i < vocab; ++i) all[i] = i;
+  std::mt19937_64 gen(7);
+  std::shuffle(all.begin(), all.end(), gen);
+  all.resize(n);
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+double mixed_run(Policy& p, const Workload& w, const Tokens& prompts, int64_t B, bool continuous,
+                 Tokens* out, int64_t* steps) {
+  const int64_t S = static_cast<int64_t>(prompts.size());
+  auto engine = make_engine(p, B, w.prompt_len + w.mixed_max_new, w.mixed_max_new,
+                            stop_set(w.config.vocab_size, w.mixed_mean_len));
+  out->assign(S, {});
+  const auto start = Clock::now();
+  if (continuous) {
+    submit(*engine, prompts, 0, S);
+    drain(*engine, out);
+  } else {
+    for (int64_t first = 0; first < S; first += B) {
+      submit(*engine, prompts, first, std::min(B, S - first));
+      drain(*engine, out);
+    }
+  }
+  const double t = since(start);
+  *steps = engine->stats().steps;
+  return t;
+}
+
+void bench_mixed(const Workload& w, Policy& p, int64_t B, int reps, std::vector<Row>* rows) {
+  const int64_t S = std::max<int64_t>(8, w.mixed_per_slot * B);
+  const Tokens prompts = random_prompts(S, w.prompt_len, w.config.vocab_size, 2000 + B);
+  Tokens st, ct;
+  int64_t st_steps = 0, ct_steps = 0;
+  {
+    // Warm-up: one batch, untimed.
+    Tokens head(prompts.begin(), prompts.begin() + B);
+    mixed_run(p, w, head, B, true, &ct, &ct_steps);
+  }
+  std::vector<double> ts, tc;
+  for (int r = 0; r < reps; ++r) {
+    ts.push_back(mixed_run(p, w, prompts, B, false, &st, &st_steps));
+    tc.push_back(mixed_run(p, w, prompts, B, true, &ct, &ct_steps));
+  }
+  const int64_t tokens = total_tokens(ct);
+  int64_t longest = 0;
+  for (const auto& r : ct) longest = std::max<int64_t>(longest, r.size());
+  const double base = median(ts), cont = median(tc);
+  // Slot occupancy: response tokens over (steps x slots).
+  auto occupancy = [&](int64_t n, int64_t steps) {
+    return std::to_string(static_cast<int>(100.0 * n / (steps * B) + 0.5)) + "%";
+  };
+  const int64_t st_tokens = total_tokens(st);
+  char shape[160];
+  std::snprintf(shape, sizeof(shape), "S=%lld mean len %.1f max %lld, steps %lld, slots %s",
+                (long long)S, double(st_tokens) / S, (long long)longest, (long long)st_steps,
+                occupancy(st_tokens, st_steps).c_str());
+  rows->push_back({w.name, "mixed", "static", B, st_tokens, base, 1.0, shape});
+  rows->push_back(
+      {w.name, "mixed", "continuous", B, tokens, cont, (tokens / cont) / (st_tokens / base),
+       "same trajectories: " + std::to_string(identical(st, ct)) + "/" + std::to_string(S) +
+           (tokens == st_tokens ? ", same total" : ", TOTALS DIFFER") + ", steps " +
+           std::to_string(ct_steps) + ", slots " + occupancy(tokens, ct_steps)});
+}
+
+// ---------------------------------------------------------------------------
+// Output.
+
+void print_table(const std::vector<Row>& rows, FILE* f) {
+  std::fprintf(f, "%-11s %-6s %5s %-11s %7s %9s %10s %7s  %s\n", "model", "bench", "batch", "mode",
+               "tokens", "seconds", "tokens/s", "ratio", "notes");
+  for (const Row& r : rows) {
+    std::fprintf(f, "%-11s %-6s %5lld %-11s %7lld %9.3f %10.1f %6.2fx  %s\n", r.model.c_str(),
+                 r.bench.c_str(), (long long)r.batch, r.mode.c_str(), (long long)r.tokens,
+                 r.seconds, r.tokens / r.seconds, r.ratio, r.notes.c_str());
+  }
+  std::fflush(f);
+}
+
+void print_json(const std::vector<Row>& rows) {
+  std::printf("[\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::printf(
+        "  {\"model\": \"%s\", \"bench\": \"%s\", \"batch\": %lld, \"mode\": \"%s\", "
+        "\"tokens\": %lld, \"seconds\": %.6f, \"tokens_per_s\": %.3f, \"ratio\": %.4f, "
+        "\"notes\": \"%s\"}%s\n",
+        r.model.c_str(), r.bench.c_str(), (long long)r.batch, r.mode.c_str(), (long long)r.tokens,
+        r.seconds, r.tokens / r.seconds, r.ratio, r.notes.c_str(), i + 1 < rows.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* models_flag = flag(argc, argv, "--models");
+  const char* batches_flag = flag(argc, argv, "--batches");
+  const char* only = flag(argc, argv, "--only");
+  const char* threads_flag = flag(argc, argv, "--threads");
+  const char* blas_flag = flag(argc, argv, "--blas-threads");
+  const char* reps_flag = flag(argc, argv, "--reps");
+  const char* prompt_flag = flag(argc, argv, "--prompt");
+  const char* new_flag = flag(argc, argv, "--new");
+  const bool json = has(argc, argv, "--json");
+  const std::vector<std::string> models = split(models_flag ? models_flag : "tiny,qwen2-100m");
+  std::vector<int64_t> batches;
+  for (const std::string& b : split(batches_flag ? batches_flag : "1,8,64")) {
+    batches.push_back(std::atoll(b.c_str()));
+  }
+  const bool do_kv = !only || std::strcmp(only, "kv") == 0;
+  const bool do_mixed = !only || std::strcmp(only, "mixed") == 0;
+
+  relay::model::configure_threads(0);
+  if (threads_flag) at::set_num_threads(std::atoi(threads_flag));
+  const int blas = blas_threads(blas_flag ? std::atoi(blas_flag) : 0);
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const char* blas_env = std::getenv("OPENBLAS_NUM_THREADS");
+  // Progress and set-up go to stderr, so --json leaves stdout clean.
+  std::fprintf(stderr,
+               "rollout_bench: LibTorch %s, at::get_num_threads() = %d, OpenBLAS threads %d "
+               "(OMP_NUM_THREADS=%s, OPENBLAS_NUM_THREADS=%s)\n",
+               TORCH_VERSION, at::get_num_threads(), blas, omp ? omp : "(unset)",
+               blas_env ? blas_env : "(unset)");
+
+  std::vector<Row> rows;
+  const auto start = Clock::now();
+  for (Workload w : workloads()) {
+    if (std::find(models.begin(), models.end(), w.name) == models.end()) continue;
+    if (prompt_flag) w.prompt_len = std::atoll(prompt_flag);
+    if (new_flag) w.new_tokens = std::atoll(new_flag);
+    if (reps_flag) w.reps = w.reps_64 = std::atoi(reps_flag);
+    die_if(relay::model::validate(w.config), w.name.c_str());
+    Policy policy = make_policy(w.config);
+    const PolicyConfig& c = w.config;
+    std::fprintf(stderr,
+                 "%s: %s, %lld layers, hidden %lld, %lld heads / %lld kv heads, ffn %lld, vocab "
+                 "%lld, tied %s, attention bias %s: %lld parameters\n",
+                 w.name.c_str(), c.model_type.c_str(), (long long)c.num_hidden_layers,
+                 (long long)c.hidden_size, (long long)c.num_attention_heads,
+                 (long long)c.num_key_value_heads, (long long)c.intermediate_size,
+                 (long long)c.vocab_size, c.tie_word_embeddings ? "yes" : "no",
+                 c.attention_bias || c.model_type == "qwen2" ? "yes" : "no",
+                 (long long)count_parameters(policy));
+    for (int64_t B : batches) {
+      const size_t first = rows.size();
+      const int reps = B >= 64 ? w.reps_64 : w.reps;
+      if (do_kv) bench_kv(w, policy, B, reps, w.new_tokens, &rows);
+      if (do_mixed) bench_mixed(w, policy, B, reps, &rows);
+      print_table({rows.begin() + first, rows.end()}, stderr);
+      std::fprintf(stderr, "  (%.0f s so far)\n", since(start));
+    }
+  }
+  if (json) {
+    print_json(rows);
+  } else {
+    std::printf("rollout_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, %.0f s\n",
+                TORCH_VERSION, at::get_num_threads(), blas, since(start));
+    print_table(rows, stdout);
+  }
+  return 0;
+}
