@@ -44,7 +44,6 @@ StatusOr<EngineOptions> engine_options(const RolloutConfig& config,
 // One sample of a group, from admission to finish.
 struct Engine::Sequence {
   Group* group = nullptr;
-  int index = 0;  // sample j of its group
   SequenceRng rng{0};
   int64_t prompt_len = 0;
   std::vector<int64_t> forced;  // prefix tokens copied from the target
@@ -296,7 +295,6 @@ void Engine::enqueue(Submission submission) {
   for (int j = 0; j < req.k; ++j) {
     auto seq = std::make_unique<Sequence>();
     seq->group = group.get();
-    seq->index = j;
     seq->rng = SequenceRng(sequence_seed(req.seed, j));
     seq->prompt_len = static_cast<int64_t>(req.prompt.size());
     int64_t n =
