@@ -61,10 +61,12 @@ Status check_trajectory(const Trajectory& t) {
   if (!t.raw_logprobs.empty()) RELAY_RETURN_IF_ERROR(sized(t.raw_logprobs.size(), "raw_logprobs"));
   std::set<int64_t> used;
   for (size_t j = 0; j < n; ++j) {
+    // NaN = missing (invariant 5: the trainer counts and refuses them); any
+    // other value must be a log-prob.
     const float lp = t.behavior_logprobs[j];
-    if (!std::isfinite(lp) || lp > 0) {
-      return InvalidArgumentError(
-          absl::StrCat("behavior_logprobs[", j, "]: must be finite and <= 0, got ", lp));
+    if (!std::isnan(lp) && (std::isinf(lp) || lp > 0)) {
+      return InvalidArgumentError(absl::StrCat(
+          "behavior_logprobs[", j, "]: must be finite and <= 0 (or NaN if missing), got ", lp));
     }
     const int64_t v = t.token_versions[j];
     if (v < 0 || (j > 0 && v < t.token_versions[j - 1])) {

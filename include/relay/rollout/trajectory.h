@@ -9,6 +9,8 @@
 // invariant 4).
 
 #include <cstdint>
+#include <limits>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -96,6 +98,10 @@ struct Trajectory {
   double admitted_s = 0.0;
   double first_token_s = 0.0;
   double finished_s = 0.0;
+  // The verifier's score, set by whoever scores the response (the engine does
+  // not); NaN until then, so an unscored trajectory cannot pass for reward 0.
+  double reward = std::numeric_limits<double>::quiet_NaN();
+  std::map<std::string, double> sub_scores;
 
   int64_t num_forced() const;  // number of offpolicy_mask entries set
 };
@@ -107,7 +113,7 @@ struct TrajectoryGroup {
 
 // Checks the per-token invariants: every per-token field sized like the
 // response, versions non-decreasing, proximal_versions in {-1, v, v + 1},
-// finite behavior log-probs <= 0, digests for every version used. Names the
+// behavior log-probs <= 0 or NaN (missing), digests for every version used. Names the
 // field and index of the first violation.
 Status check_trajectory(const Trajectory& t);
 

@@ -23,6 +23,9 @@ Trajectory valid() {
 
 TEST(TrajectoryTest, CheckAcceptsAConsistentTrajectory) {
   EXPECT_TRUE(check_trajectory(valid()).ok()) << check_trajectory(valid());
+  Trajectory missing = valid();
+  missing.behavior_logprobs[0] = NAN;  // missing is allowed here; the trainer decides
+  EXPECT_TRUE(check_trajectory(missing).ok());
   EXPECT_EQ(valid().num_forced(), 1);
 }
 
@@ -36,10 +39,10 @@ TEST(TrajectoryTest, CheckNamesTheFirstViolation) {
        "token_versions: 2 entries for 3 response tokens"},
       {[](Trajectory& t) { t.raw_logprobs = {0.0f}; },
        "raw_logprobs: 1 entries for 3 response tokens"},
-      {[](Trajectory& t) { t.behavior_logprobs[1] = NAN; },
-       "behavior_logprobs[1]: must be finite and <= 0, got nan"},
+      {[](Trajectory& t) { t.behavior_logprobs[1] = -INFINITY; },
+       "behavior_logprobs[1]: must be finite and <= 0 (or NaN if missing), got -inf"},
       {[](Trajectory& t) { t.behavior_logprobs[2] = 0.5f; },
-       "behavior_logprobs[2]: must be finite and <= 0, got 0.5"},
+       "behavior_logprobs[2]: must be finite and <= 0 (or NaN if missing), got 0.5"},
       {[](Trajectory& t) {
          t.token_versions = {1, 0, 1};
        },

@@ -1,0 +1,102 @@
+#pragma once
+
+// Batch building: scored trajectory groups -> padded tensors the algorithm
+// core works on (DESIGN.md invariants 4-6).
+//
+// Two layouts, one batch:
+//  * sequence layout, for the model: input_ids [B, T] = prompt + response,
+//    right-padded, with lengths [B];
+//  * response layout, for the algorithm core: [B, L] with response token j
+//    of trajectory b at [b, j] (L = longest response), and response_mask.
+// The model's log-prob of response token j sits at position P_b - 1 + j of
+// its per-position output (Policy::score); gather_response() moves it into
+// the response layout, and nothing else does.
+//
+// Missing values stay visible: a behavior or proximal log-prob the worker did
+// not send is NaN inside the mask. Positions outside the mask (padding) hold
+// 0, so masked arithmetic never meets NaN by accident.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "relay/common/status.h"
+#include "relay/rollout/trajectory.h"
+
+namespace relay::trainer {
+
+struct BatchOptions {
+  // Trainer version the batch is built for, and how many versions older a
+  // token may be (invariant 6). A trajectory with any token older than
+  // trainer_version - max_staleness is dropped and counted. -1 = no bound.
+  int64_t trainer_version = 0;
+  int64_t max_staleness = -1;
+  int64_t pad_token_id = 0;
+};
+
+struct TrainBatch {
+  // Sequence layout.
+  at::Tensor input_ids;         // [B, T] int64, right-padded with pad_token_id
+  at::Tensor lengths;           // [B] int64: P + R
+  at::Tensor prompt_lengths;    // [B] int64: P
+  at::Tensor response_lengths;  // [B] int64: R
+  // Response layout, [B, L].
+  at::Tensor response_mask;      // bool: a real response token
+  at::Tensor behavior_logprobs;  // fp32; NaN where the worker sent none
+  at::Tensor proximal_logprobs;  // fp32; NaN where unknown
+  at::Tensor proximal_versions;  // int64; -1 where unknown (and padding)
+  at::Tensor token_versions;     // int64; -1 at padding
+  at::Tensor offpolicy_mask;     // bool: forced prefix tokens (LUFFY)
+  // Per trajectory, [B].
+  at::Tensor rewards;        // fp32
+  at::Tensor group_index;    // int64: index into group_ids
+  at::Tensor truncated;      // bool: finished by length, not by a stop token
+  at::Tensor has_offpolicy;  // bool: any forced token
+  std::vector<std::string> group_ids;
+  // Row b of this batch is trajectory `source_rows[b]` of the groups given,
+  // counted across groups in order (for error messages and metrics).
+  std::vector<int64_t> source_rows;
+
+  int64_t size() const { return input_ids.defined() ? input_ids.size(0) : 0; }
+  int64_t num_tokens() const;  // response tokens under the mask
+};
+
+struct BatchStats {
+  int64_t groups = 0;
+  int64_t trajectories = 0;    // kept
+  int64_t dropped_stale = 0;   // trajectories dropped by the staleness bound
+  int64_t dropped_groups = 0;  // groups with no trajectory left
+};
+
+// Builds the batch. InvalidArgument (naming group and trajectory) for an
+// unscored (NaN) reward, an empty response, per-token fields of the wrong
+// size (rollout::check_trajectory) or a prompt that differs between the
+// samples of one group; FailedPrecondition when nothing is left after the
+// staleness filter.
+StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& groups,
+                                 const BatchOptions& options, BatchStats* stats = nullptr);
+
+// per_position [B, T - 1] (position t scores token t + 1, as Policy::score
+// returns) -> [B, L] response layout; 0 outside the mask. Differentiable.
+at::Tensor gather_response(const at::Tensor& per_position, const TrainBatch& batch);
+
+// Rows `rows` of the batch, trimmed to their own longest sequence and response.
+TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows);
+
+// Splits the batch into micro-batches whose padded size (rows x longest
+// sequence in the micro-batch) stays within max_tokens, so long and short
+// responses both fit; longest first. A single sequence longer than the budget
+// forms a micro-batch of its own. Every row appears exactly once.
+std::vector<std::vector<int64_t>> split_by_token_budget(const TrainBatch& batch,
+                                                        int64_t max_tokens);
+
+// Invariant 5. Fraction of masked tokens with a finite behavior log-prob.
+double frac_behavior_logprobs_valid(const TrainBatch& batch);
+// OK when every masked behavior log-prob is finite. Otherwise
+// FailedPrecondition saying how many are missing, where the first one is,
+// and where they should have come from.
+Status check_behavior_logprobs(const TrainBatch& batch);
+
+}  // namespace relay::trainer

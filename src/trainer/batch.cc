@@ -1,0 +1,231 @@
+#include "relay/trainer/batch.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace relay::trainer {
+
+namespace {
+
+struct Row {
+  int64_t group = 0;
+  int64_t source = 0;  // index across all trajectories of all groups
+  const rollout::Trajectory* t = nullptr;
+};
+
+std::string where(const rollout::TrajectoryGroup& g, size_t j) {
+  return absl::StrCat("group '", g.group_id, "' trajectory ", j);
+}
+
+}  // namespace
+
+int64_t TrainBatch::num_tokens() const {
+  return response_mask.defined() ? response_mask.sum().item<int64_t>() : 0;
+}
+
+StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& groups,
+                                 const BatchOptions& options, BatchStats* stats) {
+  BatchStats local;
+  BatchStats& st = stats ? *stats : local;
+  st = BatchStats{};
+  const int64_t oldest =
+      options.max_staleness < 0 ? INT64_MIN : options.trainer_version - options.max_staleness;
+
+  TrainBatch batch;
+  std::vector<Row> rows;
+  int64_t source = 0;
+  for (const rollout::TrajectoryGroup& g : groups) {
+    ++st.groups;
+    size_t kept_here = 0;
+    for (size_t j = 0; j < g.trajectories.size(); ++j, ++source) {
+      const rollout::Trajectory& t = g.trajectories[j];
+      if (Status s = rollout::check_trajectory(t); !s.ok()) {
+        return InvalidArgumentError(absl::StrCat(where(g, j), ": ", s.message()));
+      }
+      if (std::isnan(t.reward) || std::isinf(t.reward)) {
+        return InvalidArgumentError(
+            absl::StrCat(where(g, j), ": reward: ", t.reward, " (the trajectory was not scored)"));
+      }
+      if (t.response_tokens.empty()) {
+        return InvalidArgumentError(absl::StrCat(where(g, j), ": response_tokens: empty"));
+      }
+      if (t.prompt_tokens.empty()) {
+        return InvalidArgumentError(absl::StrCat(where(g, j), ": prompt_tokens: empty"));
+      }
+      if (t.prompt_tokens != g.trajectories[0].prompt_tokens) {
+        return InvalidArgumentError(absl::StrCat(
+            where(g, j), ": prompt_tokens: differ from trajectory 0's; a group shares one prompt"));
+      }
+      if (*std::min_element(t.token_versions.begin(), t.token_versions.end()) < oldest) {
+        ++st.dropped_stale;
+        continue;
+      }
+      rows.push_back({static_cast<int64_t>(batch.group_ids.size()), source, &t});
+      ++kept_here;
+    }
+    if (kept_here > 0) {
+      batch.group_ids.push_back(g.group_id);
+    } else {
+      ++st.dropped_groups;
+    }
+  }
+  st.trajectories = static_cast<int64_t>(rows.size());
+  if (rows.empty()) {
+    return FailedPreconditionError(
+        absl::StrCat("build_batch: no trajectory left of ", source, " (", st.dropped_stale,
+                     " dropped as older than version ", oldest, " for trainer version ",
+                     options.trainer_version, " with max_staleness ", options.max_staleness, ")"));
+  }
+
+  const auto B = static_cast<int64_t>(rows.size());
+  int64_t T = 0, L = 0;
+  for (const Row& r : rows) {
+    T = std::max<int64_t>(T, r.t->prompt_tokens.size() + r.t->response_tokens.size());
+    L = std::max<int64_t>(L, r.t->response_tokens.size());
+  }
+  batch.input_ids = torch::full({B, T}, options.pad_token_id, torch::kInt64);
+  batch.lengths = torch::empty({B}, torch::kInt64);
+  batch.prompt_lengths = torch::empty({B}, torch::kInt64);
+  batch.response_lengths = torch::empty({B}, torch::kInt64);
+  batch.response_mask = torch::zeros({B, L}, torch::kBool);
+  batch.behavior_logprobs = torch::zeros({B, L}, torch::kFloat32);
+  batch.proximal_logprobs = torch::zeros({B, L}, torch::kFloat32);
+  batch.proximal_versions = torch::full({B, L}, -1, torch::kInt64);
+  batch.token_versions = torch::full({B, L}, -1, torch::kInt64);
+  batch.offpolicy_mask = torch::zeros({B, L}, torch::kBool);
+  batch.rewards = torch::empty({B}, torch::kFloat32);
+  batch.group_index = torch::empty({B}, torch::kInt64);
+  batch.truncated = torch::zeros({B}, torch::kBool);
+  batch.has_offpolicy = torch::zeros({B}, torch::kBool);
+
+  auto ids = batch.input_ids.accessor<int64_t, 2>();
+  auto mask = batch.response_mask.accessor<bool, 2>();
+  auto behav = batch.behavior_logprobs.accessor<float, 2>();
+  auto prox = batch.proximal_logprobs.accessor<float, 2>();
+  auto prox_v = batch.proximal_versions.accessor<int64_t, 2>();
+  auto vers = batch.token_versions.accessor<int64_t, 2>();
+  auto off = batch.offpolicy_mask.accessor<bool, 2>();
+  auto lengths = batch.lengths.accessor<int64_t, 1>();
+  auto prompt_lengths = batch.prompt_lengths.accessor<int64_t, 1>();
+  auto response_lengths = batch.response_lengths.accessor<int64_t, 1>();
+  auto rewards = batch.rewards.accessor<float, 1>();
+  auto group_index = batch.group_index.accessor<int64_t, 1>();
+  auto truncated = batch.truncated.accessor<bool, 1>();
+  auto has_offpolicy = batch.has_offpolicy.accessor<bool, 1>();
+  for (int64_t b = 0; b < B; ++b) {
+    const rollout::Trajectory& t = *rows[b].t;
+    const auto P = static_cast<int64_t>(t.prompt_tokens.size());
+    const auto R = static_cast<int64_t>(t.response_tokens.size());
+    for (int64_t i = 0; i < P; ++i) ids[b][i] = t.prompt_tokens[i];
+    for (int64_t j = 0; j < R; ++j) {
+      ids[b][P + j] = t.response_tokens[j];
+      mask[b][j] = true;
+      behav[b][j] = t.behavior_logprobs[j];  // NaN stays NaN
+      prox[b][j] = t.proximal_logprobs[j];
+      prox_v[b][j] = t.proximal_versions[j];
+      vers[b][j] = t.token_versions[j];
+      off[b][j] = t.offpolicy_mask[j] != 0;
+    }
+    lengths[b] = P + R;
+    prompt_lengths[b] = P;
+    response_lengths[b] = R;
+    rewards[b] = static_cast<float>(t.reward);
+    group_index[b] = rows[b].group;
+    truncated[b] = t.finish_reason == rollout::FinishReason::kLength;
+    has_offpolicy[b] = t.num_forced() > 0;
+    batch.source_rows.push_back(rows[b].source);
+  }
+  return batch;
+}
+
+at::Tensor gather_response(const at::Tensor& per_position, const TrainBatch& batch) {
+  const int64_t B = batch.size();
+  const int64_t L = batch.response_mask.size(1);
+  TORCH_CHECK(per_position.dim() == 2 && per_position.size(0) == B,
+              "gather_response: per_position must be [B, T - 1], got ", per_position.sizes());
+  // Response token j of row b is scored at position P_b - 1 + j.
+  at::Tensor mask = batch.response_mask.to(per_position.device());
+  at::Tensor index = batch.prompt_lengths.to(per_position.device()).view({B, 1}) - 1 +
+                     torch::arange(L, per_position.options().dtype(torch::kInt64)).view({1, L});
+  index = index.clamp_max(per_position.size(1) - 1).masked_fill(mask.logical_not(), 0);
+  return per_position.gather(1, index).masked_fill(mask.logical_not(), 0.0);
+}
+
+TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows) {
+  at::Tensor index = torch::tensor(rows, torch::kInt64);
+  TrainBatch out;
+  out.lengths = batch.lengths.index_select(0, index);
+  out.response_lengths = batch.response_lengths.index_select(0, index);
+  const int64_t T = out.lengths.max().item<int64_t>();
+  const int64_t L = out.response_lengths.max().item<int64_t>();
+  auto rows_of = [&](const at::Tensor& t, int64_t width) {
+    return t.index_select(0, index).narrow(1, 0, width).contiguous();
+  };
+  out.input_ids = rows_of(batch.input_ids, T);
+  out.prompt_lengths = batch.prompt_lengths.index_select(0, index);
+  out.response_mask = rows_of(batch.response_mask, L);
+  out.behavior_logprobs = rows_of(batch.behavior_logprobs, L);
+  out.proximal_logprobs = rows_of(batch.proximal_logprobs, L);
+  out.proximal_versions = rows_of(batch.proximal_versions, L);
+  out.token_versions = rows_of(batch.token_versions, L);
+  out.offpolicy_mask = rows_of(batch.offpolicy_mask, L);
+  out.rewards = batch.rewards.index_select(0, index);
+  out.group_index = batch.group_index.index_select(0, index);
+  out.truncated = batch.truncated.index_select(0, index);
+  out.has_offpolicy = batch.has_offpolicy.index_select(0, index);
+  out.group_ids = batch.group_ids;  // group_index still points into it
+  for (int64_t r : rows) out.source_rows.push_back(batch.source_rows.at(r));
+  return out;
+}
+
+std::vector<std::vector<int64_t>> split_by_token_budget(const TrainBatch& batch,
+                                                        int64_t max_tokens) {
+  const int64_t B = batch.size();
+  std::vector<int64_t> order(B);
+  std::iota(order.begin(), order.end(), 0);
+  at::Tensor lengths = batch.lengths.to(torch::kCPU).contiguous();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  // Longest first: each micro-batch's padded width is its first row's length.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return len[a] > len[b]; });
+  std::vector<std::vector<int64_t>> out;
+  int64_t width = 0;
+  for (int64_t row : order) {
+    const bool fits =
+        !out.empty() && static_cast<int64_t>(out.back().size() + 1) * width <= max_tokens;
+    if (!fits) {
+      out.emplace_back();
+      width = len[row];
+    }
+    out.back().push_back(row);
+  }
+  return out;
+}
+
+double frac_behavior_logprobs_valid(const TrainBatch& batch) {
+  const int64_t n = batch.num_tokens();
+  if (n == 0) return 1.0;
+  at::Tensor finite = batch.behavior_logprobs.isfinite().logical_and(batch.response_mask);
+  return static_cast<double>(finite.sum().item<int64_t>()) / static_cast<double>(n);
+}
+
+Status check_behavior_logprobs(const TrainBatch& batch) {
+  at::Tensor missing =
+      batch.behavior_logprobs.isfinite().logical_not().logical_and(batch.response_mask);
+  const int64_t count = missing.sum().item<int64_t>();
+  if (count == 0) return OkStatus();
+  at::Tensor first = missing.nonzero()[0];
+  const int64_t b = first[0].item<int64_t>(), j = first[1].item<int64_t>();
+  const std::string& group = batch.group_ids.at(batch.group_index[b].item<int64_t>());
+  return FailedPreconditionError(absl::StrCat(
+      "behavior log-probs missing for ", count, " of ", batch.num_tokens(),
+      " response tokens (first: group '", group, "', batch row ", b, ", response token ", j,
+      "). The rollout worker records them when it samples each token (DESIGN.md invariant 1); "
+      "without them the importance ratio is meaningless. Fix the worker, or set "
+      "trainer.allow_missing_logprobs to train those tokens on-policy (ratio 1)."));
+}
+
+}  // namespace relay::trainer

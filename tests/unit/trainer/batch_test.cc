@@ -1,0 +1,214 @@
+#include "relay/trainer/batch.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <set>
+
+#include "relay/model/policy.h"
+#include "testing/tensor_testing.h"
+
+namespace relay::trainer {
+namespace {
+
+using relay::testing::AllClose;
+using relay::testing::TinyConfig;
+
+rollout::Trajectory traj(std::vector<int64_t> prompt, std::vector<int64_t> response,
+                         std::vector<int64_t> versions, double reward) {
+  rollout::Trajectory t;
+  t.prompt_tokens = std::move(prompt);
+  t.response_tokens = std::move(response);
+  const size_t n = t.response_tokens.size();
+  for (size_t j = 0; j < n; ++j) t.behavior_logprobs.push_back(-0.5f - 0.25f * j);
+  t.token_versions = std::move(versions);
+  t.proximal_logprobs.assign(n, NAN);
+  t.proximal_versions.assign(n, -1);
+  t.offpolicy_mask.assign(n, 0);
+  std::set<int64_t> used(t.token_versions.begin(), t.token_versions.end());
+  for (int64_t v : used) t.version_digests.emplace_back(v, 100 + v);
+  t.reward = reward;
+  t.finish_reason = rollout::FinishReason::kStop;
+  return t;
+}
+
+std::vector<rollout::TrajectoryGroup> two_groups() {
+  rollout::TrajectoryGroup a;
+  a.group_id = "a";
+  a.trajectories.push_back(traj({1, 2, 3}, {7, 8}, {4, 4}, 1.0));
+  a.trajectories.push_back(traj({1, 2, 3}, {9, 10, 11, 12}, {3, 4, 4, 5}, 0.0));
+  a.trajectories[1].finish_reason = rollout::FinishReason::kLength;
+  rollout::TrajectoryGroup b;
+  b.group_id = "b";
+  b.trajectories.push_back(traj({5}, {6}, {5}, 0.5));
+  b.trajectories[0].offpolicy_mask = {1};
+  return {a, b};
+}
+
+TEST(BatchTest, BuildsBothLayoutsWithPaddingAndAlignment) {
+  BatchStats stats;
+  auto batch = build_batch(two_groups(), BatchOptions{}, &stats);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  const TrainBatch& tb = *batch;
+  ASSERT_EQ(tb.size(), 3);
+  EXPECT_TRUE(torch::equal(tb.input_ids, torch::tensor({1, 2, 3, 7, 8,  0,  0,   //
+                                                        1, 2, 3, 9, 10, 11, 12,  //
+                                                        5, 6, 0, 0, 0,  0,  0})
+                                             .view({3, 7})));
+  EXPECT_TRUE(torch::equal(tb.lengths, torch::tensor({5, 7, 2})));
+  EXPECT_TRUE(torch::equal(tb.prompt_lengths, torch::tensor({3, 3, 1})));
+  EXPECT_TRUE(torch::equal(
+      tb.response_mask,
+      torch::tensor({1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0}).view({3, 4}).to(torch::kBool)));
+  // Behavior log-probs in the response layout; padding is 0, not NaN.
+  EXPECT_TRUE(AllClose(tb.behavior_logprobs, torch::tensor({-0.5f, -0.75f, 0.f, 0.f, -0.5f, -0.75f,
+                                                            -1.f, -1.25f, -0.5f, 0.f, 0.f, 0.f})
+                                                 .view({3, 4})));
+  // Proximal values missing inside the mask are NaN; padding is 0.
+  EXPECT_TRUE(std::isnan(tb.proximal_logprobs[0][0].item<float>()));
+  EXPECT_EQ(tb.proximal_logprobs[0][3].item<float>(), 0.f);
+  EXPECT_TRUE(torch::equal(tb.token_versions[1], torch::tensor({3, 4, 4, 5})));
+  EXPECT_EQ(tb.token_versions[2][1].item<int64_t>(), -1);
+  EXPECT_TRUE(torch::equal(tb.rewards, torch::tensor({1.f, 0.f, 0.5f})));
+  EXPECT_TRUE(torch::equal(tb.group_index, torch::tensor({0, 0, 1})));
+  EXPECT_EQ(tb.group_ids, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(torch::equal(tb.truncated, torch::tensor({0, 1, 0}).to(torch::kBool)));
+  EXPECT_TRUE(torch::equal(tb.has_offpolicy, torch::tensor({0, 0, 1}).to(torch::kBool)));
+  EXPECT_TRUE(tb.offpolicy_mask[2][0].item<bool>());
+  EXPECT_EQ(tb.num_tokens(), 7);
+  EXPECT_EQ(stats.trajectories, 3);
+  EXPECT_EQ(stats.dropped_stale, 0);
+}
+
+// Invariant 4: the trainer's log-prob of response token j comes from position
+// P - 1 + j of the scoring path, for every row whatever its prompt length.
+TEST(BatchTest, GatherResponseReadsPositionPMinusOnePlusJ) {
+  auto batch = build_batch(two_groups(), BatchOptions{});
+  ASSERT_TRUE(batch.ok());
+  model::Policy policy(TinyConfig());
+  model::init_weights(*policy, 3, 0.3);
+  torch::NoGradGuard ng;
+  at::Tensor per_position = policy->score(batch->input_ids, batch->lengths);
+  at::Tensor response = gather_response(per_position, *batch);
+  ASSERT_EQ(response.sizes(), (at::IntArrayRef{3, 4}));
+  auto groups = two_groups();
+  const rollout::Trajectory* rows[] = {&groups[0].trajectories[0], &groups[0].trajectories[1],
+                                       &groups[1].trajectories[0]};
+  for (int b = 0; b < 3; ++b) {
+    std::vector<int64_t> ids = rows[b]->prompt_tokens;
+    ids.insert(ids.end(), rows[b]->response_tokens.begin(), rows[b]->response_tokens.end());
+    // Independently: log_softmax of the logits one position before the token.
+    at::Tensor logits = policy->forward(torch::tensor(ids).view({1, -1}))[0];
+    const size_t P = rows[b]->prompt_tokens.size();
+    for (size_t j = 0; j < 4; ++j) {
+      const float got = response[b][j].item<float>();
+      if (j >= rows[b]->response_tokens.size()) {
+        EXPECT_EQ(got, 0.f) << "padding";
+        continue;
+      }
+      const float want =
+          torch::log_softmax(logits[P - 1 + j], -1)[rows[b]->response_tokens[j]].item<float>();
+      EXPECT_NEAR(got, want, 1e-5) << b << "," << j;
+    }
+  }
+}
+
+TEST(BatchTest, StalenessFilterDropsAndCountsOldTrajectories) {
+  BatchOptions o;
+  o.trainer_version = 6;
+  o.max_staleness = 2;  // keep tokens of version >= 4
+  BatchStats stats;
+  auto batch = build_batch(two_groups(), o, &stats);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->size(), 2);  // the trajectory with a version-3 token is dropped
+  EXPECT_EQ(stats.dropped_stale, 1);
+  EXPECT_TRUE(torch::equal(batch->rewards, torch::tensor({1.f, 0.5f})));
+  EXPECT_EQ(batch->source_rows, (std::vector<int64_t>{0, 2}));
+
+  o.max_staleness = 0;  // synchronous: only version 6
+  auto none = build_batch(two_groups(), o, &stats);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stats.dropped_stale, 3);
+  EXPECT_EQ(stats.dropped_groups, 2);
+}
+
+TEST(BatchTest, RejectsUnscoredAndMalformedTrajectories) {
+  auto groups = two_groups();
+  groups[1].trajectories[0].reward = NAN;
+  EXPECT_EQ(build_batch(groups, {}).status().message(),
+            "group 'b' trajectory 0: reward: nan (the trajectory was not scored)");
+  groups = two_groups();
+  groups[0].trajectories[1].token_versions.pop_back();
+  EXPECT_EQ(build_batch(groups, {}).status().message(),
+            "group 'a' trajectory 1: token_versions: 3 entries for 4 response tokens");
+  groups = two_groups();
+  groups[0].trajectories[1].prompt_tokens = {1, 2, 4};
+  EXPECT_EQ(build_batch(groups, {}).status().message(),
+            "group 'a' trajectory 1: prompt_tokens: differ from trajectory 0's; a group shares one "
+            "prompt");
+}
+
+TEST(BatchTest, SelectRowsTrimsToTheRowsOwnWidth) {
+  auto batch = build_batch(two_groups(), BatchOptions{});
+  ASSERT_TRUE(batch.ok());
+  TrainBatch sub = select_rows(*batch, {2, 0});
+  EXPECT_EQ(sub.input_ids.sizes(), (at::IntArrayRef{2, 5}));
+  EXPECT_EQ(sub.response_mask.sizes(), (at::IntArrayRef{2, 2}));
+  EXPECT_TRUE(torch::equal(sub.rewards, torch::tensor({0.5f, 1.f})));
+  EXPECT_TRUE(torch::equal(sub.group_index, torch::tensor({1, 0})));
+  EXPECT_EQ(sub.source_rows, (std::vector<int64_t>{2, 0}));
+}
+
+TEST(BatchTest, TokenBudgetSplitCoversEveryRowOnceWithinBudget) {
+  std::vector<rollout::TrajectoryGroup> groups(1);
+  groups[0].group_id = "g";
+  const int lens[] = {3, 12, 5, 9, 1, 7, 2, 30};
+  for (int n : lens) {
+    groups[0].trajectories.push_back(
+        traj({1, 1}, std::vector<int64_t>(n, 4), std::vector<int64_t>(n, 0), 0.0));
+  }
+  auto batch = build_batch(groups, BatchOptions{});
+  ASSERT_TRUE(batch.ok());
+  const int64_t budget = 24;
+  auto parts = split_by_token_budget(*batch, budget);
+  std::vector<int> seen(8, 0);
+  for (const auto& part : parts) {
+    int64_t width = 0;
+    for (int64_t r : part) {
+      ++seen[r];
+      width = std::max<int64_t>(width, 2 + lens[r]);
+    }
+    if (part.size() > 1) {
+      EXPECT_LE(static_cast<int64_t>(part.size()) * width, budget);
+    }
+  }
+  EXPECT_EQ(seen, std::vector<int>(8, 1));
+  // The 32-token sequence exceeds the budget and goes alone.
+  EXPECT_EQ(parts[0], std::vector<int64_t>{7});
+  EXPECT_GT(parts.size(), 2u);
+}
+
+TEST(BatchTest, MissingBehaviorLogprobsAreCountedAndRefused) {
+  auto groups = two_groups();
+  auto ok = build_batch(groups, BatchOptions{});
+  EXPECT_DOUBLE_EQ(frac_behavior_logprobs_valid(*ok), 1.0);
+  EXPECT_TRUE(check_behavior_logprobs(*ok).ok());
+  groups[0].trajectories[1].behavior_logprobs[2] = NAN;  // a worker that lost them
+  groups[0].trajectories[1].behavior_logprobs[3] = NAN;
+  auto built = build_batch(groups, BatchOptions{});
+  ASSERT_TRUE(built.ok()) << built.status();
+  const TrainBatch& batch = *built;
+  EXPECT_TRUE(std::isnan(batch.behavior_logprobs[1][3].item<float>()));
+  EXPECT_DOUBLE_EQ(frac_behavior_logprobs_valid(batch), 5.0 / 7.0);
+  Status s = check_behavior_logprobs(batch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(s.message())
+                .find("behavior log-probs missing for 2 of 7 response tokens (first: group 'a', "
+                      "batch row 1, response token 2)"),
+            std::string::npos)
+      << s;
+}
+
+}  // namespace
+}  // namespace relay::trainer
