@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "relay/model/policy.h"
@@ -208,6 +209,95 @@ TEST(BatchTest, MissingBehaviorLogprobsAreCountedAndRefused) {
                       "batch row 1, response token 2)"),
             std::string::npos)
       << s;
+}
+
+}  // namespace
+}  // namespace relay::trainer
+
+#include "relay/trainer/advantages.h"
+#include "relay/trainer/policy_loss.h"
+
+namespace relay::trainer {
+namespace {
+
+// Gradients of one PPO step over the whole batch, and accumulated over the
+// token-budget micro-batches with the global normalizer: the same update.
+TEST(BatchTest, GradientAccumulationOverMicroBatchesEqualsTheFullBatch) {
+  std::vector<rollout::TrajectoryGroup> groups(2);
+  const int lens[2][3] = {{3, 9, 5}, {1, 7, 4}};
+  for (int g = 0; g < 2; ++g) {
+    groups[g].group_id = std::to_string(g);
+    for (int j = 0; j < 3; ++j) {
+      std::vector<int64_t> response;
+      for (int i = 0; i < lens[g][j]; ++i) response.push_back((5 * g + 3 * j + i) % 30 + 3);
+      groups[g].trajectories.push_back(
+          traj({1, 2 + g, 4}, response, std::vector<int64_t>(lens[g][j], 0), 0.3 * j + g));
+    }
+  }
+  auto built = build_batch(groups, BatchOptions{});
+  ASSERT_TRUE(built.ok()) << built.status();
+  const TrainBatch& batch = *built;
+  AdvantageInputs ai;
+  ai.rewards = batch.rewards;
+  ai.group_index = batch.group_index;
+  ai.response_mask = batch.response_mask;
+  auto adv = compute_advantages(ai, AdvantageOptions{});
+  ASSERT_TRUE(adv.ok()) << adv.status();
+
+  model::Policy policy(TinyConfig());
+  model::init_weights(*policy, 4, 0.3);
+  // Behavior log-probs away from the current ones, so clipping is active.
+  at::Tensor old_full;
+  {
+    torch::NoGradGuard ng;
+    at::Tensor now = gather_response(policy->score(batch.input_ids, batch.lengths), batch);
+    old_full =
+        now + 0.3 * torch::sin(torch::arange(now.numel(), torch::kFloat32)).view(now.sizes());
+  }
+  auto grads = [&](const std::vector<std::vector<int64_t>>& parts, LossAggMode mode) {
+    policy->zero_grad();
+    std::vector<TrainBatch> micro;
+    std::vector<at::Tensor> masks;
+    for (const auto& rows : parts) {
+      micro.push_back(select_rows(batch, rows));
+      masks.push_back(micro.back().response_mask);
+    }
+    const GlobalNormalizer norm = make_global_normalizer(masks, /*loss_scale_factor=*/16);
+    PpoClipOptions ppo;
+    ppo.agg_mode = mode;
+    double total = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const TrainBatch& mb = micro[i];
+      PolicyLossInputs in;
+      in.logprobs = gather_response(policy->score(mb.input_ids, mb.lengths), mb);
+      at::Tensor rows = torch::tensor(parts[i], torch::kInt64);
+      const int64_t L = in.logprobs.size(1);
+      in.old_logprobs = old_full.index_select(0, rows).narrow(1, 0, L);
+      in.advantages = adv->advantages.index_select(0, rows).narrow(1, 0, L);
+      in.response_mask = mb.response_mask;
+      PolicyLossResult r = ppo_clip_loss(in, ppo, norm);
+      r.loss.backward();
+      total += r.loss.item<double>();
+    }
+    std::vector<at::Tensor> out;
+    for (const auto& p : policy->parameters()) out.push_back(p.grad().clone());
+    return std::make_pair(total, out);
+  };
+  std::vector<int64_t> all(batch.size());
+  std::iota(all.begin(), all.end(), 0);
+  const auto parts = split_by_token_budget(batch, 24);
+  ASSERT_GT(parts.size(), 2u);
+  for (LossAggMode mode : {LossAggMode::kTokenMean, LossAggMode::kSeqMeanTokenMean,
+                           LossAggMode::kSeqMeanTokenSum, LossAggMode::kSeqMeanTokenSumNorm}) {
+    SCOPED_TRACE(loss_agg_mode_name(mode));
+    auto [whole_loss, whole] = grads({all}, mode);
+    auto [split_loss, split] = grads(parts, mode);
+    EXPECT_NEAR(split_loss, whole_loss, 1e-5);
+    ASSERT_EQ(whole.size(), split.size());
+    for (size_t i = 0; i < whole.size(); ++i) {
+      EXPECT_TRUE(AllClose(split[i], whole[i], 1e-6, 1e-4)) << "parameter " << i;
+    }
+  }
 }
 
 }  // namespace
