@@ -122,9 +122,60 @@ void visit_fields(V& v, TaskConfig& c) {
 }
 
 template <class V>
+void visit_fields(V& v, AdvantageConfig& c) {
+  v.field("estimator", c.estimator);
+  v.field("norm_by_std", c.norm_by_std);
+  v.field("std_scale", c.std_scale);
+  v.field("epsilon", c.epsilon);
+  v.field("gamma", c.gamma);
+  v.field("lambda", c.lambda);
+  v.field("prefix_reward_weight_alpha", c.prefix_reward_weight_alpha);
+  v.field("prefix_reward_weight_beta", c.prefix_reward_weight_beta);
+}
+
+template <class V>
+void visit_fields(V& v, PpoConfig& c) {
+  v.field("clip_low", c.clip_low);
+  v.field("clip_high", c.clip_high);
+  v.field("clip_c", c.clip_c);
+  v.field("clip_delta", c.clip_delta);
+  v.field("log_ratio_clamp", c.log_ratio_clamp);
+  v.field("behav_imp_weight_cap", c.behav_imp_weight_cap);
+  v.field("agg_mode", c.agg_mode);
+}
+
+template <class V>
+void visit_fields(V& v, OptimizerConfig& c) {
+  v.field("weight_decay", c.weight_decay);
+  v.field("beta1", c.beta1);
+  v.field("beta2", c.beta2);
+  v.field("eps", c.eps);
+  v.field("max_grad_norm", c.max_grad_norm);
+  v.field("schedule", c.schedule);
+  v.field("warmup_steps", c.warmup_steps);
+  v.field("total_steps", c.total_steps);
+  v.field("min_lr_ratio", c.min_lr_ratio);
+}
+
+template <class V>
 void visit_fields(V& v, TrainerConfig& c) {
   v.field("max_staleness", c.max_staleness);
   v.field("lr", c.lr);
+  v.field("loss", c.loss);
+  v.field("proximal", c.proximal);
+  v.field("micro_batch_tokens", c.micro_batch_tokens);
+  v.field("ppo_epochs", c.ppo_epochs);
+  v.field("mini_batches", c.mini_batches);
+  v.field("allow_missing_logprobs", c.allow_missing_logprobs);
+  v.field("drop_equal_reward_groups", c.drop_equal_reward_groups);
+  v.field("mask_truncated", c.mask_truncated);
+  v.field("kl_coef", c.kl_coef);
+  v.field("kl_estimator", c.kl_estimator);
+  v.field("sft_coef", c.sft_coef);
+  v.field("loss_scale_factor", c.loss_scale_factor);
+  v.section("advantage", c.advantage);
+  v.section("ppo", c.ppo);
+  v.section("optimizer", c.optimizer);
 }
 
 template <class V>
@@ -478,6 +529,23 @@ class ProblemList {
   void positive(const std::string& path, double value) {
     if (!(value > 0)) add(path, "must be > 0", value);  // also rejects NaN
   }
+  void non_negative(const std::string& path, double value) {
+    if (!(value >= 0)) add(path, "must be >= 0", value);
+  }
+  // In [lo, hi] or, with `open_hi`, [lo, hi).
+  void in_range(const std::string& path, double value, double lo, double hi, bool open_hi = false) {
+    bool ok = value >= lo && (open_hi ? value < hi : value <= hi);
+    if (!ok) {
+      add(path,
+          absl::StrCat("must be in [", format_double(lo), ", ", format_double(hi),
+                       open_hi ? ")" : "]"),
+          value);
+    }
+  }
+  // 0 (off) or above `min`.
+  void zero_or_above(const std::string& path, double value, double min, const std::string& what) {
+    if (!(value == 0 || value > min)) add(path, absl::StrCat("must be 0 (off) or > ", what), value);
+  }
   void one_of(const std::string& path, const std::string& value,
               const std::vector<std::string>& allowed) {
     if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
@@ -603,8 +671,58 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
     p.add_string("task.jsonl.answer_key", "must be non-empty", task.jsonl.answer_key);
   }
 
-  p.at_least("trainer.max_staleness", config.trainer.max_staleness, 0);
-  p.positive("trainer.lr", config.trainer.lr);
+  // The trainer's enum names are listed here rather than parsed by the trainer
+  // library, which needs LibTorch; relay::trainer::trainer_options() maps them.
+  const TrainerConfig& trainer = config.trainer;
+  p.at_least("trainer.max_staleness", trainer.max_staleness, 0);
+  p.positive("trainer.lr", trainer.lr);
+  p.one_of("trainer.loss", trainer.loss, {"ppo", "decoupled_ppo"});
+  p.one_of("trainer.proximal", trainer.proximal, {"recorded", "recompute", "loglinear"});
+  p.at_least("trainer.micro_batch_tokens", trainer.micro_batch_tokens, 1);
+  p.at_least("trainer.ppo_epochs", trainer.ppo_epochs, 1);
+  p.at_least("trainer.mini_batches", trainer.mini_batches, 1);
+  p.non_negative("trainer.kl_coef", trainer.kl_coef);
+  p.one_of("trainer.kl_estimator", trainer.kl_estimator,
+           {"k1", "abs", "k2", "k3", "k1+", "abs+", "k3+", "kl", "mse", "low_var_kl", "kl+", "mse+",
+            "k2+", "low_var_kl+"});
+  p.non_negative("trainer.sft_coef", trainer.sft_coef);
+  p.non_negative("trainer.loss_scale_factor", trainer.loss_scale_factor);
+
+  const AdvantageConfig& adv = trainer.advantage;
+  p.one_of("trainer.advantage.estimator", adv.estimator,
+           {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
+            "grpo_passk", "grpo_split", "remax", "gae"});
+  p.one_of("trainer.advantage.std_scale", adv.std_scale, {"none", "group", "batch"});
+  p.positive("trainer.advantage.epsilon", adv.epsilon);
+  p.in_range("trainer.advantage.gamma", adv.gamma, 0, 1);
+  p.in_range("trainer.advantage.lambda", adv.lambda, 0, 1);
+
+  const PpoConfig& ppo = trainer.ppo;
+  p.in_range("trainer.ppo.clip_low", ppo.clip_low, 0, 1, /*open_hi=*/true);
+  p.non_negative("trainer.ppo.clip_high", ppo.clip_high);
+  p.zero_or_above("trainer.ppo.clip_c", ppo.clip_c, 1, "1");
+  if (ppo.clip_high >= 0) {
+    p.zero_or_above(
+        "trainer.ppo.clip_delta", ppo.clip_delta, 1 + ppo.clip_high,
+        absl::StrCat("1 + trainer.ppo.clip_high (", format_double(1 + ppo.clip_high), ")"));
+  }
+  p.non_negative("trainer.ppo.log_ratio_clamp", ppo.log_ratio_clamp);
+  p.zero_or_above("trainer.ppo.behav_imp_weight_cap", ppo.behav_imp_weight_cap, 1, "1");
+  p.one_of("trainer.ppo.agg_mode", ppo.agg_mode,
+           {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"});
+
+  const OptimizerConfig& opt = trainer.optimizer;
+  p.non_negative("trainer.optimizer.weight_decay", opt.weight_decay);
+  p.in_range("trainer.optimizer.beta1", opt.beta1, 0, 1, /*open_hi=*/true);
+  p.in_range("trainer.optimizer.beta2", opt.beta2, 0, 1, /*open_hi=*/true);
+  p.positive("trainer.optimizer.eps", opt.eps);
+  p.one_of("trainer.optimizer.schedule", opt.schedule, {"constant", "linear_warmup", "cosine"});
+  p.at_least("trainer.optimizer.warmup_steps", opt.warmup_steps, 0);
+  p.at_least("trainer.optimizer.total_steps", opt.total_steps, 0);
+  if (opt.schedule == "cosine" && opt.total_steps == 0) {
+    p.add("trainer.optimizer.total_steps", "must be >= 1 with schedule 'cosine'", opt.total_steps);
+  }
+  p.in_range("trainer.optimizer.min_lr_ratio", opt.min_lr_ratio, 0, 1);
   return std::move(p.problems);
 }
 

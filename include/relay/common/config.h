@@ -104,9 +104,66 @@ struct TaskConfig {
   JsonlTaskConfig jsonl;
 };
 
+// How rewards become advantages (relay::trainer::AdvantageOptions).
+struct AdvantageConfig {
+  // grpo | dr_grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo |
+  // grpo_passk | grpo_split | remax | gae
+  std::string estimator = "grpo";
+  bool norm_by_std = true;                  // GRPO family: divide by a std (dr_grpo forces false)
+  std::string std_scale = "group";          // none | group | batch: which std when norm_by_std
+  double epsilon = 1e-6;                    // > 0; added to the std before dividing
+  double gamma = 1.0;                       // discount in [0, 1] (REINFORCE++, GAE)
+  double lambda = 1.0;                      // GAE lambda in [0, 1]
+  double prefix_reward_weight_alpha = 1.0;  // grpo_split: weight of forced-prefix tokens
+  double prefix_reward_weight_beta = 1.0;   // grpo_split: weight of on-policy tokens
+};
+
+// The clipped surrogate (relay::trainer::PpoClipOptions).
+struct PpoConfig {
+  double clip_low = 0.2;            // ratio lower bound 1 - clip_low; in [0, 1)
+  double clip_high = 0.2;           // ratio upper bound 1 + clip_high (DAPO: 0.28); >= 0
+  double clip_c = 3.0;              // dual clip for A < 0; 0 = off, else > 1
+  double clip_delta = 0;            // two-sided delta clip; 0 = off, else > 1 + clip_high
+  double log_ratio_clamp = 20.0;    // |logp - anchor| clamp before exp(); 0 = none
+  double behav_imp_weight_cap = 0;  // decoupled_ppo: drop tokens above it; 0 = off, else > 1
+  // token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+  std::string agg_mode = "token-mean";
+};
+
+// AdamW and the learning-rate schedule (relay::trainer::OptimizerOptions).
+struct OptimizerConfig {
+  double weight_decay = 0.0;          // decoupled weight decay, >= 0
+  double beta1 = 0.9;                 // in [0, 1)
+  double beta2 = 0.999;               // in [0, 1)
+  double eps = 1e-8;                  // > 0
+  double max_grad_norm = 1.0;         // global L2 clip; <= 0 = off
+  std::string schedule = "constant";  // constant | linear_warmup | cosine
+  int warmup_steps = 0;               // linear warmup from 0 (linear_warmup, cosine)
+  int total_steps = 0;                // cosine: optimizer steps to decay over; >= 1 there
+  double min_lr_ratio = 0.0;          // cosine floor as a fraction of lr, in [0, 1]
+};
+
+// The learner. The scoring temperature is rollout.temperature: behavior
+// log-probs were taken at it, so there is deliberately no trainer temperature.
 struct TrainerConfig {
-  int max_staleness = 0;  // train on tokens of version >= v - max_staleness; 0 = synchronous
-  double lr = 1e-5;       // learning rate, > 0
+  int max_staleness = 0;     // train on tokens of version >= v - max_staleness; 0 = synchronous
+  double lr = 1e-5;          // learning rate, > 0
+  std::string loss = "ppo";  // ppo | decoupled_ppo (AReaL's proximal-anchored loss)
+  std::string proximal = "recorded";      // decoupled_ppo anchor: recorded | recompute | loglinear
+  int micro_batch_tokens = 8192;          // padded tokens per forward/backward pass, >= 1
+  int ppo_epochs = 1;                     // passes over each batch, >= 1
+  int mini_batches = 1;                   // optimizer steps per epoch, >= 1
+  bool allow_missing_logprobs = false;    // train tokens without behavior log-probs on-policy
+  bool drop_equal_reward_groups = false;  // DAPO dynamic sampling
+  bool mask_truncated = false;            // overlong filtering: no loss on truncated responses
+  double kl_coef = 0.0;                   // > 0: KL to the frozen initial policy in the loss; >= 0
+  // k1 | abs | k2 | k3 | k1+ | abs+ | k3+, or verl's kl | mse | low_var_kl (and their "+")
+  std::string kl_estimator = "k3";
+  double sft_coef = 0.0;           // > 0: + coef x NLL of forced-prefix tokens; >= 0
+  double loss_scale_factor = 0.0;  // seq-mean-token-sum-norm's constant; 0 = response width
+  AdvantageConfig advantage;
+  PpoConfig ppo;
+  OptimizerConfig optimizer;
 };
 
 struct ExperimentConfig {

@@ -77,6 +77,44 @@ void expect_same(const ExperimentConfig& a, const ExperimentConfig& b) {
   EXPECT_EQ(a.task.jsonl.match, b.task.jsonl.match);
   EXPECT_EQ(a.trainer.max_staleness, b.trainer.max_staleness);
   EXPECT_EQ(a.trainer.lr, b.trainer.lr);
+  const TrainerConfig& at = a.trainer;
+  const TrainerConfig& bt = b.trainer;
+  EXPECT_EQ(at.loss, bt.loss);
+  EXPECT_EQ(at.proximal, bt.proximal);
+  EXPECT_EQ(at.micro_batch_tokens, bt.micro_batch_tokens);
+  EXPECT_EQ(at.ppo_epochs, bt.ppo_epochs);
+  EXPECT_EQ(at.mini_batches, bt.mini_batches);
+  EXPECT_EQ(at.allow_missing_logprobs, bt.allow_missing_logprobs);
+  EXPECT_EQ(at.drop_equal_reward_groups, bt.drop_equal_reward_groups);
+  EXPECT_EQ(at.mask_truncated, bt.mask_truncated);
+  EXPECT_EQ(at.kl_coef, bt.kl_coef);
+  EXPECT_EQ(at.kl_estimator, bt.kl_estimator);
+  EXPECT_EQ(at.sft_coef, bt.sft_coef);
+  EXPECT_EQ(at.loss_scale_factor, bt.loss_scale_factor);
+  EXPECT_EQ(at.advantage.estimator, bt.advantage.estimator);
+  EXPECT_EQ(at.advantage.norm_by_std, bt.advantage.norm_by_std);
+  EXPECT_EQ(at.advantage.std_scale, bt.advantage.std_scale);
+  EXPECT_EQ(at.advantage.epsilon, bt.advantage.epsilon);
+  EXPECT_EQ(at.advantage.gamma, bt.advantage.gamma);
+  EXPECT_EQ(at.advantage.lambda, bt.advantage.lambda);
+  EXPECT_EQ(at.advantage.prefix_reward_weight_alpha, bt.advantage.prefix_reward_weight_alpha);
+  EXPECT_EQ(at.advantage.prefix_reward_weight_beta, bt.advantage.prefix_reward_weight_beta);
+  EXPECT_EQ(at.ppo.clip_low, bt.ppo.clip_low);
+  EXPECT_EQ(at.ppo.clip_high, bt.ppo.clip_high);
+  EXPECT_EQ(at.ppo.clip_c, bt.ppo.clip_c);
+  EXPECT_EQ(at.ppo.clip_delta, bt.ppo.clip_delta);
+  EXPECT_EQ(at.ppo.log_ratio_clamp, bt.ppo.log_ratio_clamp);
+  EXPECT_EQ(at.ppo.behav_imp_weight_cap, bt.ppo.behav_imp_weight_cap);
+  EXPECT_EQ(at.ppo.agg_mode, bt.ppo.agg_mode);
+  EXPECT_EQ(at.optimizer.weight_decay, bt.optimizer.weight_decay);
+  EXPECT_EQ(at.optimizer.beta1, bt.optimizer.beta1);
+  EXPECT_EQ(at.optimizer.beta2, bt.optimizer.beta2);
+  EXPECT_EQ(at.optimizer.eps, bt.optimizer.eps);
+  EXPECT_EQ(at.optimizer.max_grad_norm, bt.optimizer.max_grad_norm);
+  EXPECT_EQ(at.optimizer.schedule, bt.optimizer.schedule);
+  EXPECT_EQ(at.optimizer.warmup_steps, bt.optimizer.warmup_steps);
+  EXPECT_EQ(at.optimizer.total_steps, bt.optimizer.total_steps);
+  EXPECT_EQ(at.optimizer.min_lr_ratio, bt.optimizer.min_lr_ratio);
 }
 
 // Message of a failed parse_config, or "OK" so a wrong success shows plainly.
@@ -196,7 +234,46 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    match: exact\n"
             "trainer:\n"
             "  max_staleness: 0\n"
-            "  lr: 1e-05\n");
+            "  lr: 1e-05\n"
+            "  loss: ppo\n"
+            "  proximal: recorded\n"
+            "  micro_batch_tokens: 8192\n"
+            "  ppo_epochs: 1\n"
+            "  mini_batches: 1\n"
+            "  allow_missing_logprobs: false\n"
+            "  drop_equal_reward_groups: false\n"
+            "  mask_truncated: false\n"
+            "  kl_coef: 0.0\n"
+            "  kl_estimator: k3\n"
+            "  sft_coef: 0.0\n"
+            "  loss_scale_factor: 0.0\n"
+            "  advantage:\n"
+            "    estimator: grpo\n"
+            "    norm_by_std: true\n"
+            "    std_scale: group\n"
+            "    epsilon: 1e-06\n"
+            "    gamma: 1.0\n"
+            "    lambda: 1.0\n"
+            "    prefix_reward_weight_alpha: 1.0\n"
+            "    prefix_reward_weight_beta: 1.0\n"
+            "  ppo:\n"
+            "    clip_low: 0.2\n"
+            "    clip_high: 0.2\n"
+            "    clip_c: 3.0\n"
+            "    clip_delta: 0.0\n"
+            "    log_ratio_clamp: 20.0\n"
+            "    behav_imp_weight_cap: 0.0\n"
+            "    agg_mode: token-mean\n"
+            "  optimizer:\n"
+            "    weight_decay: 0.0\n"
+            "    beta1: 0.9\n"
+            "    beta2: 0.999\n"
+            "    eps: 1e-08\n"
+            "    max_grad_norm: 1.0\n"
+            "    schedule: constant\n"
+            "    warmup_steps: 0\n"
+            "    total_steps: 0\n"
+            "    min_lr_ratio: 0.0\n");
 }
 
 TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
@@ -248,6 +325,42 @@ TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
   custom.task.jsonl.match = "regex";
   custom.trainer.max_staleness = 2;
   custom.trainer.lr = 1e-300;
+  custom.trainer.loss = "decoupled_ppo";
+  custom.trainer.proximal = "loglinear";
+  custom.trainer.micro_batch_tokens = 2048;
+  custom.trainer.ppo_epochs = 2;
+  custom.trainer.mini_batches = 4;
+  custom.trainer.allow_missing_logprobs = true;
+  custom.trainer.drop_equal_reward_groups = true;
+  custom.trainer.mask_truncated = true;
+  custom.trainer.kl_coef = 0.001;
+  custom.trainer.kl_estimator = "k3+";  // '+' must stay part of the string
+  custom.trainer.sft_coef = 0.1;
+  custom.trainer.loss_scale_factor = 4096;
+  custom.trainer.advantage.estimator = "grpo_split";
+  custom.trainer.advantage.norm_by_std = false;
+  custom.trainer.advantage.std_scale = "batch";
+  custom.trainer.advantage.epsilon = 1e-8;
+  custom.trainer.advantage.gamma = 0.99;
+  custom.trainer.advantage.lambda = 0.95;
+  custom.trainer.advantage.prefix_reward_weight_alpha = -0.5;
+  custom.trainer.advantage.prefix_reward_weight_beta = 2;
+  custom.trainer.ppo.clip_low = 0.1;
+  custom.trainer.ppo.clip_high = 0.28;
+  custom.trainer.ppo.clip_c = 0;
+  custom.trainer.ppo.clip_delta = 1.5;
+  custom.trainer.ppo.log_ratio_clamp = 0;
+  custom.trainer.ppo.behav_imp_weight_cap = 10;
+  custom.trainer.ppo.agg_mode = "seq-mean-token-sum-norm";
+  custom.trainer.optimizer.weight_decay = 0.01;
+  custom.trainer.optimizer.beta1 = 0.8;
+  custom.trainer.optimizer.beta2 = 0.95;
+  custom.trainer.optimizer.eps = 1e-6;
+  custom.trainer.optimizer.max_grad_norm = -1;
+  custom.trainer.optimizer.schedule = "cosine";
+  custom.trainer.optimizer.warmup_steps = 10;
+  custom.trainer.optimizer.total_steps = 1000;
+  custom.trainer.optimizer.min_lr_ratio = 0.1;
   for (const ExperimentConfig* config : {&defaults, &custom}) {
     std::string yaml = to_yaml(*config);
     SCOPED_TRACE(yaml);
@@ -278,6 +391,15 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "top_k, top_p, stop, record_raw_logprobs, num_slots, interrupt, prefix"},
       {"unknown section", "optimizer:\n  lr: 1\n",
        "x.yaml:1: optimizer: unknown key; known keys: run, model, rollout, task, trainer"},
+      {"trainer temperature", "trainer:\n  temperature: 0.7\n",
+       "x.yaml:2: trainer.temperature: unknown key; known keys: max_staleness, lr, loss, proximal, "
+       "micro_batch_tokens, ppo_epochs, mini_batches, allow_missing_logprobs, "
+       "drop_equal_reward_groups, mask_truncated, kl_coef, kl_estimator, sft_coef, "
+       "loss_scale_factor, advantage, ppo, optimizer"},
+      {"trainer nested typo", "trainer:\n  advantage:\n    estimater: rloo\n",
+       "x.yaml:3: trainer.advantage.estimater: unknown key; did you mean 'estimator'?"},
+      {"trainer section type", "trainer:\n  optimizer: adamw\n",
+       "x.yaml:2: trainer.optimizer: expected a map, got 'adamw'"},
       {"duplicate key", "rollout:\n  n: 4\n  n: 5\n", "x.yaml:3: rollout.n: duplicate key"},
       {"non-string key", "rollout:\n  ? [n]\n  : 4\n",
        "x.yaml:2: rollout: keys must be strings, got a sequence"},
@@ -446,6 +568,69 @@ TEST(ConfigTest, ValidateChecksEachRule) {
       {"max_staleness", [](ExperimentConfig& c) { c.trainer.max_staleness = -1; },
        "trainer.max_staleness: must be >= 0, got -1"},
       {"lr", [](ExperimentConfig& c) { c.trainer.lr = 0; }, "trainer.lr: must be > 0, got 0"},
+      {"loss", [](ExperimentConfig& c) { c.trainer.loss = "grpo"; },
+       "trainer.loss: must be one of ppo, decoupled_ppo, got 'grpo'"},
+      {"proximal", [](ExperimentConfig& c) { c.trainer.proximal = "behavior"; },
+       "trainer.proximal: must be one of recorded, recompute, loglinear, got 'behavior'"},
+      {"micro_batch_tokens", [](ExperimentConfig& c) { c.trainer.micro_batch_tokens = 0; },
+       "trainer.micro_batch_tokens: must be >= 1, got 0"},
+      {"ppo_epochs", [](ExperimentConfig& c) { c.trainer.ppo_epochs = 0; },
+       "trainer.ppo_epochs: must be >= 1, got 0"},
+      {"mini_batches", [](ExperimentConfig& c) { c.trainer.mini_batches = -1; },
+       "trainer.mini_batches: must be >= 1, got -1"},
+      {"kl_coef", [](ExperimentConfig& c) { c.trainer.kl_coef = -0.1; },
+       "trainer.kl_coef: must be >= 0, got -0.1"},
+      {"kl_estimator", [](ExperimentConfig& c) { c.trainer.kl_estimator = "k4"; },
+       "trainer.kl_estimator: must be one of k1, abs, k2, k3, k1+, abs+, k3+, kl, mse, "
+       "low_var_kl, kl+, mse+, k2+, low_var_kl+, got 'k4'"},
+      {"sft_coef", [](ExperimentConfig& c) { c.trainer.sft_coef = -1; },
+       "trainer.sft_coef: must be >= 0, got -1"},
+      {"loss_scale_factor", [](ExperimentConfig& c) { c.trainer.loss_scale_factor = -2; },
+       "trainer.loss_scale_factor: must be >= 0, got -2"},
+      {"estimator", [](ExperimentConfig& c) { c.trainer.advantage.estimator = "ppo"; },
+       "trainer.advantage.estimator: must be one of grpo, dr_grpo, rloo, reinforce_plus_plus, "
+       "reinforce_plus_plus_baseline, opo, grpo_passk, grpo_split, remax, gae, got 'ppo'"},
+      {"std_scale", [](ExperimentConfig& c) { c.trainer.advantage.std_scale = "all"; },
+       "trainer.advantage.std_scale: must be one of none, group, batch, got 'all'"},
+      {"epsilon", [](ExperimentConfig& c) { c.trainer.advantage.epsilon = 0; },
+       "trainer.advantage.epsilon: must be > 0, got 0"},
+      {"gamma", [](ExperimentConfig& c) { c.trainer.advantage.gamma = 1.5; },
+       "trainer.advantage.gamma: must be in [0, 1], got 1.5"},
+      {"lambda", [](ExperimentConfig& c) { c.trainer.advantage.lambda = -0.5; },
+       "trainer.advantage.lambda: must be in [0, 1], got -0.5"},
+      {"clip_low", [](ExperimentConfig& c) { c.trainer.ppo.clip_low = 1; },
+       "trainer.ppo.clip_low: must be in [0, 1), got 1"},
+      {"clip_high", [](ExperimentConfig& c) { c.trainer.ppo.clip_high = -0.1; },
+       "trainer.ppo.clip_high: must be >= 0, got -0.1"},
+      {"clip_c", [](ExperimentConfig& c) { c.trainer.ppo.clip_c = 0.5; },
+       "trainer.ppo.clip_c: must be 0 (off) or > 1, got 0.5"},
+      {"clip_delta", [](ExperimentConfig& c) { c.trainer.ppo.clip_delta = 1.1; },
+       "trainer.ppo.clip_delta: must be 0 (off) or > 1 + trainer.ppo.clip_high (1.2), got 1.1"},
+      {"log_ratio_clamp", [](ExperimentConfig& c) { c.trainer.ppo.log_ratio_clamp = -1; },
+       "trainer.ppo.log_ratio_clamp: must be >= 0, got -1"},
+      {"behav_imp_weight_cap", [](ExperimentConfig& c) { c.trainer.ppo.behav_imp_weight_cap = 1; },
+       "trainer.ppo.behav_imp_weight_cap: must be 0 (off) or > 1, got 1"},
+      {"agg_mode", [](ExperimentConfig& c) { c.trainer.ppo.agg_mode = "sum"; },
+       "trainer.ppo.agg_mode: must be one of token-mean, seq-mean-token-sum, "
+       "seq-mean-token-mean, seq-mean-token-sum-norm, got 'sum'"},
+      {"weight_decay", [](ExperimentConfig& c) { c.trainer.optimizer.weight_decay = -0.01; },
+       "trainer.optimizer.weight_decay: must be >= 0, got -0.01"},
+      {"beta1", [](ExperimentConfig& c) { c.trainer.optimizer.beta1 = 1; },
+       "trainer.optimizer.beta1: must be in [0, 1), got 1"},
+      {"beta2", [](ExperimentConfig& c) { c.trainer.optimizer.beta2 = -0.1; },
+       "trainer.optimizer.beta2: must be in [0, 1), got -0.1"},
+      {"eps", [](ExperimentConfig& c) { c.trainer.optimizer.eps = 0; },
+       "trainer.optimizer.eps: must be > 0, got 0"},
+      {"schedule", [](ExperimentConfig& c) { c.trainer.optimizer.schedule = "step"; },
+       "trainer.optimizer.schedule: must be one of constant, linear_warmup, cosine, got 'step'"},
+      {"warmup_steps", [](ExperimentConfig& c) { c.trainer.optimizer.warmup_steps = -1; },
+       "trainer.optimizer.warmup_steps: must be >= 0, got -1"},
+      {"total_steps", [](ExperimentConfig& c) { c.trainer.optimizer.total_steps = -1; },
+       "trainer.optimizer.total_steps: must be >= 0, got -1"},
+      {"cosine total_steps", [](ExperimentConfig& c) { c.trainer.optimizer.schedule = "cosine"; },
+       "trainer.optimizer.total_steps: must be >= 1 with schedule 'cosine', got 0"},
+      {"min_lr_ratio", [](ExperimentConfig& c) { c.trainer.optimizer.min_lr_ratio = 1.5; },
+       "trainer.optimizer.min_lr_ratio: must be in [0, 1], got 1.5"},
   };
   EXPECT_TRUE(validate(ExperimentConfig{}).ok());
   for (const RuleCase& c : cases) {
