@@ -314,22 +314,9 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
         acc.mean_ratio += r.metrics.mean_ratio * tokens;
         acc_tokens += tokens;
       }
-      const double max_norm = o.optimizer.max_grad_norm > 0
-                                  ? o.optimizer.max_grad_norm
-                                  : std::numeric_limits<double>::infinity();
-      const double grad_norm = torch::nn::utils::clip_grad_norm_(policy_->parameters(), max_norm);
-      if (!std::isfinite(grad_norm)) {
-        return InternalError(absl::StrCat("trainer step at version ", version_,
-                                          ": gradient norm is ", grad_norm,
-                                          "; the update was not applied"));
-      }
+      RELAY_ASSIGN_OR_RETURN(const double grad_norm, apply_gradients());
       grad_norm_sum += grad_norm;
-      lr_last = lr_at(o.optimizer, optimizer_steps_);
-      for (auto& group : optimizer_->param_groups()) {
-        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr_last);
-      }
-      optimizer_->step();
-      ++optimizer_steps_;
+      lr_last = lr_at(o.optimizer, optimizer_steps_ - 1);
       ++updates;
     }
   }
@@ -357,6 +344,62 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   ++version_;
   m["version"] = static_cast<double>(version_);
   return m;
+}
+
+StatusOr<double> Trainer::apply_gradients() {
+  const OptimizerOptions& o = options_.optimizer;
+  const double max_norm =
+      o.max_grad_norm > 0 ? o.max_grad_norm : std::numeric_limits<double>::infinity();
+  const double grad_norm = torch::nn::utils::clip_grad_norm_(policy_->parameters(), max_norm);
+  if (!std::isfinite(grad_norm)) {
+    optimizer_->zero_grad();
+    return InternalError(absl::StrCat("trainer step at version ", version_, ": gradient norm is ",
+                                      grad_norm, "; the update was not applied"));
+  }
+  const double lr = lr_at(o, optimizer_steps_);
+  for (auto& group : optimizer_->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+  optimizer_->step();
+  ++optimizer_steps_;
+  return grad_norm;
+}
+
+StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGroup>& groups) {
+  BatchOptions bo;
+  bo.trainer_version = version_;
+  bo.pad_token_id = options_.pad_token_id;
+  RELAY_ASSIGN_OR_RETURN(TrainBatch batch, build_batch(groups, bo));
+  model::ScoreOptions score_options;
+  score_options.temperature = options_.temperature;
+  std::vector<std::vector<int64_t>> parts =
+      split_by_token_budget(batch, options_.micro_batch_tokens);
+  std::vector<TrainBatch> micro;
+  std::vector<at::Tensor> masks;
+  for (const auto& rows : parts) {
+    micro.push_back(select_rows(batch, rows));
+    masks.push_back(micro.back().response_mask);
+  }
+  const GlobalNormalizer norm = make_global_normalizer(masks);
+  policy_->train();
+  optimizer_->zero_grad();
+  double loss_sum = 0;
+  for (const TrainBatch& mb : micro) {
+    at::Tensor logp = gather_response(policy_->score(mb.input_ids, mb.lengths, score_options), mb);
+    at::Tensor loss =
+        sft_loss(logp, mb.response_mask.to(logp.device()), LossAggMode::kTokenMean, norm);
+    loss.backward();
+    loss_sum += loss.item<double>();
+  }
+  StatusOr<double> grad_norm = apply_gradients();
+  policy_->eval();
+  RELAY_RETURN_IF_ERROR(grad_norm.status());
+  ++version_;
+  return StepMetrics{{"sft_loss", loss_sum},
+                     {"grad_norm", *grad_norm},
+                     {"lr", lr_at(options_.optimizer, optimizer_steps_ - 1)},
+                     {"batch/tokens", static_cast<double>(batch.num_tokens())},
+                     {"version", static_cast<double>(version_)}};
 }
 
 }  // namespace relay::trainer

@@ -98,12 +98,19 @@ class Trainer {
 
   StatusOr<StepMetrics> step(const std::vector<rollout::TrajectoryGroup>& groups);
 
+  // Supervised warm start: one optimizer step on the negative log-likelihood
+  // of the response tokens of `groups` (demonstrations; rewards and
+  // log-probs are ignored). Counts as a version, like step().
+  StatusOr<StepMetrics> sft_step(const std::vector<rollout::TrajectoryGroup>& groups);
+
   int64_t version() const { return version_; }
   model::Policy policy() const { return policy_; }
   const TrainerOptions& options() const { return options_; }
 
  private:
   Trainer(model::Policy policy, TrainerOptions options, int64_t version);
+  // Clips, sets the scheduled LR and steps the optimizer; the gradient norm.
+  StatusOr<double> apply_gradients();
 
   model::Policy policy_;
   model::Policy reference_{nullptr};

@@ -152,6 +152,33 @@ TEST(TrainerTest, DecoupledLossUsesRecordedProximalOfTheTrainerVersion) {
   EXPECT_EQ(trainer->version(), 5);
 }
 
+// A warm start: repeated SFT steps on one demonstration raise its likelihood.
+TEST(TrainerTest, SftStepsLowerTheDemonstrationsLoss) {
+  model::Policy policy = make_policy(5);
+  rollout::TrajectoryGroup g;
+  g.group_id = "demo";
+  rollout::Trajectory t;
+  t.prompt_tokens = {1, 4, 9};
+  t.response_tokens = {12, 13, 2};
+  t.behavior_logprobs.assign(3, NAN);  // demonstrations have no behavior policy
+  t.token_versions.assign(3, 0);
+  t.proximal_logprobs.assign(3, NAN);
+  t.proximal_versions.assign(3, -1);
+  t.offpolicy_mask.assign(3, 1);
+  t.version_digests = {{0, 0}};
+  t.reward = 1.0;
+  g.trajectories = {t};
+  TrainerOptions o;
+  o.optimizer.lr = 3e-2;
+  auto trainer = Trainer::create(policy, o).value();
+  auto first = trainer->sft_step({g});
+  ASSERT_TRUE(first.ok()) << first.status();
+  double last = first->at("sft_loss");
+  for (int i = 0; i < 10; ++i) last = trainer->sft_step({g})->at("sft_loss");
+  EXPECT_LT(last, 0.5 * first->at("sft_loss"));
+  EXPECT_EQ(trainer->version(), 11);
+}
+
 TEST(TrainerTest, StalenessBoundAndBadOptionsAreErrors) {
   model::Policy policy = make_policy(4);
   auto groups = sample_groups(policy, 1.0, /*version=*/0);
