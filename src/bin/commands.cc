@@ -11,7 +11,9 @@
 #include <optional>
 
 #include <spdlog/spdlog.h>
+
 #include <nlohmann/json.hpp>
+#include "absl/strings/str_format.h"
 
 #include "relay/common/config.h"
 #include "relay/common/file_io.h"
@@ -22,6 +24,8 @@
 #include "relay/rollout/engine.h"
 #include "relay/rollout/generate.h"
 #include "relay/rollout/task.h"
+#include "relay/trainer/options.h"
+#include "relay/trainer/trainer.h"
 
 namespace relay::cli {
 namespace {
@@ -425,6 +429,251 @@ int rollout(const RolloutArgs& args) {
       trajectories > 0 ? reward_sum / trajectories : 0.0, static_cast<long long>(verifier.errors()),
       static_cast<long long>(verifier.timeouts()), static_cast<long long>(stats.shared_prefills));
   if (!args.out.empty()) std::printf("wrote %s\n", args.out.c_str());
+  return 0;
+}
+
+namespace {
+
+model::Policy copy_policy(const model::Policy& from) {
+  model::Policy to(from->config());
+  torch::NoGradGuard no_grad;
+  auto src = from->named_parameters();
+  for (auto& item : to->named_parameters()) item.value().copy_(src[item.key()]);
+  to->eval();
+  return to;
+}
+
+std::unordered_map<std::string, at::Tensor> weights_of(const model::Policy& policy) {
+  std::unordered_map<std::string, at::Tensor> out;
+  for (const auto& item : policy->named_parameters()) {
+    out[item.key()] = item.value().detach().clone();
+  }
+  return out;
+}
+
+// Prompt indices: a finite task keeps its last `eval` prompts for evaluation
+// and cycles through the rest; a generated stream evaluates far from where
+// training reads.
+struct PromptSplit {
+  int64_t size = -1;
+  int64_t eval = 0;
+  int64_t train_index(int64_t k) const { return size < 0 ? k : k % (size - eval); }
+  int64_t eval_index(int64_t i) const {
+    return size < 0 ? (int64_t{1} << 40) + i : size - eval + i;
+  }
+};
+
+// Greedy accuracy (mean reward) on the held-out prompts.
+StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
+                          const PromptSplit& split, rollout::SafeVerifier& verifier) {
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<rollout::TaskPrompt> task_prompts;
+  for (int64_t i = 0; i < split.eval; ++i) {
+    RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(split.eval_index(i)));
+    RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, s.tokenizer->encode(p.prompt));
+    prompts.push_back(std::move(ids));
+    task_prompts.push_back(std::move(p));
+  }
+  if (prompts.empty()) return 0.0;
+  rollout::GenerateOptions g;
+  g.max_new_tokens = s.engine.max_new_tokens;
+  g.sampling.greedy = true;
+  g.stop_tokens = s.engine.stop_tokens;
+  RELAY_ASSIGN_OR_RETURN(std::vector<rollout::Generation> out,
+                         rollout::generate(copy_policy(policy), prompts, g));
+  double total = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(out[i].tokens));
+    total += verifier.score(task_prompts[i], text).reward;
+  }
+  return total / static_cast<double>(out.size());
+}
+
+// A demonstration: the task's target solution as the response.
+StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t index,
+                                                 int64_t version) {
+  RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(index));
+  if (!p.target) {
+    return FailedPreconditionError(absl::StrCat(p.id,
+                                                ": --sft-steps needs target solutions; task '",
+                                                s.task->name(), "' gave none for this prompt"));
+  }
+  rollout::Trajectory t;
+  RELAY_ASSIGN_OR_RETURN(t.prompt_tokens, s.tokenizer->encode(p.prompt));
+  RELAY_ASSIGN_OR_RETURN(t.response_tokens, s.tokenizer->encode(*p.target));
+  const size_t n = t.response_tokens.size();
+  t.behavior_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
+  t.token_versions.assign(n, version);
+  t.proximal_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
+  t.proximal_versions.assign(n, -1);
+  t.offpolicy_mask.assign(n, 1);
+  t.version_digests = {{version, 0}};
+  t.reward = 1.0;
+  rollout::TrajectoryGroup g;
+  g.group_id = p.id;
+  g.trajectories.push_back(std::move(t));
+  return g;
+}
+
+std::string format_metrics(const trainer::StepMetrics& m, const std::vector<std::string>& keys) {
+  std::string out;
+  for (const std::string& k : keys) {
+    auto it = m.find(k);
+    if (it != m.end()) absl::StrAppend(&out, " ", k, "=", absl::StrFormat("%.4g", it->second));
+  }
+  return out;
+}
+
+}  // namespace
+
+int train_local(const TrainLocalArgs& args) {
+  RolloutArgs ra;
+  ra.config_file = args.config_file;
+  ra.overrides = args.overrides;
+  ra.model_dir = args.model_dir;
+  ra.prompts = 1;
+  StatusOr<RolloutSetup> setup = setup_rollout(ra);
+  if (!setup.ok()) return fail("train-local", setup.status());
+  RolloutSetup& s = *setup;
+  if (args.steps < 0 || args.groups_per_step < 1 || args.sft_steps < 0 || args.eval_prompts < 0) {
+    return fail("train-local",
+                InvalidArgumentError("--steps, --sft-steps and --eval-prompts must be >= 0 and "
+                                     "--groups-per-step >= 1"));
+  }
+  PromptSplit split{s.task->size(), args.eval_prompts};
+  if (split.size >= 0 && split.size - split.eval < args.groups_per_step) {
+    return fail("train-local",
+                InvalidArgumentError(absl::StrCat(
+                    "--eval-prompts: task '", s.task->name(), "' has ", split.size,
+                    " prompts; keeping ", split.eval, " for evaluation leaves too few to train")));
+  }
+  StatusOr<trainer::TrainerOptions> to = trainer::trainer_options(s.config);
+  if (!to.ok()) return fail("train-local", to.status());
+  to->pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
+  StatusOr<std::unique_ptr<trainer::Trainer>> tr = trainer::Trainer::create(s.policy, *to, 0);
+  if (!tr.ok()) return fail("train-local", tr.status());
+  trainer::Trainer& trainer = **tr;
+  rollout::SafeVerifier verifier(s.task, std::chrono::milliseconds(static_cast<int64_t>(
+                                             std::ceil(s.config.task.verifier_timeout_s * 1000))));
+  std::string metrics_lines;
+  auto record = [&](const std::string& phase, int64_t step, trainer::StepMetrics m) {
+    nlohmann::json j = {{"phase", phase}, {"step", step}};
+    for (const auto& [k, v] : m) j[k] = v;
+    absl::StrAppend(&metrics_lines, j.dump(), "\n");
+  };
+
+  StatusOr<double> acc = evaluate(s, trainer.policy(), split, verifier);
+  if (!acc.ok()) return fail("train-local", acc.status());
+  std::printf("eval before: accuracy %.3f on %lld held-out prompts\n", *acc,
+              static_cast<long long>(split.eval));
+  record("eval", 0, {{"accuracy", *acc}});
+
+  for (int64_t k = 0; k < args.sft_steps; ++k) {
+    std::vector<rollout::TrajectoryGroup> demos;
+    for (int64_t i = 0; i < args.groups_per_step * s.config.rollout.n; ++i) {
+      StatusOr<rollout::TrajectoryGroup> d =
+          demonstration(s, split.train_index(k * args.groups_per_step * s.config.rollout.n + i),
+                        trainer.version());
+      if (!d.ok()) return fail("train-local", d.status());
+      d->group_id = absl::StrCat(d->group_id, "#", i);
+      demos.push_back(std::move(*d));
+    }
+    StatusOr<trainer::StepMetrics> m = trainer.sft_step(demos);
+    if (!m.ok()) return fail("train-local", m.status());
+    std::printf("sft %lld:%s\n", static_cast<long long>(k + 1),
+                format_metrics(*m, {"sft_loss", "grad_norm"}).c_str());
+    record("sft", k + 1, *m);
+  }
+  if (args.sft_steps > 0) {
+    acc = evaluate(s, trainer.policy(), split, verifier);
+    if (!acc.ok()) return fail("train-local", acc.status());
+    std::printf("eval after warm start: accuracy %.3f\n", *acc);
+    record("eval", 0, {{"accuracy", *acc}});
+  }
+
+  // The engine holds its own copy of the weights, as a worker would.
+  StatusOr<std::unique_ptr<rollout::Engine>> engine = rollout::Engine::create(
+      copy_policy(trainer.policy()), s.engine, trainer.version(), /*digest=*/0);
+  if (!engine.ok()) return fail("train-local", engine.status());
+  for (int64_t step = 0; step < args.steps; ++step) {
+    std::map<std::string, rollout::TaskPrompt> prompts;
+    for (int64_t i = 0; i < args.groups_per_step; ++i) {
+      const int64_t index = split.train_index(step * args.groups_per_step + i);
+      StatusOr<rollout::TaskPrompt> p = s.task->prompt(index);
+      if (!p.ok()) return fail("train-local", p.status());
+      rollout::PromptGroup g;
+      g.group_id = absl::StrCat(p->id, "@", step);
+      g.k = s.config.rollout.n;
+      g.seed = rollout::sequence_seed(s.config.run.seed, static_cast<uint64_t>(step * 1000003 + i));
+      StatusOr<std::vector<int64_t>> ids = s.tokenizer->encode(p->prompt);
+      if (!ids.ok()) return fail("train-local", ids.status());
+      g.prompt = *ids;
+      if (p->target) {
+        StatusOr<std::vector<int64_t>> target = s.tokenizer->encode(*p->target);
+        if (target.ok()) g.target = *target;
+      }
+      if (Status st = (*engine)->submit(std::move(g)); !st.ok()) return fail("train-local", st);
+      prompts.emplace(absl::StrCat(p->id, "@", step), std::move(*p));
+    }
+    StatusOr<std::vector<rollout::TrajectoryGroup>> groups = (*engine)->run();
+    if (!groups.ok()) return fail("train-local", groups.status());
+    for (rollout::TrajectoryGroup& g : *groups) {
+      for (rollout::Trajectory& t : g.trajectories) {
+        StatusOr<std::string> text = s.tokenizer->decode(t.response_tokens);
+        if (!text.ok()) return fail("train-local", text.status());
+        rollout::Score score = verifier.score(prompts.at(g.group_id), *text);
+        t.reward = score.reward;
+        t.sub_scores = score.sub_scores;
+      }
+    }
+    StatusOr<trainer::StepMetrics> m = trainer.step(*groups);
+    if (!m.ok() && m.status().code() == absl::StatusCode::kFailedPrecondition &&
+        to->drop_equal_reward_groups) {
+      std::printf("step %lld: skipped: %s\n", static_cast<long long>(step + 1),
+                  std::string(m.status().message()).c_str());
+      continue;
+    }
+    if (!m.ok()) return fail("train-local", m.status());
+    if (Status st = (*engine)->update_weights(trainer.version(), 0, weights_of(trainer.policy()));
+        !st.ok()) {
+      return fail("train-local", st);
+    }
+    std::printf("step %lld:%s\n", static_cast<long long>(step + 1),
+                format_metrics(*m, {"reward/mean", "response_length/mean", "clip_fraction",
+                                    "mismatch/k3", "pg_loss", "grad_norm"})
+                    .c_str());
+    record("rl", step + 1, *m);
+    if (args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < args.steps) {
+      acc = evaluate(s, trainer.policy(), split, verifier);
+      if (!acc.ok()) return fail("train-local", acc.status());
+      std::printf("eval at step %lld: accuracy %.3f\n", static_cast<long long>(step + 1), *acc);
+      record("eval", step + 1, {{"accuracy", *acc}});
+    }
+  }
+  acc = evaluate(s, trainer.policy(), split, verifier);
+  if (!acc.ok()) return fail("train-local", acc.status());
+  std::printf("eval after: accuracy %.3f; verifier errors %lld, timeouts %lld\n", *acc,
+              static_cast<long long>(verifier.errors()),
+              static_cast<long long>(verifier.timeouts()));
+  record("eval", args.steps, {{"accuracy", *acc}});
+  if (!args.metrics_out.empty()) {
+    if (Status st = write_file_atomic(args.metrics_out, metrics_lines); !st.ok()) {
+      return fail("train-local", st);
+    }
+  }
+  if (!args.save.empty()) {
+    model::SaveOptions save;
+    save.overwrite = true;
+    if (s.tokenizer) {
+      if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
+        save.extra_files[model::kCharTokenizerFile] = ct->to_json();
+      }
+    }
+    if (Status st = model::save_policy(*trainer.policy(), args.save, save); !st.ok()) {
+      return fail("train-local", st);
+    }
+    std::printf("wrote %s\n", args.save.c_str());
+  }
   return 0;
 }
 

@@ -63,6 +63,23 @@ struct RolloutArgs {
 // rollout engine, scores them with the task's verifier and writes them out.
 int rollout(const RolloutArgs& args);
 
+struct TrainLocalArgs {
+  std::string config_file;
+  std::vector<std::string> overrides;
+  std::string model_dir;        // starting weights; default: model.path
+  int64_t steps = 20;           // RL steps
+  int64_t groups_per_step = 8;  // task prompts per RL step (rollout.n samples each)
+  int64_t sft_steps = 0;        // warm-start steps on task targets before RL
+  int64_t eval_prompts = 64;    // held-out prompts scored greedily before and after
+  int64_t eval_every = 0;       // also evaluate every N RL steps; 0 = only before/after
+  std::string metrics_out;      // JSONL, one line per step; empty = none
+  std::string save;             // write the trained model here (HF layout); empty = no
+};
+// The whole loop in one process: the rollout engine samples, the verifier
+// scores, the trainer steps, the new weights go back to the engine. Evaluates
+// greedy accuracy on held-out task prompts before and after.
+int train_local(const TrainLocalArgs& args);
+
 // "1, 2,3" -> {1, 2, 3}; errors name the bad item.
 bool parse_ids(const std::string& text, std::vector<int64_t>* ids, std::string* error);
 

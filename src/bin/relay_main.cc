@@ -67,6 +67,20 @@ int main(int argc, char** argv) {
   rollout->add_option("--start", roll.start, "Index of the first task prompt");
   rollout->add_option("--out", roll.out, "Write trajectory groups as JSONL here");
 
+  relay::cli::TrainLocalArgs tl;
+  auto* train = app.add_subcommand(
+      "train-local", "Train in one process: rollout engine, verifier and trainer in a loop");
+  train->add_option("config", tl.config_file, "YAML experiment config")->required();
+  train->add_option("overrides", tl.overrides, "key.path=value overrides");
+  train->add_option("--model", tl.model_dir, "Starting model directory (default: model.path)");
+  train->add_option("--steps", tl.steps, "RL steps");
+  train->add_option("--groups-per-step", tl.groups_per_step, "Task prompts per RL step");
+  train->add_option("--sft-steps", tl.sft_steps, "Warm-start SFT steps on task targets first");
+  train->add_option("--eval-prompts", tl.eval_prompts, "Held-out prompts for greedy accuracy");
+  train->add_option("--eval-every", tl.eval_every, "Evaluate every N RL steps (0 = ends only)");
+  train->add_option("--metrics-out", tl.metrics_out, "Write each step's metrics as JSONL here");
+  train->add_option("--save", tl.save, "Write the trained model here");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -81,5 +95,6 @@ int main(int argc, char** argv) {
   if (*score) return relay::cli::score(score_args);
   if (*generate) return relay::cli::generate(gen);
   if (*rollout) return relay::cli::rollout(roll);
+  if (*train) return relay::cli::train_local(tl);
   return 2;
 }
