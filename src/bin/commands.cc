@@ -550,9 +550,6 @@ int train_local(const TrainLocalArgs& args) {
   StatusOr<trainer::TrainerOptions> to = trainer::trainer_options(s.config);
   if (!to.ok()) return fail("train-local", to.status());
   to->pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
-  StatusOr<std::unique_ptr<trainer::Trainer>> tr = trainer::Trainer::create(s.policy, *to, 0);
-  if (!tr.ok()) return fail("train-local", tr.status());
-  trainer::Trainer& trainer = **tr;
   rollout::SafeVerifier verifier(s.task, std::chrono::milliseconds(static_cast<int64_t>(
                                              std::ceil(s.config.task.verifier_timeout_s * 1000))));
   std::string metrics_lines;
@@ -562,34 +559,48 @@ int train_local(const TrainLocalArgs& args) {
     absl::StrAppend(&metrics_lines, j.dump(), "\n");
   };
 
-  StatusOr<double> acc = evaluate(s, trainer.policy(), split, verifier);
+  StatusOr<double> acc = evaluate(s, s.policy, split, verifier);
   if (!acc.ok()) return fail("train-local", acc.status());
   std::printf("eval before: accuracy %.3f on %lld held-out prompts\n", *acc,
               static_cast<long long>(split.eval));
   record("eval", 0, {{"accuracy", *acc}});
 
-  for (int64_t k = 0; k < args.sft_steps; ++k) {
-    std::vector<rollout::TrajectoryGroup> demos;
-    for (int64_t i = 0; i < args.groups_per_step * s.config.rollout.n; ++i) {
-      StatusOr<rollout::TrajectoryGroup> d =
-          demonstration(s, split.train_index(k * args.groups_per_step * s.config.rollout.n + i),
-                        trainer.version());
-      if (!d.ok()) return fail("train-local", d.status());
-      d->group_id = absl::StrCat(d->group_id, "#", i);
-      demos.push_back(std::move(*d));
-    }
-    StatusOr<trainer::StepMetrics> m = trainer.sft_step(demos);
-    if (!m.ok()) return fail("train-local", m.status());
-    std::printf("sft %lld:%s\n", static_cast<long long>(k + 1),
-                format_metrics(*m, {"sft_loss", "grad_norm"}).c_str());
-    record("sft", k + 1, *m);
-  }
+  // The warm start has its own optimizer (and learning rate): Adam's moments
+  // from supervised steps are no guide for the RL objective.
+  int64_t version = 0;
   if (args.sft_steps > 0) {
-    acc = evaluate(s, trainer.policy(), split, verifier);
-    if (!acc.ok()) return fail("train-local", acc.status());
-    std::printf("eval after warm start: accuracy %.3f\n", *acc);
-    record("eval", 0, {{"accuracy", *acc}});
+    trainer::TrainerOptions sft_options = *to;
+    if (args.sft_lr > 0) sft_options.optimizer.lr = args.sft_lr;
+    StatusOr<std::unique_ptr<trainer::Trainer>> sft_trainer =
+        trainer::Trainer::create(s.policy, sft_options, version);
+    if (!sft_trainer.ok()) return fail("train-local", sft_trainer.status());
+    trainer::Trainer& sft = **sft_trainer;
+    for (int64_t k = 0; k < args.sft_steps; ++k) {
+      std::vector<rollout::TrajectoryGroup> demos;
+      for (int64_t i = 0; i < args.groups_per_step * s.config.rollout.n; ++i) {
+        StatusOr<rollout::TrajectoryGroup> d = demonstration(
+            s, split.train_index(k * args.groups_per_step * s.config.rollout.n + i), sft.version());
+        if (!d.ok()) return fail("train-local", d.status());
+        d->group_id = absl::StrCat(d->group_id, "#", i);
+        demos.push_back(std::move(*d));
+      }
+      StatusOr<trainer::StepMetrics> m = sft.sft_step(demos);
+      if (!m.ok()) return fail("train-local", m.status());
+      std::printf("sft %lld:%s\n", static_cast<long long>(k + 1),
+                  format_metrics(*m, {"sft_loss", "grad_norm"}).c_str());
+      record("sft", k + 1, *m);
+    }
+    if (args.sft_steps > 0) {
+      acc = evaluate(s, s.policy, split, verifier);
+      if (!acc.ok()) return fail("train-local", acc.status());
+      std::printf("eval after warm start: accuracy %.3f\n", *acc);
+      record("eval", 0, {{"accuracy", *acc}});
+    }
+    version = sft.version();
   }
+  StatusOr<std::unique_ptr<trainer::Trainer>> tr = trainer::Trainer::create(s.policy, *to, version);
+  if (!tr.ok()) return fail("train-local", tr.status());
+  trainer::Trainer& trainer = **tr;
 
   // The engine holds its own copy of the weights, as a worker would.
   StatusOr<std::unique_ptr<rollout::Engine>> engine = rollout::Engine::create(

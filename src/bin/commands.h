@@ -70,6 +70,7 @@ struct TrainLocalArgs {
   int64_t steps = 20;           // RL steps
   int64_t groups_per_step = 8;  // task prompts per RL step (rollout.n samples each)
   int64_t sft_steps = 0;        // warm-start steps on task targets before RL
+  double sft_lr = 0;            // warm-start learning rate (its own optimizer); 0 = trainer.lr
   int64_t eval_prompts = 64;    // held-out prompts scored greedily before and after
   int64_t eval_every = 0;       // also evaluate every N RL steps; 0 = only before/after
   std::string metrics_out;      // JSONL, one line per step; empty = none

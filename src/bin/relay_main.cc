@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   train->add_option("--steps", tl.steps, "RL steps");
   train->add_option("--groups-per-step", tl.groups_per_step, "Task prompts per RL step");
   train->add_option("--sft-steps", tl.sft_steps, "Warm-start SFT steps on task targets first");
+  train->add_option("--sft-lr", tl.sft_lr, "Warm-start learning rate (default: trainer.lr)");
   train->add_option("--eval-prompts", tl.eval_prompts, "Held-out prompts for greedy accuracy");
   train->add_option("--eval-every", tl.eval_every, "Evaluate every N RL steps (0 = ends only)");
   train->add_option("--metrics-out", tl.metrics_out, "Write each step's metrics as JSONL here");
