@@ -4,7 +4,8 @@
 # model: write a fresh tiny model in Hugging Face layout from configs/tiny.yaml,
 # check the config, sample from the model with the KV cache, score the sample
 # so the recorded log-probs can be compared with the scoring path, then run
-# the rollout engine on a few arithmetic prompts.
+# the rollout engine on a few arithmetic prompts and train on the task in one
+# process (relay train-local).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,3 +34,7 @@ echo "   temperature 0.8 equal the ones generate recorded"
 echo "== relay rollout: 4 arithmetic prompts x rollout.n samples, scored by the verifier"
 "$relay" rollout "$config" --model "$model_dir" --prompts 4 --out runs/demo/rollout.jsonl
 head -c 600 runs/demo/rollout.jsonl; echo " ..."
+echo "== relay train-local: warm start, then RL on arithmetic; held-out accuracy before and after"
+"$relay" train-local "$config" --model "$model_dir" --sft-steps 60 --sft-lr 3e-3 --steps 40 \
+  --groups-per-step 16 --eval-prompts 128 --eval-every 20 \
+  trainer.lr=1e-4 rollout.n=8 task.arithmetic.max_operands=2 | grep -E '^(eval|step (1|20|40):)'
