@@ -434,23 +434,6 @@ int rollout(const RolloutArgs& args) {
 
 namespace {
 
-model::Policy copy_policy(const model::Policy& from) {
-  model::Policy to(from->config());
-  torch::NoGradGuard no_grad;
-  auto src = from->named_parameters();
-  for (auto& item : to->named_parameters()) item.value().copy_(src[item.key()]);
-  to->eval();
-  return to;
-}
-
-std::unordered_map<std::string, at::Tensor> weights_of(const model::Policy& policy) {
-  std::unordered_map<std::string, at::Tensor> out;
-  for (const auto& item : policy->named_parameters()) {
-    out[item.key()] = item.value().detach().clone();
-  }
-  return out;
-}
-
 // Prompt indices: a finite task keeps its last `eval` prompts for evaluation
 // and cycles through the rest; a generated stream evaluates far from where
 // training reads.
@@ -480,7 +463,7 @@ StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
   g.sampling.greedy = true;
   g.stop_tokens = s.engine.stop_tokens;
   RELAY_ASSIGN_OR_RETURN(std::vector<rollout::Generation> out,
-                         rollout::generate(copy_policy(policy), prompts, g));
+                         rollout::generate(model::clone_policy(*policy), prompts, g));
   double total = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(out[i].tokens));
@@ -604,7 +587,7 @@ int train_local(const TrainLocalArgs& args) {
 
   // The engine holds its own copy of the weights, as a worker would.
   StatusOr<std::unique_ptr<rollout::Engine>> engine = rollout::Engine::create(
-      copy_policy(trainer.policy()), s.engine, trainer.version(), /*digest=*/0);
+      model::clone_policy(*trainer.policy()), s.engine, trainer.version(), /*digest=*/0);
   if (!engine.ok()) return fail("train-local", engine.status());
   for (int64_t step = 0; step < args.steps; ++step) {
     std::map<std::string, rollout::TaskPrompt> prompts;
@@ -645,7 +628,8 @@ int train_local(const TrainLocalArgs& args) {
       continue;
     }
     if (!m.ok()) return fail("train-local", m.status());
-    if (Status st = (*engine)->update_weights(trainer.version(), 0, weights_of(trainer.policy()));
+    if (Status st = (*engine)->update_weights(trainer.version(), 0,
+                                              model::parameter_tensors(*trainer.policy()));
         !st.ok()) {
       return fail("train-local", st);
     }

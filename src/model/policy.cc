@@ -192,4 +192,22 @@ void init_weights(PolicyImpl& policy, uint64_t seed, double initializer_range) {
   }
 }
 
+Policy clone_policy(const PolicyImpl& policy) {
+  Policy copy(policy.config());
+  torch::NoGradGuard no_grad;
+  const auto src = policy.named_parameters();
+  copy->to(src.begin()->value().device());
+  for (auto& item : copy->named_parameters()) item.value().copy_(src[item.key()]);
+  copy->eval();
+  return copy;
+}
+
+std::unordered_map<std::string, at::Tensor> parameter_tensors(const PolicyImpl& policy) {
+  std::unordered_map<std::string, at::Tensor> out;
+  for (const auto& item : policy.named_parameters()) {
+    out[item.key()] = item.value().detach().clone();
+  }
+  return out;
+}
+
 }  // namespace relay::model

@@ -90,15 +90,8 @@ Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version)
                                                          .weight_decay(o.weight_decay));
   if (options_.kl_coef > 0) {
     // The reference is the policy as it is now, frozen.
-    reference_ = model::Policy(policy_->config());
-    torch::NoGradGuard no_grad;
-    auto src = policy_->named_parameters();
-    for (auto& item : reference_->named_parameters()) {
-      item.value().copy_(src[item.key()]);
-      item.value().set_requires_grad(false);
-    }
-    reference_->to(policy_->model->embed_tokens->weight.device());
-    reference_->eval();
+    reference_ = model::clone_policy(*policy_);
+    for (auto& p : reference_->parameters()) p.set_requires_grad(false);
   }
 }
 

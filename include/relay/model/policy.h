@@ -15,6 +15,8 @@
 // lm_head.weight when untied), so checkpoints load by name (checkpoint.h).
 
 #include <cstdint>
+#include <string>
+#include <unordered_map>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -103,5 +105,14 @@ TORCH_MODULE(Policy);
 // zeros for biases, ones for norm weights, drawn in named_parameters() order
 // on the CPU in fp32 and then copied into the parameters.
 void init_weights(PolicyImpl& policy, uint64_t seed, double initializer_range = 0.02);
+
+// A separate policy with the same config and a copy of every weight, on the
+// same device, in eval mode: a rollout engine's own copy, or a frozen
+// reference policy.
+Policy clone_policy(const PolicyImpl& policy);
+
+// Every parameter by name, detached and cloned: what update_weights() and a
+// weight publisher take.
+std::unordered_map<std::string, at::Tensor> parameter_tensors(const PolicyImpl& policy);
 
 }  // namespace relay::model

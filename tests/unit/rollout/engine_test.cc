@@ -24,9 +24,7 @@ model::Policy make_policy(uint64_t seed) {
 }
 
 std::unordered_map<std::string, at::Tensor> weights_of(model::Policy& p) {
-  std::unordered_map<std::string, at::Tensor> out;
-  for (const auto& item : p->named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
+  return model::parameter_tensors(*p);
 }
 
 EngineOptions base_options() {

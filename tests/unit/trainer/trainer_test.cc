@@ -24,12 +24,7 @@ model::Policy make_policy(uint64_t seed) {
 // with rewards 1 for responses containing token 5.
 std::vector<rollout::TrajectoryGroup> sample_groups(model::Policy& policy, double temperature,
                                                     int64_t version = 0) {
-  model::Policy copy(TinyConfig());
-  {
-    torch::NoGradGuard ng;
-    auto src = policy->named_parameters();
-    for (auto& item : copy->named_parameters()) item.value().copy_(src[item.key()]);
-  }
+  model::Policy copy = model::clone_policy(*policy);
   rollout::EngineOptions eo;
   eo.num_slots = 8;
   eo.max_new_tokens = 6;
