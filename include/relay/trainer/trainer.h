@@ -96,6 +96,10 @@ class Trainer {
                                                    int64_t version = 0);
   ~Trainer();
 
+  // Errors before the first optimizer update (bad batch, missing log-probs,
+  // no learning signal) change nothing. A non-finite gradient norm skips that
+  // mini-batch's update and fails the step without advancing the version;
+  // updates of earlier mini-batches of the same step stay applied.
   StatusOr<StepMetrics> step(const std::vector<rollout::TrajectoryGroup>& groups);
 
   // Supervised warm start: one optimizer step on the negative log-likelihood
