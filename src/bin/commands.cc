@@ -351,6 +351,30 @@ nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& 
   return j;
 }
 
+// One task prompt as an engine group: rollout.n samples, the prompt (and
+// target, for prefix guidance) tokenized; errors name the prompt.
+StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout::TaskPrompt& p,
+                                            std::string group_id, uint64_t seed) {
+  rollout::PromptGroup g;
+  g.group_id = std::move(group_id);
+  g.k = s.config.rollout.n;
+  g.seed = seed;
+  StatusOr<std::vector<int64_t>> ids = s.tokenizer->encode(p.prompt);
+  if (!ids.ok()) {
+    return Status(ids.status().code(), absl::StrCat(p.id, ": prompt: ", ids.status().message()));
+  }
+  g.prompt = std::move(*ids);
+  if (p.target) {
+    StatusOr<std::vector<int64_t>> target = s.tokenizer->encode(*p.target);
+    if (!target.ok()) {
+      return Status(target.status().code(),
+                    absl::StrCat(p.id, ": target: ", target.status().message()));
+    }
+    g.target = std::move(*target);
+  }
+  return g;
+}
+
 }  // namespace
 
 int rollout(const RolloutArgs& args) {
@@ -365,24 +389,10 @@ int rollout(const RolloutArgs& args) {
   for (int64_t i = args.start; i < args.start + args.prompts; ++i) {
     StatusOr<rollout::TaskPrompt> p = s.task->prompt(i);
     if (!p.ok()) return fail("rollout", p.status());
-    rollout::PromptGroup g;
-    g.group_id = p->id;
-    g.k = s.config.rollout.n;
-    g.seed = rollout::sequence_seed(s.config.run.seed, static_cast<uint64_t>(i));
-    StatusOr<std::vector<int64_t>> ids = s.tokenizer->encode(p->prompt);
-    if (!ids.ok())
-      return fail("rollout", Status(ids.status().code(),
-                                    absl::StrCat(p->id, ": prompt: ", ids.status().message())));
-    g.prompt = *ids;
-    if (p->target) {
-      StatusOr<std::vector<int64_t>> target = s.tokenizer->encode(*p->target);
-      if (!target.ok())
-        return fail("rollout",
-                    Status(target.status().code(),
-                           absl::StrCat(p->id, ": target: ", target.status().message())));
-      g.target = *target;
-    }
-    if (Status st = (*engine)->submit(std::move(g)); !st.ok()) return fail("rollout", st);
+    StatusOr<rollout::PromptGroup> g =
+        prompt_group(s, *p, p->id, rollout::sequence_seed(s.config.run.seed, i));
+    if (!g.ok()) return fail("rollout", g.status());
+    if (Status st = (*engine)->submit(*std::move(g)); !st.ok()) return fail("rollout", st);
     prompts.emplace(p->id, std::move(*p));
   }
 
@@ -573,12 +583,10 @@ int train_local(const TrainLocalArgs& args) {
                   format_metrics(*m, {"sft_loss", "grad_norm"}).c_str());
       record("sft", k + 1, *m);
     }
-    if (args.sft_steps > 0) {
-      acc = evaluate(s, s.policy, split, verifier);
-      if (!acc.ok()) return fail("train-local", acc.status());
-      std::printf("eval after warm start: accuracy %.3f\n", *acc);
-      record("eval", 0, {{"accuracy", *acc}});
-    }
+    acc = evaluate(s, s.policy, split, verifier);
+    if (!acc.ok()) return fail("train-local", acc.status());
+    std::printf("eval after warm start: accuracy %.3f\n", *acc);
+    record("eval", 0, {{"accuracy", *acc}});
     version = sft.version();
   }
   StatusOr<std::unique_ptr<trainer::Trainer>> tr = trainer::Trainer::create(s.policy, *to, version);
@@ -595,18 +603,11 @@ int train_local(const TrainLocalArgs& args) {
       const int64_t index = split.train_index(step * args.groups_per_step + i);
       StatusOr<rollout::TaskPrompt> p = s.task->prompt(index);
       if (!p.ok()) return fail("train-local", p.status());
-      rollout::PromptGroup g;
-      g.group_id = absl::StrCat(p->id, "@", step);
-      g.k = s.config.rollout.n;
-      g.seed = rollout::sequence_seed(s.config.run.seed, static_cast<uint64_t>(step * 1000003 + i));
-      StatusOr<std::vector<int64_t>> ids = s.tokenizer->encode(p->prompt);
-      if (!ids.ok()) return fail("train-local", ids.status());
-      g.prompt = *ids;
-      if (p->target) {
-        StatusOr<std::vector<int64_t>> target = s.tokenizer->encode(*p->target);
-        if (target.ok()) g.target = *target;
-      }
-      if (Status st = (*engine)->submit(std::move(g)); !st.ok()) return fail("train-local", st);
+      StatusOr<rollout::PromptGroup> g = prompt_group(
+          s, *p, absl::StrCat(p->id, "@", step),
+          rollout::sequence_seed(s.config.run.seed, static_cast<uint64_t>(step * 1000003 + i)));
+      if (!g.ok()) return fail("train-local", g.status());
+      if (Status st = (*engine)->submit(*std::move(g)); !st.ok()) return fail("train-local", st);
       prompts.emplace(absl::StrCat(p->id, "@", step), std::move(*p));
     }
     StatusOr<std::vector<rollout::TrajectoryGroup>> groups = (*engine)->run();

@@ -152,32 +152,25 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
 
   model::ScoreOptions score_options;
   score_options.temperature = o.temperature;
-  // Step 3: the trainer's log-probs before the update (and the reference's).
-  at::Tensor old_logp = torch::zeros({B, L}, torch::kFloat32);
-  at::Tensor ref_logp = reference_ ? torch::zeros({B, L}, torch::kFloat32) : at::Tensor();
+  // Step 3: the trainer's log-probs before the update (and the reference's),
+  // in the response layout [B, L], on the host.
   const std::vector<std::vector<int64_t>> all_parts =
       split_by_token_budget(batch, o.micro_batch_tokens);
-  {
+  auto score_all = [&](model::PolicyImpl& scorer) {
     torch::NoGradGuard no_grad;
+    at::Tensor out = torch::zeros({B, L}, torch::kFloat32);
     for (const auto& rows : all_parts) {
       TrainBatch mb = select_rows(batch, rows);
-      at::Tensor index = torch::tensor(rows, torch::kInt64);
-      const int64_t w = mb.response_mask.size(1);
-      at::Tensor lp = gather_response(policy_->score(mb.input_ids, mb.lengths, score_options), mb);
-      old_logp.index_copy_(
-          0, index,
-          torch::nn::functional::pad(lp.to(torch::kCPU),
-                                     torch::nn::functional::PadFuncOptions({0, L - w})));
-      if (reference_) {
-        at::Tensor rp =
-            gather_response(reference_->score(mb.input_ids, mb.lengths, score_options), mb);
-        ref_logp.index_copy_(
-            0, index,
-            torch::nn::functional::pad(rp.to(torch::kCPU),
-                                       torch::nn::functional::PadFuncOptions({0, L - w})));
-      }
+      at::Tensor lp = gather_response(scorer.score(mb.input_ids, mb.lengths, score_options), mb);
+      out.index_copy_(
+          0, torch::tensor(rows, torch::kInt64),
+          torch::nn::functional::pad(lp.to(torch::kCPU), torch::nn::functional::PadFuncOptions(
+                                                             {0, L - mb.response_mask.size(1)})));
     }
-  }
+    return out;
+  };
+  const at::Tensor old_logp = score_all(*policy_);
+  const at::Tensor ref_logp = reference_ ? score_all(*reference_) : at::Tensor();
 
   // Behavior log-probs; missing ones (allowed only by config) become the
   // trainer's own: ratio 1, the on-policy fallback, and counted above.
