@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "relay/rollout/engine.h"
 #include "relay/rollout/generate.h"
 #include "relay/rollout/task.h"
+#include "relay/trainer/batch_filler.h"
 #include "relay/trainer/options.h"
 #include "relay/trainer/trainer.h"
 
@@ -359,6 +361,8 @@ StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout
   g.group_id = std::move(group_id);
   g.k = s.config.rollout.n;
   g.seed = seed;
+  // ReMax's baseline is the reward of a greedy response to the same prompt.
+  g.greedy_baseline = s.config.trainer.advantage.estimator == "remax";
   StatusOr<std::vector<int64_t>> ids = s.tokenizer->encode(p.prompt);
   if (!ids.ok()) {
     return Status(ids.status().code(), absl::StrCat(p.id, ": prompt: ", ids.status().message()));
@@ -373,6 +377,30 @@ StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout
     g.target = std::move(*target);
   }
   return g;
+}
+
+// Decodes and scores every response of `g` (samples and greedy baseline) in
+// place; `on_scored` sees each sample (index, text, score, verifier error),
+// the baseline with index -1.
+using ScoredFn = std::function<void(int64_t, const rollout::Trajectory&, const std::string&,
+                                    const rollout::Score&, const std::string&)>;
+Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
+                   const rollout::TaskPrompt& prompt, rollout::TrajectoryGroup& g,
+                   const ScoredFn& on_scored = nullptr) {
+  auto score_one = [&](int64_t index, rollout::Trajectory& t) -> Status {
+    RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(t.response_tokens));
+    std::string error;
+    rollout::Score score = verifier.score(prompt, text, &error);
+    t.reward = score.reward;
+    t.sub_scores = score.sub_scores;
+    if (on_scored) on_scored(index, t, text, score, error);
+    return OkStatus();
+  };
+  for (size_t i = 0; i < g.trajectories.size(); ++i) {
+    RELAY_RETURN_IF_ERROR(score_one(static_cast<int64_t>(i), g.trajectories[i]));
+  }
+  if (g.baseline) RELAY_RETURN_IF_ERROR(score_one(-1, *g.baseline));
+  return OkStatus();
 }
 
 }  // namespace
@@ -407,23 +435,27 @@ int rollout(const RolloutArgs& args) {
   std::string lines;
   double reward_sum = 0;
   int64_t trajectories = 0, tokens = 0;
-  for (const rollout::TrajectoryGroup& g : *groups) {
+  for (rollout::TrajectoryGroup& g : *groups) {
     const rollout::TaskPrompt& p = prompts.at(g.group_id);
     nlohmann::json out = {{"group_id", g.group_id},
                           {"prompt", p.prompt},
                           {"reference", p.reference},
                           {"prompt_tokens", g.trajectories.at(0).prompt_tokens}};
     nlohmann::json list = nlohmann::json::array();
-    for (const rollout::Trajectory& t : g.trajectories) {
-      StatusOr<std::string> text = s.tokenizer->decode(t.response_tokens);
-      if (!text.ok()) return fail("rollout", text.status());
-      std::string error;
-      rollout::Score score = verifier.score(p, *text, &error);
-      reward_sum += score.reward;
-      ++trajectories;
-      tokens += static_cast<int64_t>(t.response_tokens.size());
-      list.push_back(trajectory_json(t, *text, score, error));
-    }
+    Status st =
+        score_group(s, verifier, p, g,
+                    [&](int64_t index, const rollout::Trajectory& t, const std::string& text,
+                        const rollout::Score& score, const std::string& error) {
+                      if (index < 0) {
+                        out["baseline"] = trajectory_json(t, text, score, error);
+                        return;
+                      }
+                      reward_sum += score.reward;
+                      ++trajectories;
+                      tokens += static_cast<int64_t>(t.response_tokens.size());
+                      list.push_back(trajectory_json(t, text, score, error));
+                    });
+    if (!st.ok()) return fail("rollout", st);
     out["trajectories"] = std::move(list);
     absl::StrAppend(&lines, out.dump(), "\n");
   }
@@ -589,7 +621,18 @@ int train_local(const TrainLocalArgs& args) {
     record("eval", 0, {{"accuracy", *acc}});
     version = sft.version();
   }
-  StatusOr<std::unique_ptr<trainer::Trainer>> tr = trainer::Trainer::create(s.policy, *to, version);
+  model::Policy reference{nullptr};
+  if (!s.config.trainer.reference.empty() && to->needs_reference()) {
+    StatusOr<model::Policy> ref = model::load_policy(s.config.trainer.reference);
+    if (!ref.ok()) {
+      return fail("train-local",
+                  Status(ref.status().code(),
+                         absl::StrCat("trainer.reference: ", std::string(ref.status().message()))));
+    }
+    reference = *ref;
+  }
+  StatusOr<std::unique_ptr<trainer::Trainer>> tr =
+      trainer::Trainer::create(s.policy, *to, version, reference);
   if (!tr.ok()) return fail("train-local", tr.status());
   trainer::Trainer& trainer = **tr;
 
@@ -597,36 +640,54 @@ int train_local(const TrainLocalArgs& args) {
   StatusOr<std::unique_ptr<rollout::Engine>> engine = rollout::Engine::create(
       model::clone_policy(*trainer.policy()), s.engine, trainer.version(), /*digest=*/0);
   if (!engine.ok()) return fail("train-local", engine.status());
+  // With DAPO dynamic sampling, extra generation batches refill the groups
+  // dropped for equal rewards (trainer.max_extra_batches).
+  trainer::BatchFillerOptions fo;
+  fo.groups_per_batch = args.groups_per_step;
+  fo.drop_equal_reward_groups = to->drop_equal_reward_groups;
+  fo.max_extra_batches = s.config.trainer.max_extra_batches;
+  trainer::BatchFiller filler(fo);
+  int64_t generated = 0;  // generation batches so far: prompts and seeds move on
   for (int64_t step = 0; step < args.steps; ++step) {
-    std::map<std::string, rollout::TaskPrompt> prompts;
-    for (int64_t i = 0; i < args.groups_per_step; ++i) {
-      const int64_t index = split.train_index(step * args.groups_per_step + i);
-      StatusOr<rollout::TaskPrompt> p = s.task->prompt(index);
-      if (!p.ok()) return fail("train-local", p.status());
-      StatusOr<rollout::PromptGroup> g = prompt_group(
-          s, *p, absl::StrCat(p->id, "@", step),
-          rollout::sequence_seed(s.config.run.seed, static_cast<uint64_t>(step * 1000003 + i)));
-      if (!g.ok()) return fail("train-local", g.status());
-      if (Status st = (*engine)->submit(*std::move(g)); !st.ok()) return fail("train-local", st);
-      prompts.emplace(absl::StrCat(p->id, "@", step), std::move(*p));
-    }
-    StatusOr<std::vector<rollout::TrajectoryGroup>> groups = (*engine)->run();
-    if (!groups.ok()) return fail("train-local", groups.status());
-    for (rollout::TrajectoryGroup& g : *groups) {
-      for (rollout::Trajectory& t : g.trajectories) {
-        StatusOr<std::string> text = s.tokenizer->decode(t.response_tokens);
-        if (!text.ok()) return fail("train-local", text.status());
-        rollout::Score score = verifier.score(prompts.at(g.group_id), *text);
-        t.reward = score.reward;
-        t.sub_scores = score.sub_scores;
+    do {
+      std::map<std::string, rollout::TaskPrompt> prompts;
+      for (int64_t i = 0; i < args.groups_per_step; ++i) {
+        const int64_t index = split.train_index(generated * args.groups_per_step + i);
+        StatusOr<rollout::TaskPrompt> p = s.task->prompt(index);
+        if (!p.ok()) return fail("train-local", p.status());
+        const std::string id = absl::StrCat(p->id, "@", generated);
+        StatusOr<rollout::PromptGroup> g =
+            prompt_group(s, *p, id,
+                         rollout::sequence_seed(s.config.run.seed,
+                                                static_cast<uint64_t>(generated * 1000003 + i)));
+        if (!g.ok()) return fail("train-local", g.status());
+        if (Status st = (*engine)->submit(*std::move(g)); !st.ok()) return fail("train-local", st);
+        prompts.emplace(id, std::move(*p));
       }
-    }
-    StatusOr<trainer::StepMetrics> m = trainer.step(*groups);
-    if (!m.ok() && m.status().code() == absl::StatusCode::kFailedPrecondition &&
-        to->drop_equal_reward_groups) {
-      std::printf("step %lld: skipped: %s\n", static_cast<long long>(step + 1),
-                  std::string(m.status().message()).c_str());
+      ++generated;
+      StatusOr<std::vector<rollout::TrajectoryGroup>> groups = (*engine)->run();
+      if (!groups.ok()) return fail("train-local", groups.status());
+      for (rollout::TrajectoryGroup& g : *groups) {
+        if (Status st = score_group(s, verifier, prompts.at(g.group_id), g); !st.ok()) {
+          return fail("train-local", st);
+        }
+      }
+      filler.add(*std::move(groups));
+    } while (filler.wants_more());
+    trainer::BatchFillerStats fill;
+    std::vector<rollout::TrajectoryGroup> batch = filler.take(&fill);
+    if (batch.empty()) {
+      std::printf(
+          "step %lld: skipped: no group with a learning signal in %lld generation "
+          "batches\n",
+          static_cast<long long>(step + 1), static_cast<long long>(fill.generated_batches));
       continue;
+    }
+    StatusOr<trainer::StepMetrics> m = trainer.step(batch);
+    if (m.ok()) {
+      (*m)["batch/generated_batches"] = static_cast<double>(fill.generated_batches);
+      (*m)["batch/filled_fraction"] =
+          static_cast<double>(batch.size()) / static_cast<double>(args.groups_per_step);
     }
     if (!m.ok()) return fail("train-local", m.status());
     if (Status st = (*engine)->update_weights(trainer.version(), 0,

@@ -145,6 +145,88 @@ void visit_fields(V& v, PpoConfig& c) {
 }
 
 template <class V>
+void visit_fields(V& v, GspoConfig& c) {
+  v.field("clip_low", c.clip_low);
+  v.field("clip_high", c.clip_high);
+}
+
+template <class V>
+void visit_fields(V& v, GmpoConfig& c) {
+  v.field("clip_low", c.clip_low);
+  v.field("clip_high", c.clip_high);
+}
+
+template <class V>
+void visit_fields(V& v, CispoConfig& c) {
+  v.field("clip_low", c.clip_low);
+  v.field("clip_high", c.clip_high);
+}
+
+template <class V>
+void visit_fields(V& v, SapoConfig& c) {
+  v.field("tau_pos", c.tau_pos);
+  v.field("tau_neg", c.tau_neg);
+}
+
+template <class V>
+void visit_fields(V& v, ClipCovConfig& c) {
+  v.field("ratio", c.ratio);
+  v.field("lb", c.lb);
+  v.field("ub", c.ub);
+}
+
+template <class V>
+void visit_fields(V& v, KlCovConfig& c) {
+  v.field("ratio", c.ratio);
+  v.field("coef", c.coef);
+}
+
+template <class V>
+void visit_fields(V& v, LuffyConfig& c) {
+  v.field("off_policy_reshape", c.off_policy_reshape);
+  v.field("gamma", c.gamma);
+  v.field("reshape_weight", c.reshape_weight);
+  v.field("reshape_pow_exp", c.reshape_pow_exp);
+  v.field("off_max_clip", c.off_max_clip);
+  v.field("off_min_clip", c.off_min_clip);
+  v.field("clip_upper_bound", c.clip_upper_bound);
+  v.field("loss_remove_clip", c.loss_remove_clip);
+}
+
+template <class V>
+void visit_fields(V& v, EntropyConfig& c) {
+  v.field("coef", c.coef);
+  v.field("target", c.target);
+  v.field("delta", c.delta);
+  v.field("max_coef", c.max_coef);
+}
+
+template <class V>
+void visit_fields(V& v, RewardKlConfig& c) {
+  v.field("coef", c.coef);
+  v.field("controller", c.controller);
+  v.field("target_kl", c.target_kl);
+  v.field("horizon", c.horizon);
+  v.field("estimator", c.estimator);
+}
+
+template <class V>
+void visit_fields(V& v, RolloutCorrectionConfig& c) {
+  v.field("is_level", c.is_level);
+  v.field("is_mode", c.is_mode);
+  v.field("is_threshold", c.is_threshold);
+  v.field("is_threshold_lower", c.is_threshold_lower);
+  v.field("is_batch_normalize", c.is_batch_normalize);
+  v.field("rs_level", c.rs_level);
+  v.field("rs_criterion", c.rs_criterion);
+  v.field("rs_threshold", c.rs_threshold);
+  v.field("rs_threshold_lower", c.rs_threshold_lower);
+  v.field("veto_threshold", c.veto_threshold);
+  v.field("bypass", c.bypass);
+  v.field("log_clamp", c.log_clamp);
+}
+
+template <class V>
 void visit_fields(V& v, OptimizerConfig& c) {
   v.field("weight_decay", c.weight_decay);
   v.field("beta1", c.beta1);
@@ -155,6 +237,7 @@ void visit_fields(V& v, OptimizerConfig& c) {
   v.field("warmup_steps", c.warmup_steps);
   v.field("total_steps", c.total_steps);
   v.field("min_lr_ratio", c.min_lr_ratio);
+  v.field("fp32_master_weights", c.fp32_master_weights);
 }
 
 template <class V>
@@ -173,8 +256,21 @@ void visit_fields(V& v, TrainerConfig& c) {
   v.field("kl_estimator", c.kl_estimator);
   v.field("sft_coef", c.sft_coef);
   v.field("loss_scale_factor", c.loss_scale_factor);
+  v.field("reference", c.reference);
+  v.field("max_reuse", c.max_reuse);
+  v.field("max_extra_batches", c.max_extra_batches);
   v.section("advantage", c.advantage);
   v.section("ppo", c.ppo);
+  v.section("gspo", c.gspo);
+  v.section("gmpo", c.gmpo);
+  v.section("cispo", c.cispo);
+  v.section("sapo", c.sapo);
+  v.section("clip_cov", c.clip_cov);
+  v.section("kl_cov", c.kl_cov);
+  v.section("luffy", c.luffy);
+  v.section("entropy", c.entropy);
+  v.section("reward_kl", c.reward_kl);
+  v.section("rollout_correction", c.rollout_correction);
   v.section("optimizer", c.optimizer);
 }
 
@@ -676,7 +772,9 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   const TrainerConfig& trainer = config.trainer;
   p.at_least("trainer.max_staleness", trainer.max_staleness, 0);
   p.positive("trainer.lr", trainer.lr);
-  p.one_of("trainer.loss", trainer.loss, {"ppo", "decoupled_ppo"});
+  p.one_of("trainer.loss", trainer.loss,
+           {"ppo", "decoupled_ppo", "gspo", "gmpo", "cispo", "sapo", "clip_cov", "kl_cov", "gpg",
+            "reinforce", "luffy"});
   p.one_of("trainer.proximal", trainer.proximal, {"recorded", "recompute", "loglinear"});
   p.at_least("trainer.micro_batch_tokens", trainer.micro_batch_tokens, 1);
   p.at_least("trainer.ppo_epochs", trainer.ppo_epochs, 1);
@@ -687,6 +785,58 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
             "k2+", "low_var_kl+"});
   p.non_negative("trainer.sft_coef", trainer.sft_coef);
   p.non_negative("trainer.loss_scale_factor", trainer.loss_scale_factor);
+  p.at_least("trainer.max_reuse", trainer.max_reuse, 0);
+  p.at_least("trainer.max_extra_batches", trainer.max_extra_batches, 0);
+
+  const auto clip_pair = [&p](const std::string& section, double low, double high) {
+    p.in_range(section + ".clip_low", low, 0, 1, /*open_hi=*/true);
+    p.non_negative(section + ".clip_high", high);
+  };
+  clip_pair("trainer.gspo", trainer.gspo.clip_low, trainer.gspo.clip_high);
+  p.non_negative("trainer.gmpo.clip_low", trainer.gmpo.clip_low);
+  p.non_negative("trainer.gmpo.clip_high", trainer.gmpo.clip_high);
+  clip_pair("trainer.cispo", trainer.cispo.clip_low, trainer.cispo.clip_high);
+  p.positive("trainer.sapo.tau_pos", trainer.sapo.tau_pos);
+  p.positive("trainer.sapo.tau_neg", trainer.sapo.tau_neg);
+  if (!(trainer.clip_cov.ratio > 0 && trainer.clip_cov.ratio <= 1)) {
+    p.add("trainer.clip_cov.ratio", "must be in (0, 1]", trainer.clip_cov.ratio);
+  }
+  if (!(trainer.clip_cov.lb < trainer.clip_cov.ub)) {
+    p.add("trainer.clip_cov.lb",
+          absl::StrCat("must be < trainer.clip_cov.ub (", format_double(trainer.clip_cov.ub), ")"),
+          trainer.clip_cov.lb);
+  }
+  if (!(trainer.kl_cov.ratio > 0 && trainer.kl_cov.ratio <= 1)) {
+    p.add("trainer.kl_cov.ratio", "must be in (0, 1]", trainer.kl_cov.ratio);
+  }
+  p.non_negative("trainer.kl_cov.coef", trainer.kl_cov.coef);
+  const LuffyConfig& luffy = trainer.luffy;
+  p.one_of("trainer.luffy.off_policy_reshape", luffy.off_policy_reshape,
+           {"p_div_p", "p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5", "no_reshape", "logp", "p_logp",
+            "square_root", "pow"});
+  p.positive("trainer.luffy.gamma", luffy.gamma);
+  p.non_negative("trainer.luffy.off_max_clip", luffy.off_max_clip);
+  p.non_negative("trainer.luffy.off_min_clip", luffy.off_min_clip);
+  p.non_negative("trainer.luffy.clip_upper_bound", luffy.clip_upper_bound);
+  const EntropyConfig& ent = trainer.entropy;
+  p.non_negative("trainer.entropy.coef", ent.coef);
+  p.non_negative("trainer.entropy.target", ent.target);
+  if (ent.target > 0) {
+    p.positive("trainer.entropy.delta", ent.delta);
+    if (!(ent.max_coef >= ent.coef)) {
+      p.add("trainer.entropy.max_coef",
+            absl::StrCat("must be >= trainer.entropy.coef (", format_double(ent.coef), ")"),
+            ent.max_coef);
+    }
+  }
+  const RewardKlConfig& rkl = trainer.reward_kl;
+  p.non_negative("trainer.reward_kl.coef", rkl.coef);
+  p.one_of("trainer.reward_kl.controller", rkl.controller, {"fixed", "adaptive"});
+  p.positive("trainer.reward_kl.target_kl", rkl.target_kl);
+  p.positive("trainer.reward_kl.horizon", rkl.horizon);
+  p.one_of("trainer.reward_kl.estimator", rkl.estimator,
+           {"k1", "abs", "k2", "k3", "k1+", "abs+", "k3+", "kl", "mse", "low_var_kl", "kl+", "mse+",
+            "k2+", "low_var_kl+"});
 
   const AdvantageConfig& adv = trainer.advantage;
   p.one_of("trainer.advantage.estimator", adv.estimator,
@@ -710,6 +860,17 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   p.zero_or_above("trainer.ppo.behav_imp_weight_cap", ppo.behav_imp_weight_cap, 1, "1");
   p.one_of("trainer.ppo.agg_mode", ppo.agg_mode,
            {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"});
+
+  // Ranges of rollout_correction's thresholds depend on the criterion; the
+  // trainer's validate() checks them (trainer_options()).
+  const RolloutCorrectionConfig& rc = trainer.rollout_correction;
+  p.one_of("trainer.rollout_correction.is_level", rc.is_level,
+           {"none", "token", "sequence", "geometric"});
+  p.one_of("trainer.rollout_correction.is_mode", rc.is_mode, {"truncate", "clip"});
+  p.one_of("trainer.rollout_correction.rs_level", rc.rs_level,
+           {"none", "token", "sequence", "geometric"});
+  p.one_of("trainer.rollout_correction.rs_criterion", rc.rs_criterion, {"ratio", "k1", "k2", "k3"});
+  p.positive("trainer.rollout_correction.log_clamp", rc.log_clamp);
 
   const OptimizerConfig& opt = trainer.optimizer;
   p.non_negative("trainer.optimizer.weight_decay", opt.weight_decay);

@@ -87,26 +87,48 @@ at::Tensor PolicyImpl::forward(const at::Tensor& input_ids, const at::Tensor& le
 
 at::Tensor PolicyImpl::score(const at::Tensor& input_ids, const at::Tensor& lengths,
                              const ScoreOptions& options) {
+  return score_impl(input_ids, lengths, options, /*with_entropy=*/false).logprobs;
+}
+
+ScoreOutput PolicyImpl::score_with_entropy(const at::Tensor& input_ids, const at::Tensor& lengths,
+                                           const ScoreOptions& options) {
+  return score_impl(input_ids, lengths, options, /*with_entropy=*/true);
+}
+
+ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor& lengths,
+                                   const ScoreOptions& options, bool with_entropy) {
   TORCH_CHECK(options.temperature > 0, "Policy::score: temperature must be > 0");
   TORCH_CHECK(options.chunk_tokens >= 1, "Policy::score: chunk_tokens must be >= 1");
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   at::Tensor hidden = hidden_states(input_ids, lengths);
-  if (T < 2) return torch::zeros({B, 0}, hidden.options().dtype(torch::kFloat32));
+  ScoreOutput out;
+  if (T < 2) {
+    out.logprobs = torch::zeros({B, 0}, hidden.options().dtype(torch::kFloat32));
+    if (with_entropy) out.entropy = out.logprobs.clone();
+    return out;
+  }
   const int64_t n = B * (T - 1);
   at::Tensor h = hidden.narrow(1, 0, T - 1).reshape({n, hidden.size(2)});
   at::Tensor targets = input_ids.to(hidden.device()).narrow(1, 1, T - 1).reshape({n, 1});
-  std::vector<at::Tensor> parts;
+  std::vector<at::Tensor> parts, entropies;
   for (int64_t start = 0; start < n; start += options.chunk_tokens) {
     const int64_t len = std::min(options.chunk_tokens, n - start);
     at::Tensor z = logits(h.narrow(0, start, len)).to(torch::kFloat32);
     if (options.temperature != 1.0) z = z / options.temperature;
-    parts.push_back(z.gather(1, targets.narrow(0, start, len)).squeeze(1) - z.logsumexp(-1));
+    at::Tensor lse = z.logsumexp(-1);
+    parts.push_back(z.gather(1, targets.narrow(0, start, len)).squeeze(1) - lse);
+    if (with_entropy) {
+      // H = lse - E_p[z]: one softmax, no [chunk, V] log-softmax kept.
+      entropies.push_back(lse - (torch::softmax(z, -1) * z).sum(-1));
+    }
   }
-  at::Tensor out = torch::cat(parts).view({B, T - 1});
+  out.logprobs = torch::cat(parts).view({B, T - 1});
+  if (with_entropy) out.entropy = torch::cat(entropies).view({B, T - 1});
   if (lengths.defined()) {
-    at::Tensor len = lengths.to(out.device(), torch::kInt64).view({B, 1});
-    at::Tensor valid = torch::arange(T - 1, len.options()).view({1, T - 1}).lt(len - 1);
-    out = out.masked_fill(valid.logical_not(), 0.0);
+    at::Tensor len = lengths.to(out.logprobs.device(), torch::kInt64).view({B, 1});
+    at::Tensor pad = torch::arange(T - 1, len.options()).view({1, T - 1}).ge(len - 1);
+    out.logprobs = out.logprobs.masked_fill(pad, 0.0);
+    if (with_entropy) out.entropy = out.entropy.masked_fill(pad, 0.0);
   }
   return out;
 }

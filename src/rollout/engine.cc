@@ -41,9 +41,10 @@ StatusOr<EngineOptions> engine_options(const RolloutConfig& config,
   return o;
 }
 
-// One sample of a group, from admission to finish.
+// One sample of a group (or its greedy baseline), from admission to finish.
 struct Engine::Sequence {
   Group* group = nullptr;
+  bool greedy = false;  // the group's greedy baseline: argmax, never forced, no draws
   SequenceRng rng{0};
   int64_t prompt_len = 0;
   std::vector<int64_t> forced;  // prefix tokens copied from the target
@@ -69,6 +70,7 @@ struct Engine::Sequence {
 struct Engine::Group {
   PromptGroup request;
   double submitted_s = 0.0;
+  // Sample j at index j, then the greedy baseline if the group asked for one.
   std::vector<std::unique_ptr<Sequence>> samples;
   int finished = 0;
 };
@@ -307,6 +309,17 @@ void Engine::enqueue(Submission submission) {
       if (is_stop(req.target[i])) break;
     }
     seq->out.prefix_ratio = seq->forced.empty() ? 0.0 : ratios[j];
+    seq->out.interrupt_policy = options_.interrupt;
+    waiting_.push_back(seq.get());
+    group->samples.push_back(std::move(seq));
+  }
+  if (req.greedy_baseline) {
+    // Queued right after the samples, so it is usually admitted with them and
+    // shares their prefill; no forced prefix, no random stream.
+    auto seq = std::make_unique<Sequence>();
+    seq->group = group.get();
+    seq->greedy = true;
+    seq->prompt_len = static_cast<int64_t>(req.prompt.size());
     seq->out.interrupt_policy = options_.interrupt;
     waiting_.push_back(seq.get());
     group->samples.push_back(std::move(seq));
@@ -593,26 +606,46 @@ void Engine::sample_and_retire(double now) {
   last_logits_.clear();
   if (rows.empty()) return;
 
+  // Sampled rows first, then greedy baselines: one sampler call for each kind
+  // present, joined on the device so the results still come back in one read.
+  // A baseline row draws no uniform, so no sample's stream depends on it.
+  const int64_t n_sampled = std::stable_partition(rows.begin(), rows.end(),
+                                                  [](const auto& r) { return !r.first->greedy; }) -
+                            rows.begin();
   const int64_t B = static_cast<int64_t>(rows.size());
-  std::vector<at::Tensor> parts;
-  std::vector<double> uniforms;
-  parts.reserve(B);
-  for (auto& [seq, logits] : rows) {
-    parts.push_back(logits);
-    uniforms.push_back(seq->rng.uniform());
-  }
-  at::Tensor logits = torch::stack(parts);
   const SamplingOptions& so = options_.sampling;
-  SampleResult s = sample(logits, torch::tensor(uniforms, torch::kFloat64), so);
-  const bool truncated = so.greedy || (so.top_k > 0 && so.top_k < logits.size(1)) || so.top_p < 1.0;
-  at::Tensor own = truncated ? tempered_logprobs(logits, s.tokens, so.temperature) : s.logprobs;
+  std::vector<at::Tensor> token_parts, logprob_parts, own_parts, raw_parts;
+  auto draw = [&](int64_t begin, int64_t end, const SamplingOptions& o) {
+    if (begin == end) return;
+    std::vector<at::Tensor> parts;
+    std::vector<double> uniforms;
+    for (int64_t b = begin; b < end; ++b) {
+      parts.push_back(rows[b].second);
+      uniforms.push_back(rows[b].first->greedy ? 0.5 : rows[b].first->rng.uniform());
+    }
+    at::Tensor logits = torch::stack(parts);
+    SampleResult s = sample(logits, torch::tensor(uniforms, torch::kFloat64), o);
+    const bool truncated = o.greedy || (o.top_k > 0 && o.top_k < logits.size(1)) || o.top_p < 1.0;
+    at::Tensor own = truncated ? tempered_logprobs(logits, s.tokens, o.temperature) : s.logprobs;
+    token_parts.push_back(s.tokens.to(torch::kInt64));
+    logprob_parts.push_back(s.logprobs.to(torch::kFloat32));
+    own_parts.push_back(own.to(torch::kFloat32));
+    if (o.record_raw_logprobs) raw_parts.push_back(s.raw_logprobs.to(torch::kFloat32));
+  };
+  draw(0, n_sampled, so);
+  SamplingOptions greedy = so;
+  greedy.greedy = true;
+  draw(n_sampled, B, greedy);
+  auto joined = [](const std::vector<at::Tensor>& p) {
+    return p.size() == 1 ? p[0] : torch::cat(p);
+  };
 
   // The step's one read back to the host.
-  at::Tensor tokens = s.tokens.to(torch::kCPU, torch::kInt64).contiguous();
-  at::Tensor logprobs = s.logprobs.to(torch::kCPU, torch::kFloat32).contiguous();
-  at::Tensor own_cpu = own.to(torch::kCPU, torch::kFloat32).contiguous();
+  at::Tensor tokens = joined(token_parts).to(torch::kCPU).contiguous();
+  at::Tensor logprobs = joined(logprob_parts).to(torch::kCPU).contiguous();
+  at::Tensor own_cpu = joined(own_parts).to(torch::kCPU).contiguous();
   at::Tensor raw;
-  if (so.record_raw_logprobs) raw = s.raw_logprobs.to(torch::kCPU, torch::kFloat32).contiguous();
+  if (so.record_raw_logprobs) raw = joined(raw_parts).to(torch::kCPU).contiguous();
 
   for (int64_t b = 0; b < B; ++b) {
     Sequence& seq = *rows[b].first;
@@ -629,6 +662,7 @@ void Engine::sample_and_retire(double now) {
     seq.own_logprobs.push_back(own_cpu.data_ptr<float>()[b]);
     if (t.first_token_s == 0.0) t.first_token_s = now - seq.group->submitted_s;
     ++stats_.sampled_tokens;
+    if (seq.greedy) ++stats_.baseline_tokens;
 
     if (is_stop(token)) {
       finish(seq, FinishReason::kStop, now);
@@ -683,6 +717,7 @@ void Engine::finish(Sequence& seq, FinishReason reason, double now) {
     seq.slot = -1;
   }
   ++seq.group->finished;
+  if (seq.greedy) ++stats_.baseline_sequences;
 }
 
 void Engine::abort_all(double now) {
@@ -699,13 +734,19 @@ void Engine::abort_all(double now) {
 void Engine::collect_done(std::vector<TrajectoryGroup>& done) {
   for (auto it = groups_.begin(); it != groups_.end();) {
     Group& g = **it;
-    if (g.finished < g.request.k) {
+    if (g.finished < static_cast<int>(g.samples.size())) {
       ++it;
       continue;
     }
     TrajectoryGroup out;
     out.group_id = g.request.group_id;
-    for (auto& seq : g.samples) out.trajectories.push_back(std::move(seq->out));
+    for (auto& seq : g.samples) {
+      if (seq->greedy) {
+        out.baseline = std::move(seq->out);
+      } else {
+        out.trajectories.push_back(std::move(seq->out));
+      }
+    }
     done.push_back(std::move(out));
     ++stats_.groups_completed;
     it = groups_.erase(it);

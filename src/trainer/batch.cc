@@ -36,6 +36,7 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
 
   TrainBatch batch;
   std::vector<Row> rows;
+  std::vector<double> baselines;  // per kept group
   int64_t source = 0;
   for (const rollout::TrajectoryGroup& g : groups) {
     ++st.groups;
@@ -68,6 +69,7 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
     }
     if (kept_here > 0) {
       batch.group_ids.push_back(g.group_id);
+      baselines.push_back(g.baseline ? g.baseline->reward : NAN);
     } else {
       ++st.dropped_groups;
     }
@@ -100,6 +102,7 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
   batch.group_index = torch::empty({B}, torch::kInt64);
   batch.truncated = torch::zeros({B}, torch::kBool);
   batch.has_offpolicy = torch::zeros({B}, torch::kBool);
+  batch.baseline_rewards = torch::full({B}, NAN, torch::kFloat32);
 
   auto ids = batch.input_ids.accessor<int64_t, 2>();
   auto mask = batch.response_mask.accessor<bool, 2>();
@@ -115,6 +118,7 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
   auto group_index = batch.group_index.accessor<int64_t, 1>();
   auto truncated = batch.truncated.accessor<bool, 1>();
   auto has_offpolicy = batch.has_offpolicy.accessor<bool, 1>();
+  auto baseline = batch.baseline_rewards.accessor<float, 1>();
   for (int64_t b = 0; b < B; ++b) {
     const rollout::Trajectory& t = *rows[b].t;
     const auto P = static_cast<int64_t>(t.prompt_tokens.size());
@@ -136,6 +140,7 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
     group_index[b] = rows[b].group;
     truncated[b] = t.finish_reason == rollout::FinishReason::kLength;
     has_offpolicy[b] = t.num_forced() > 0;
+    baseline[b] = static_cast<float>(baselines[rows[b].group]);
     batch.source_rows.push_back(rows[b].source);
   }
   return batch;
@@ -176,6 +181,7 @@ TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows
   out.group_index = batch.group_index.index_select(0, index);
   out.truncated = batch.truncated.index_select(0, index);
   out.has_offpolicy = batch.has_offpolicy.index_select(0, index);
+  out.baseline_rewards = batch.baseline_rewards.index_select(0, index);
   out.group_ids = batch.group_ids;  // group_index still points into it
   for (int64_t r : rows) out.source_rows.push_back(batch.source_rows.at(r));
   return out;
@@ -226,6 +232,58 @@ Status check_behavior_logprobs(const TrainBatch& batch) {
       "). The rollout worker records them when it samples each token (DESIGN.md invariant 1); "
       "without them the importance ratio is meaningless. Fix the worker, or set "
       "trainer.allow_missing_logprobs to train those tokens on-policy (ratio 1)."));
+}
+
+namespace {
+
+struct Fnv1a {
+  uint64_t h = 1469598103934665603ull;
+  void bytes(const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= p[i];
+      h *= 1099511628211ull;
+    }
+  }
+  template <typename T>
+  void vec(const std::vector<T>& v) {
+    const uint64_t n = v.size();
+    bytes(&n, sizeof(n));
+    if (!v.empty()) bytes(v.data(), v.size() * sizeof(T));
+  }
+};
+
+}  // namespace
+
+uint64_t trajectory_key(const std::string& group_id, size_t index, const rollout::Trajectory& t) {
+  Fnv1a f;
+  f.vec(std::vector<char>(group_id.begin(), group_id.end()));
+  const uint64_t i = index;
+  f.bytes(&i, sizeof(i));
+  f.vec(t.prompt_tokens);
+  f.vec(t.response_tokens);
+  f.vec(t.token_versions);
+  f.vec(t.behavior_logprobs);
+  return f.h;
+}
+
+int ReuseCounter::uses(uint64_t key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? 0 : it->second.uses;
+}
+
+void ReuseCounter::record(const std::vector<uint64_t>& keys, int64_t version) {
+  for (uint64_t key : keys) {
+    Entry& e = entries_[key];
+    ++e.uses;
+    e.last_version = version;
+  }
+}
+
+void ReuseCounter::forget_before(int64_t version) {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    it = it->second.last_version < version ? entries_.erase(it) : std::next(it);
+  }
 }
 
 }  // namespace relay::trainer

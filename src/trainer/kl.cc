@@ -83,19 +83,19 @@ StatusOr<KlControllerType> parse_kl_controller_type(const std::string& name,
       absl::StrCat(field, ": unknown KL controller '", name, "'; expected fixed or adaptive"));
 }
 
-Status validate(const KlControllerOptions& options) {
+Status validate(const KlControllerOptions& options, const std::string& prefix) {
   if (!(options.kl_coef >= 0.0)) {
     return InvalidArgumentError(
-        absl::StrCat("kl_ctrl.kl_coef: must be >= 0, got ", options.kl_coef));
+        absl::StrCat(prefix, ".kl_coef: must be >= 0, got ", options.kl_coef));
   }
   if (options.type == KlControllerType::kAdaptive) {
     if (!(options.target_kl > 0.0)) {
       return InvalidArgumentError(
-          absl::StrCat("kl_ctrl.target_kl: must be > 0, got ", options.target_kl));
+          absl::StrCat(prefix, ".target_kl: must be > 0, got ", options.target_kl));
     }
     if (!(options.horizon > 0.0)) {
       return InvalidArgumentError(
-          absl::StrCat("kl_ctrl.horizon: must be > 0, got ", options.horizon));
+          absl::StrCat(prefix, ".horizon: must be > 0, got ", options.horizon));
     }
   }
   return OkStatus();

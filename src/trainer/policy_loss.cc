@@ -28,6 +28,11 @@ double fraction(const at::Tensor& flag, const at::Tensor& mask) {
   return masked_mean(flag.logical_and(mask).to(torch::kFloat64), mask);
 }
 
+// The per-token loss times the rollout-correction weights, when given.
+at::Tensor is_weighted(const PolicyLossInputs& in, const at::Tensor& loss_mat) {
+  return in.is_weights.defined() ? loss_mat * in.is_weights.detach() : loss_mat;
+}
+
 Status bad(const std::string& prefix, const char* field, const char* what, double got) {
   return InvalidArgumentError(absl::StrCat(prefix, ".", field, ": must be ", what, ", got ", got));
 }
@@ -170,7 +175,7 @@ PolicyLossResult ppo_clip_loss(const PolicyLossInputs& in, const PpoClipOptions&
   Surrogate s = clipped_surrogate(in.logprobs, in.old_logprobs.detach(), adv, options,
                                   1.0 + options.clip_high);
   PolicyLossResult r;
-  r.loss = aggregate_loss(s.loss, m, options.agg_mode, normalizer);
+  r.loss = aggregate_loss(is_weighted(in, s.loss), m, options.agg_mode, normalizer);
   fill_clip_metrics(s, adv, m, &r.metrics);
   return r;
 }
@@ -188,7 +193,7 @@ PolicyLossResult decoupled_ppo_loss(const PolicyLossInputs& in, const PpoClipOpt
   if (options.behav_imp_weight_cap > 0) keep = weight.le(options.behav_imp_weight_cap);
   weight = zeros_where_not(keep, weight);
   PolicyLossResult r;
-  r.loss = aggregate_loss(s.loss * weight, m, options.agg_mode, normalizer);
+  r.loss = aggregate_loss(is_weighted(in, s.loss * weight), m, options.agg_mode, normalizer);
   fill_clip_metrics(s, adv, m, &r.metrics);
   at::Tensor kept = m.logical_and(keep);
   r.metrics.behav_imp_weight = masked_mean(weight, kept);
@@ -227,7 +232,8 @@ PolicyLossResult gspo_loss(const PolicyLossInputs& in, const GspoOptions& option
   at::Tensor l2 = -adv * s.clamp(1.0 - options.clip_low, 1.0 + options.clip_high);
   at::Tensor clipped = l2.detach().gt(l1.detach());
   PolicyLossResult r;
-  r.loss = aggregate_loss(torch::max(l1, l2), m, LossAggMode::kSeqMeanTokenMean, normalizer);
+  r.loss = aggregate_loss(is_weighted(in, torch::max(l1, l2)), m, LossAggMode::kSeqMeanTokenMean,
+                          normalizer);
   r.metrics.clip_fraction = fraction(clipped, m);
   r.metrics.clip_fraction_high = fraction(clipped.logical_and(adv.gt(0)), m);
   r.metrics.clip_fraction_low = fraction(clipped.logical_and(adv.lt(0)), m);
@@ -250,6 +256,10 @@ PolicyLossResult gmpo_loss(const PolicyLossInputs& in, const GmpoOptions& option
   at::Tensor seq_adv = zeros_where_not(m, adv).sum(-1) / denom;
   at::Tensor nonempty = m.any(-1);
   at::Tensor seq_loss = zeros_where_not(nonempty, -seq_adv * seq_ratio);
+  if (in.is_weights.defined()) {
+    // One objective per sequence: weighted by its tokens' mean weight.
+    seq_loss = seq_loss * (zeros_where_not(m, in.is_weights.detach()).sum(-1) / denom);
+  }
   PolicyLossResult r;
   r.loss = seq_loss.sum() / denominator(normalizer.num_sequences, nonempty.sum());
   at::Tensor dd = d.detach();
@@ -271,7 +281,8 @@ PolicyLossResult cispo_loss(const PolicyLossInputs& in, const CispoOptions& opti
   at::Tensor ratio = d.exp();
   at::Tensor weight = ratio.clamp(1.0 - options.clip_low, 1.0 + options.clip_high);
   PolicyLossResult r;
-  r.loss = aggregate_loss(-weight * adv * in.logprobs, m, options.agg_mode, normalizer);
+  r.loss =
+      aggregate_loss(is_weighted(in, -weight * adv * in.logprobs), m, options.agg_mode, normalizer);
   at::Tensor high = ratio.gt(1.0 + options.clip_high);
   at::Tensor low = ratio.lt(1.0 - options.clip_low);
   r.metrics.clip_fraction = fraction(high.logical_or(low), m);
@@ -292,7 +303,7 @@ PolicyLossResult sapo_loss(const PolicyLossInputs& in, const SapoOptions& option
                                 torch::full_like(adv, options.tau_neg));
   at::Tensor gate = torch::sigmoid(tau * (ratio - 1.0)) * (4.0 / tau);
   PolicyLossResult r;
-  r.loss = aggregate_loss(-gate * adv, m, options.agg_mode, normalizer);
+  r.loss = aggregate_loss(is_weighted(in, -gate * adv), m, options.agg_mode, normalizer);
   r.metrics.ppo_kl = masked_mean(-log_ratio, m);
   r.metrics.mean_ratio = masked_mean(ratio, m);
   return r;
@@ -341,7 +352,7 @@ PolicyLossResult clip_cov_loss(const PolicyLossInputs& in, const ClipCovOptions&
   at::Tensor dropped = detach_flat.view(m.sizes());
   at::Tensor loss_mat = zeros_where_not(dropped.logical_not(), torch::max(l1, l2));
   PolicyLossResult r;
-  r.loss = aggregate_loss(loss_mat, m, options.agg_mode, normalizer);
+  r.loss = aggregate_loss(is_weighted(in, loss_mat), m, options.agg_mode, normalizer);
   r.metrics.clip_fraction = fraction(dropped, m);
   r.metrics.ppo_kl = masked_mean(-log_ratio, m);
   r.metrics.mean_ratio = masked_mean(ratio, m);
@@ -368,7 +379,7 @@ PolicyLossResult kl_cov_loss(const PolicyLossInputs& in, const KlCovOptions& opt
   at::Tensor penalized = penalized_flat.view(m.sizes());
   at::Tensor loss_mat = torch::where(penalized, l1 + options.ppo_kl_coef * log_ratio.abs(), l1);
   PolicyLossResult r;
-  r.loss = aggregate_loss(loss_mat, m, options.agg_mode, normalizer);
+  r.loss = aggregate_loss(is_weighted(in, loss_mat), m, options.agg_mode, normalizer);
   r.metrics.clip_fraction = fraction(penalized, m);
   r.metrics.ppo_kl = masked_mean(log_ratio.abs(), m);
   r.metrics.mean_ratio = masked_mean(ratio, m);
@@ -381,7 +392,8 @@ PolicyLossResult reinforce_loss(const PolicyLossInputs& in, LossAggMode agg_mode
                                 const GlobalNormalizer& normalizer) {
   at::Tensor m = as_bool(in.response_mask);
   PolicyLossResult r;
-  r.loss = aggregate_loss(-in.advantages.detach() * in.logprobs, m, agg_mode, normalizer);
+  r.loss = aggregate_loss(is_weighted(in, -in.advantages.detach() * in.logprobs), m, agg_mode,
+                          normalizer);
   if (in.old_logprobs.defined()) {
     r.metrics.ppo_kl = masked_mean(in.old_logprobs - in.logprobs, m);
     r.metrics.mean_ratio = masked_mean((in.logprobs - in.old_logprobs).exp(), m);
@@ -493,7 +505,7 @@ LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpoli
 
   at::Tensor loss_mat = torch::where(off, off_loss, on_loss);
   LuffyLossResult r;
-  r.loss = aggregate_loss(loss_mat, m, options.on_policy.agg_mode, normalizer);
+  r.loss = aggregate_loss(is_weighted(in, loss_mat), m, options.on_policy.agg_mode, normalizer);
   if (options.sft_coef > 0) {
     at::Tensor sft = aggregate_loss(-logp_off, off, LossAggMode::kTokenMean, sft_normalizer);
     r.loss = r.loss + options.sft_coef * sft;
@@ -544,6 +556,156 @@ at::Tensor entropy_bonus_loss(const at::Tensor& entropy, const at::Tensor& respo
                               double coef, LossAggMode agg_mode,
                               const GlobalNormalizer& normalizer) {
   return -coef * aggregate_loss(entropy, response_mask, agg_mode, normalizer);
+}
+
+// ---------------------------------------------------------------- selection
+
+namespace {
+
+constexpr std::pair<const char*, PolicyLossKind> kLossNames[] = {
+    {"ppo", PolicyLossKind::kPpo},          {"decoupled_ppo", PolicyLossKind::kDecoupledPpo},
+    {"gspo", PolicyLossKind::kGspo},        {"gmpo", PolicyLossKind::kGmpo},
+    {"cispo", PolicyLossKind::kCispo},      {"sapo", PolicyLossKind::kSapo},
+    {"clip_cov", PolicyLossKind::kClipCov}, {"kl_cov", PolicyLossKind::kKlCov},
+    {"gpg", PolicyLossKind::kGpg},          {"reinforce", PolicyLossKind::kReinforce},
+    {"luffy", PolicyLossKind::kLuffy},
+};
+
+Status clip_pair(const std::string& prefix, double low, double high) {
+  if (!(low >= 0 && low < 1)) return bad(prefix, "clip_low", "in [0, 1)", low);
+  if (!(high >= 0)) return bad(prefix, "clip_high", ">= 0", high);
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<PolicyLossKind> parse_policy_loss_kind(const std::string& name, const std::string& field) {
+  std::string known;
+  for (const auto& [n, kind] : kLossNames) {
+    if (name == n) return kind;
+    absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+  }
+  return InvalidArgumentError(
+      absl::StrCat(field, ": unknown policy loss '", name, "'; known: ", known));
+}
+
+const char* policy_loss_kind_name(PolicyLossKind kind) {
+  for (const auto& [n, k] : kLossNames) {
+    if (k == kind) return n;
+  }
+  return "?";
+}
+
+Status validate(const PolicyLossOptions& o, const std::string& prefix) {
+  const std::string p = absl::StrCat(prefix, ".", policy_loss_kind_name(o.kind));
+  switch (o.kind) {
+    case PolicyLossKind::kPpo:
+    case PolicyLossKind::kDecoupledPpo:
+    case PolicyLossKind::kGpg:
+    case PolicyLossKind::kReinforce:
+      return validate(o.ppo, prefix + ".ppo");
+    case PolicyLossKind::kGspo:
+      return clip_pair(p, o.gspo.clip_low, o.gspo.clip_high);
+    case PolicyLossKind::kGmpo:
+      if (!(o.gmpo.clip_low >= 0)) return bad(p, "clip_low", ">= 0", o.gmpo.clip_low);
+      if (!(o.gmpo.clip_high >= 0)) return bad(p, "clip_high", ">= 0", o.gmpo.clip_high);
+      return OkStatus();
+    case PolicyLossKind::kCispo:
+      return clip_pair(p, o.cispo.clip_low, o.cispo.clip_high);
+    case PolicyLossKind::kSapo:
+      if (!(o.sapo.tau_pos > 0)) return bad(p, "tau_pos", "> 0", o.sapo.tau_pos);
+      if (!(o.sapo.tau_neg > 0)) return bad(p, "tau_neg", "> 0", o.sapo.tau_neg);
+      return OkStatus();
+    case PolicyLossKind::kClipCov:
+      RELAY_RETURN_IF_ERROR(clip_pair(p, o.clip_cov.clip_low, o.clip_cov.clip_high));
+      if (!(o.clip_cov.clip_cov_ratio > 0 && o.clip_cov.clip_cov_ratio <= 1)) {
+        return bad(p, "ratio", "in (0, 1]", o.clip_cov.clip_cov_ratio);
+      }
+      if (!(o.clip_cov.clip_cov_lb < o.clip_cov.clip_cov_ub)) {
+        return bad(p, "lb", "< ub", o.clip_cov.clip_cov_lb);
+      }
+      return OkStatus();
+    case PolicyLossKind::kKlCov:
+      if (!(o.kl_cov.kl_cov_ratio > 0 && o.kl_cov.kl_cov_ratio <= 1)) {
+        return bad(p, "ratio", "in (0, 1]", o.kl_cov.kl_cov_ratio);
+      }
+      if (!(o.kl_cov.ppo_kl_coef >= 0)) return bad(p, "coef", ">= 0", o.kl_cov.ppo_kl_coef);
+      return OkStatus();
+    case PolicyLossKind::kLuffy:
+      return validate(o.luffy, p);
+  }
+  return OkStatus();
+}
+
+PolicyLossResult compute_policy_loss(const PolicyLossInputs& in, const at::Tensor& offpolicy_mask,
+                                     const PolicyLossOptions& o, const GlobalNormalizer& normalizer,
+                                     const GlobalNormalizer& sft_normalizer,
+                                     std::map<std::string, double>* extra) {
+  switch (o.kind) {
+    case PolicyLossKind::kPpo:
+      return ppo_clip_loss(in, o.ppo, normalizer);
+    case PolicyLossKind::kDecoupledPpo:
+      return decoupled_ppo_loss(in, o.ppo, normalizer);
+    case PolicyLossKind::kGspo:
+      return gspo_loss(in, o.gspo, normalizer);
+    case PolicyLossKind::kGmpo:
+      return gmpo_loss(in, o.gmpo, normalizer);
+    case PolicyLossKind::kCispo:
+      return cispo_loss(in, o.cispo, normalizer);
+    case PolicyLossKind::kSapo:
+      return sapo_loss(in, o.sapo, normalizer);
+    case PolicyLossKind::kClipCov:
+      return clip_cov_loss(in, o.clip_cov, normalizer);
+    case PolicyLossKind::kKlCov:
+      return kl_cov_loss(in, o.kl_cov, normalizer);
+    case PolicyLossKind::kGpg:
+      return gpg_loss(in, o.ppo.agg_mode, normalizer);
+    case PolicyLossKind::kReinforce:
+      return reinforce_loss(in, o.ppo.agg_mode, normalizer);
+    case PolicyLossKind::kLuffy: {
+      TORCH_CHECK(offpolicy_mask.defined(), "compute_policy_loss: luffy needs offpolicy_mask");
+      LuffyLossResult l = luffy_loss(in, offpolicy_mask, o.luffy, normalizer, sft_normalizer);
+      if (extra != nullptr) {
+        const LuffyLossMetrics& m = l.metrics;
+        (*extra)["luffy/on_loss"] = m.on_loss;
+        (*extra)["luffy/off_loss"] = m.off_loss;
+        (*extra)["luffy/off_ratio_mean"] = m.off_ratio_mean;
+        (*extra)["luffy/off_max_clip_fraction"] = m.off_max_clip_fraction;
+        (*extra)["luffy/off_min_clip_fraction"] = m.off_min_clip_fraction;
+        (*extra)["luffy/off_policy_prob"] = m.off_policy_prob;
+        (*extra)["luffy/off_policy_fraction"] = m.off_policy_fraction;
+        (*extra)["luffy/sft_loss"] = m.sft_loss;
+      }
+      return PolicyLossResult{l.loss, l.metrics.on_policy};
+    }
+  }
+  TORCH_CHECK(false, "compute_policy_loss: unknown loss kind");
+}
+
+// ------------------------------------------------------------ entropy control
+
+Status validate(const EntropyControlOptions& o, const std::string& prefix) {
+  if (!(o.coef >= 0)) return bad(prefix, "coef", ">= 0", o.coef);
+  if (!std::isfinite(o.target)) return bad(prefix, "target", "finite", o.target);
+  if (o.target > 0) {
+    if (!(o.delta > 0)) return bad(prefix, "delta", "> 0 when target > 0", o.delta);
+    if (!(o.max_coef >= o.coef)) return bad(prefix, "max_coef", ">= coef", o.max_coef);
+  }
+  return OkStatus();
+}
+
+EntropyController::EntropyController(const EntropyControlOptions& options)
+    : options_(options), value_(options.coef) {}
+
+double EntropyController::coef_for(double entropy) const {
+  if (options_.target <= 0) return value_;
+  return entropy < options_.target ? value_ : 0.0;
+}
+
+void EntropyController::update(double entropy) {
+  if (options_.target <= 0) return;
+  const double step = entropy < options_.target ? options_.delta : -options_.delta;
+  value_ = std::clamp(value_ + step, 0.0, options_.max_coef);
 }
 
 }  // namespace relay::trainer

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "absl/strings/str_join.h"
 #include "relay/trainer/batch.h"
+#include "relay/trainer/rollout_correction.h"
 
 namespace relay::trainer {
 
@@ -39,11 +41,15 @@ Status validate_options(const TrainerOptions& o) {
   }
   if (o.ppo_epochs < 1) return bad("trainer.ppo_epochs", "must be >= 1", o.ppo_epochs);
   if (o.mini_batches < 1) return bad("trainer.mini_batches", "must be >= 1", o.mini_batches);
+  if (o.max_reuse < 0) return bad("trainer.max_reuse", "must be >= 0 (0 = no cap)", o.max_reuse);
   if (!(o.optimizer.lr > 0)) return bad("trainer.lr", "must be > 0", o.optimizer.lr);
   if (!(o.kl_coef >= 0)) return bad("trainer.kl_coef", "must be >= 0", o.kl_coef);
   if (!(o.sft_coef >= 0)) return bad("trainer.sft_coef", "must be >= 0", o.sft_coef);
-  RELAY_RETURN_IF_ERROR(validate(o.ppo, "trainer.ppo"));
+  RELAY_RETURN_IF_ERROR(validate(o.loss, "trainer"));
   RELAY_RETURN_IF_ERROR(validate(o.advantage));
+  RELAY_RETURN_IF_ERROR(validate(o.entropy, "trainer.entropy"));
+  RELAY_RETURN_IF_ERROR(validate(o.reward_kl.controller, "trainer.reward_kl"));
+  RELAY_RETURN_IF_ERROR(validate(o.rollout_correction, "trainer.rollout_correction"));
   return OkStatus();
 }
 
@@ -69,50 +75,143 @@ void put(StepMetrics& m, const std::string& prefix, const Summary& s) {
   m[prefix + "/max"] = s.max;
 }
 
-// k3 estimate of KL(behavior || trainer) from tokens sampled by the behavior
-// policy: r = p_trainer / p_behavior, k3 = r - 1 - log r.
-double mismatch_k3(const at::Tensor& trainer, const at::Tensor& behavior, const at::Tensor& mask) {
-  at::Tensor sel = mask.to(torch::kBool);
-  if (sel.sum().item<int64_t>() == 0) return 0.0;
-  at::Tensor log_r = (trainer - behavior).masked_select(sel).to(torch::kFloat64);
-  return (log_r.exp() - 1 - log_r).mean().item<double>();
+// The sampler-vs-trainer diagnostics: the raw token ratios pi_old / pi_behav
+// over `valid`, and the mismatch split by source (rollout_correction.h).
+void mismatch_metrics(const at::Tensor& old_logp, const at::Tensor& behavior,
+                      const at::Tensor& valid, const RolloutCorrectionMetrics& rc, StepMetrics& m) {
+  m["mismatch/logprob_abs_diff_mean"] = rc.all.abs_log_ratio_mean;
+  m["mismatch/logprob_abs_diff_max"] = rc.all.abs_log_ratio_max;
+  m["mismatch/k3"] = rc.all.k3;
+  m["mismatch/engine_k3"] = rc.engine.k3;
+  m["mismatch/staleness_k3"] = rc.staleness.k3;
+  at::Tensor w = (old_logp - behavior).exp();
+  put(m, "is_ratio", summarize(w, valid));
+  at::Tensor ws = w.masked_select(valid).to(torch::kFloat64);
+  const double sum = ws.sum().item<double>(), sq = ws.pow(2).sum().item<double>();
+  m["is_ratio/ess"] = sq > 0 ? sum * sum / (sq * ws.numel()) : 1.0;
+}
+
+bool corrects(const RolloutCorrectionOptions& rc) {
+  return !rc.bypass && (rc.is_level != CorrectionLevel::kNone ||
+                        rc.rs_level != CorrectionLevel::kNone || rc.veto_threshold > 0);
+}
+
+double masked_mean(const at::Tensor& x, const at::Tensor& mask) { return summarize(x, mask).mean; }
+
+at::Tensor index_of(const std::vector<int64_t>& rows) { return torch::tensor(rows, torch::kInt64); }
+
+// [rows, w] -> the rows' places in a [B, L] host tensor.
+void scatter_rows(at::Tensor& out, const std::vector<int64_t>& rows, const at::Tensor& part) {
+  const int64_t pad = out.size(1) - part.size(1);
+  out.index_copy_(0, index_of(rows),
+                  torch::nn::functional::pad(part.detach().to(torch::kCPU, torch::kFloat32),
+                                             torch::nn::functional::PadFuncOptions({0, pad})));
 }
 
 }  // namespace
 
-Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version)
+// The pre-update pass's outputs, [B, L] on the host.
+struct Trainer::Scores {
+  at::Tensor logprobs;  // the trainer's policy at this version (pi_old)
+  at::Tensor entropy;
+  at::Tensor reference;  // undefined without a reference policy
+};
+
+Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
+                 model::Policy reference)
     : policy_(std::move(policy)), options_(std::move(options)), version_(version) {
   const OptimizerOptions& o = options_.optimizer;
-  optimizer_ = std::make_unique<torch::optim::AdamW>(policy_->parameters(),
-                                                     torch::optim::AdamWOptions(o.lr)
-                                                         .betas({o.beta1, o.beta2})
-                                                         .eps(o.eps)
-                                                         .weight_decay(o.weight_decay));
-  if (options_.kl_coef > 0) {
-    // The reference is the policy as it is now, frozen.
-    reference_ = model::clone_policy(*policy_);
-    for (auto& p : reference_->parameters()) p.set_requires_grad(false);
+  for (const at::Tensor& p : policy_->parameters()) {
+    if (o.fp32_master_weights && p.scalar_type() != torch::kFloat32) {
+      master_.push_back(p.detach().to(torch::kFloat32).clone().set_requires_grad(true));
+    }
   }
+  params_ = master_.empty() ? policy_->parameters() : master_;
+  if (!master_.empty() && master_.size() != policy_->parameters().size()) {
+    // Mixed fp32 / low-precision parameters: fp32 ones get a master copy too,
+    // so that one list of tensors lines up with the parameters.
+    master_.clear();
+    for (const at::Tensor& p : policy_->parameters()) {
+      master_.push_back(p.detach().to(torch::kFloat32).clone().set_requires_grad(true));
+    }
+    params_ = master_;
+  }
+  optimizer_ = std::make_unique<torch::optim::AdamW>(params_, torch::optim::AdamWOptions(o.lr)
+                                                                  .betas({o.beta1, o.beta2})
+                                                                  .eps(o.eps)
+                                                                  .weight_decay(o.weight_decay));
+  if (options_.needs_reference()) {
+    // The reference is the given policy or the policy as it is now, frozen.
+    reference_ = reference ? reference : model::clone_policy(*policy_);
+    for (auto& p : reference_->parameters()) p.set_requires_grad(false);
+    reference_->eval();
+  }
+  reward_kl_ = std::make_unique<KlController>(options_.reward_kl.controller);
+  entropy_ = std::make_unique<EntropyController>(options_.entropy);
 }
 
 Trainer::~Trainer() = default;
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, TrainerOptions options,
-                                                   int64_t version) {
+                                                   int64_t version, model::Policy reference) {
   if (!policy) return InvalidArgumentError("Trainer: policy is null");
   RELAY_RETURN_IF_ERROR(validate_options(options));
-  return std::unique_ptr<Trainer>(new Trainer(std::move(policy), std::move(options), version));
+  if (reference && options.needs_reference()) {
+    auto theirs = reference->named_parameters();
+    for (const auto& item : policy->named_parameters()) {
+      const at::Tensor* r = theirs.find(item.key());
+      if (r == nullptr || r->sizes() != item.value().sizes()) {
+        return InvalidArgumentError(
+            absl::StrCat("trainer.reference: the reference policy has no parameter '", item.key(),
+                         "' of shape [", absl::StrJoin(item.value().sizes(), ", "),
+                         "]; it must have the policy's architecture"));
+      }
+    }
+  }
+  return std::unique_ptr<Trainer>(
+      new Trainer(std::move(policy), std::move(options), version, std::move(reference)));
 }
 
-StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>& groups) {
+double Trainer::reward_kl_coef() const { return reward_kl_->value(); }
+double Trainer::entropy_coef() const { return entropy_->value(); }
+
+StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::TrajectoryGroup>& groups,
+                                            StepMetrics& m, std::vector<uint64_t>* keys) const {
   const TrainerOptions& o = options_;
-  StepMetrics m;
+  // The reuse cap drops trajectories before anything else looks at them.
+  const std::vector<rollout::TrajectoryGroup>* source = &groups;
+  std::vector<rollout::TrajectoryGroup> fresh;
+  int64_t dropped_reused = 0;
+  if (o.max_reuse > 0) {
+    for (const rollout::TrajectoryGroup& g : groups) {
+      rollout::TrajectoryGroup kept = g;
+      kept.trajectories.clear();
+      for (size_t i = 0; i < g.trajectories.size(); ++i) {
+        const uint64_t key = trajectory_key(g.group_id, i, g.trajectories[i]);
+        if (reuse_.uses(key) >= o.max_reuse) {
+          ++dropped_reused;
+          continue;
+        }
+        kept.trajectories.push_back(g.trajectories[i]);
+        keys->push_back(key);
+      }
+      if (!kept.trajectories.empty()) fresh.push_back(std::move(kept));
+    }
+    source = &fresh;
+    if (fresh.empty()) {
+      return FailedPreconditionError(
+          absl::StrCat("trainer step: all ", dropped_reused, " trajectories were already trained ",
+                       "on trainer.max_reuse = ", o.max_reuse, " times"));
+    }
+  }
+  m["batch/dropped_reused"] = static_cast<double>(dropped_reused);
+
   BatchOptions bo;
   bo.trainer_version = version_;
   bo.max_staleness = o.max_staleness;
   bo.pad_token_id = o.pad_token_id;
   BatchStats bstats;
-  RELAY_ASSIGN_OR_RETURN(TrainBatch batch, build_batch(groups, bo, &bstats));
+  RELAY_ASSIGN_OR_RETURN(TrainBatch batch, build_batch(*source, bo, &bstats));
   m["batch/dropped_stale"] = static_cast<double>(bstats.dropped_stale);
 
   // Invariant 5: missing behavior log-probs are refused unless allowed.
@@ -137,85 +236,143 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
     RELAY_ASSIGN_OR_RETURN(batch.response_mask,
                            overlong_mask(batch.response_mask, batch.truncated));
   }
+  return batch;
+}
 
+Trainer::Scores Trainer::score_before_update(const TrainBatch& batch) {
+  torch::NoGradGuard no_grad;
+  const int64_t B = batch.size(), L = batch.response_mask.size(1);
+  model::ScoreOptions so;
+  so.temperature = options_.temperature;
+  Scores s;
+  s.logprobs = torch::zeros({B, L}, torch::kFloat32);
+  s.entropy = torch::zeros({B, L}, torch::kFloat32);
+  if (reference_) s.reference = torch::zeros({B, L}, torch::kFloat32);
+  for (const auto& rows : split_by_token_budget(batch, options_.micro_batch_tokens)) {
+    TrainBatch mb = select_rows(batch, rows);
+    model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
+    scatter_rows(s.logprobs, rows, gather_response(out.logprobs, mb));
+    scatter_rows(s.entropy, rows, gather_response(out.entropy, mb));
+    if (reference_) {
+      scatter_rows(s.reference, rows,
+                   gather_response(reference_->score(mb.input_ids, mb.lengths, so), mb));
+    }
+  }
+  return s;
+}
+
+// Whether the step can go without the pre-update pass: rollout correction's
+// bypass mode, when nothing else needs pi_old for the whole batch first.
+bool Trainer::can_skip_pass(const TrainBatch& batch) const {
+  const TrainerOptions& o = options_;
+  return o.rollout_correction.bypass && !reference_ &&
+         o.loss.kind != PolicyLossKind::kDecoupledPpo &&
+         !batch.behavior_logprobs.isnan().logical_and(batch.response_mask).any().item<bool>();
+}
+
+StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>& groups) {
+  const TrainerOptions& o = options_;
+  StepMetrics m;
+  std::vector<uint64_t> keys;
+  RELAY_ASSIGN_OR_RETURN(TrainBatch batch, prepare_batch(groups, m, &keys));
   const int64_t B = batch.size();
-  const int64_t L = batch.response_mask.size(1);
   const at::Tensor mask = batch.response_mask;
 
+  // The trainer's log-probs before the update (and the reference's). In
+  // bypass mode without other needs, the first mini-batch's own forward pass
+  // (still under these weights) stands in for it, for the diagnostics only.
+  const bool skip_pass = can_skip_pass(batch);
+  m["pass/skipped"] = skip_pass ? 1 : 0;
+  Scores before;
+  if (!skip_pass) before = score_before_update(batch);
+
+  // Behavior log-probs; missing ones (allowed only by config) become the
+  // trainer's own: ratio 1, the on-policy fallback, and counted above.
+  at::Tensor behavior = batch.behavior_logprobs;
+  at::Tensor valid = mask;
+  if (!skip_pass) {
+    at::Tensor missing = behavior.isnan().logical_and(mask);
+    behavior = torch::where(missing, before.logprobs, behavior);
+    valid = mask.logical_and(missing.logical_not());
+  }
+
+  // Rollout correction: IS weights and rejection for pi_old vs pi_behav, and
+  // the mismatch diagnostics. Without it (or in bypass) the PPO anchor is the
+  // behavior policy itself.
+  const bool correcting = corrects(o.rollout_correction);
+  at::Tensor anchor = behavior, is_weights, train_mask = mask;
+  auto diagnose = [&](const at::Tensor& old_logp, const at::Tensor& entropy,
+                      const at::Tensor& rows_mask) -> Status {
+    RolloutCorrectionInputs rci;
+    rci.old_logprobs = old_logp;
+    rci.behavior_logprobs = behavior;
+    rci.response_mask = rows_mask;
+    rci.token_versions = batch.token_versions;
+    rci.trainer_version = version_;
+    RolloutCorrectionOptions rco = o.rollout_correction;
+    rco.bypass = !correcting;
+    RELAY_ASSIGN_OR_RETURN(RolloutCorrectionResult rc, rollout_correction(rci, rco));
+    mismatch_metrics(old_logp, behavior, rows_mask.logical_and(valid), rc.metrics, m);
+    m["entropy"] = masked_mean(entropy, rows_mask);
+    if (correcting) {
+      append_metrics(rc.metrics, m);
+      anchor = rc.anchor_logprobs;
+      is_weights = rc.weights;
+      train_mask = rc.response_mask;
+    }
+    return OkStatus();
+  };
+  if (!skip_pass) RELAY_RETURN_IF_ERROR(diagnose(before.logprobs, before.entropy, mask));
+
+  // KL in the reward: r_t -= beta kl_t before the advantages.
   AdvantageInputs ai;
   ai.rewards = batch.rewards;
   ai.group_index = batch.group_index;
   ai.response_mask = mask;
   ai.offpolicy = batch.has_offpolicy;
   ai.offpolicy_mask = batch.offpolicy_mask;
-  RELAY_ASSIGN_OR_RETURN(AdvantageOutputs adv, compute_advantages(ai, o.advantage));
-
-  model::ScoreOptions score_options;
-  score_options.temperature = o.temperature;
-  // Step 3: the trainer's log-probs before the update (and the reference's),
-  // in the response layout [B, L], on the host.
-  const std::vector<std::vector<int64_t>> all_parts =
-      split_by_token_budget(batch, o.micro_batch_tokens);
-  auto score_all = [&](model::PolicyImpl& scorer) {
-    torch::NoGradGuard no_grad;
-    at::Tensor out = torch::zeros({B, L}, torch::kFloat32);
-    for (const auto& rows : all_parts) {
-      TrainBatch mb = select_rows(batch, rows);
-      at::Tensor lp = gather_response(scorer.score(mb.input_ids, mb.lengths, score_options), mb);
-      out.index_copy_(
-          0, torch::tensor(rows, torch::kInt64),
-          torch::nn::functional::pad(lp.to(torch::kCPU), torch::nn::functional::PadFuncOptions(
-                                                             {0, L - mb.response_mask.size(1)})));
+  if (o.advantage.estimator == AdvantageEstimator::kRemax) {
+    if (batch.baseline_rewards.isnan().any().item<bool>()) {
+      const int64_t row = batch.baseline_rewards.isnan().nonzero()[0][0].item<int64_t>();
+      return FailedPreconditionError(absl::StrCat(
+          "trainer.advantage.estimator: remax needs each group's greedy baseline reward; group '",
+          batch.group_ids.at(batch.group_index[row].item<int64_t>()),
+          "' has none (the rollout adds it when the prompt group sets greedy_baseline)"));
     }
-    return out;
-  };
-  const at::Tensor old_logp = score_all(*policy_);
-  const at::Tensor ref_logp = reference_ ? score_all(*reference_) : at::Tensor();
-
-  // Behavior log-probs; missing ones (allowed only by config) become the
-  // trainer's own: ratio 1, the on-policy fallback, and counted above.
-  at::Tensor behavior = batch.behavior_logprobs;
-  at::Tensor missing = behavior.isnan().logical_and(mask);
-  behavior = torch::where(missing, old_logp, behavior);
-
-  // Diagnostics of the gap between the sampler and the trainer. Tokens of
-  // the trainer's own version had the same weights: any gap is numerics
-  // (engine mismatch); older tokens add staleness.
-  at::Tensor valid = mask.logical_and(missing.logical_not());
-  at::Tensor diff = (behavior - old_logp).abs().masked_fill(valid.logical_not(), 0);
-  const double n_valid = std::max<double>(1, valid.sum().item<double>());
-  m["mismatch/logprob_abs_diff_mean"] = diff.sum().item<double>() / n_valid;
-  m["mismatch/logprob_abs_diff_max"] = diff.max().item<double>();
-  m["mismatch/k3"] = mismatch_k3(old_logp, behavior, valid);
-  at::Tensor same_version = batch.token_versions.eq(version_).logical_and(valid);
-  m["mismatch/engine_k3"] = mismatch_k3(old_logp, behavior, same_version);
-  m["mismatch/staleness_k3"] =
-      mismatch_k3(old_logp, behavior, batch.token_versions.lt(version_).logical_and(valid));
-  at::Tensor w = (old_logp - behavior).exp();
-  put(m, "is_ratio", summarize(w, valid));
-  {
-    at::Tensor ws = w.masked_select(valid).to(torch::kFloat64);
-    const double sum = ws.sum().item<double>(), sq = ws.pow(2).sum().item<double>();
-    m["is_ratio/ess"] = sq > 0 ? sum * sum / (sq * ws.numel()) : 1.0;
+    ai.baseline_rewards = batch.baseline_rewards;
   }
+  const double reward_beta = reward_kl_->value();
+  double reward_kl_mean = 0;
+  if (reference_ && reward_beta > 0) {
+    at::Tensor kl = kl_penalty(before.logprobs, before.reference, o.reward_kl.estimator)
+                        .masked_fill(mask.logical_not(), 0);
+    at::Tensor seq_tokens = mask.sum(-1).to(torch::kFloat32).clamp_min(1);
+    reward_kl_mean = (kl.sum(-1) / seq_tokens).mean().item<double>();
+    ai.rewards = batch.rewards - reward_beta * kl.sum(-1);
+    ai.token_rewards = outcome_to_token_rewards(batch.rewards, mask) - reward_beta * kl;
+    m["reward_kl/coef"] = reward_beta;
+    m["reward_kl/kl"] = reward_kl_mean;
+  }
+  RELAY_ASSIGN_OR_RETURN(AdvantageOutputs adv, compute_advantages(ai, o.advantage));
 
   // The proximal policy for the decoupled loss.
   at::Tensor proximal;
-  if (o.loss == PolicyLossKind::kDecoupledPpo) {
+  if (o.loss.kind == PolicyLossKind::kDecoupledPpo) {
     switch (o.proximal) {
       case ProximalSource::kRecorded: {
         at::Tensor usable =
             batch.proximal_versions.eq(version_).logical_and(batch.proximal_logprobs.isfinite());
-        proximal = torch::where(usable, batch.proximal_logprobs, old_logp);
+        proximal = torch::where(usable, batch.proximal_logprobs, before.logprobs);
         m["proximal/recorded_fraction"] =
             usable.logical_and(mask).sum().item<double>() / std::max<double>(1, batch.num_tokens());
         break;
       }
       case ProximalSource::kRecompute:
-        proximal = old_logp;
+        proximal = before.logprobs;
         break;
       case ProximalSource::kLoglinear:
-        proximal = loglinear_proximal_logprobs(behavior, old_logp, batch.token_versions, version_);
+        proximal =
+            loglinear_proximal_logprobs(behavior, before.logprobs, batch.token_versions, version_);
         break;
     }
   }
@@ -237,68 +394,127 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   m["batch/trajectories"] = static_cast<double>(B);
   m["batch/tokens"] = static_cast<double>(batch.num_tokens());
 
-  // Step 4: epochs x mini-batches x micro-batches.
+  // Entropy bonus coefficient for this step: 0 while an adaptive controller
+  // sees enough entropy (without the pass: the last step's entropy).
+  const double entropy_coef = entropy_->coef_for(skip_pass ? last_entropy_ : m.at("entropy"));
+  m["entropy/coef"] = entropy_coef;
+
+  // Rejected tokens leave the mask the loss and its normalizers see.
+  batch.response_mask = train_mask;
+
+  // Epochs x mini-batches x micro-batches.
   std::vector<int64_t> order(B);
   std::iota(order.begin(), order.end(), 0);
   const int n_mini = std::min<int>(o.mini_batches, static_cast<int>(B));
+  model::ScoreOptions score_options;
+  score_options.temperature = o.temperature;
   double loss_sum = 0, pg_sum = 0, kl_sum = 0, grad_norm_sum = 0, lr_last = 0;
+  StepMetrics extra_sum;
   PolicyLossMetrics acc;
   double acc_tokens = 0;
   int updates = 0;
   policy_->train();
   for (int epoch = 0; epoch < o.ppo_epochs; ++epoch) {
     for (int mb_i = 0; mb_i < n_mini; ++mb_i) {
+      // Without the pre-update pass, the first mini-batch records pi_old and
+      // its entropy for the diagnostics (its forward passes all run before
+      // the first optimizer step).
+      const bool record = skip_pass && epoch == 0 && mb_i == 0;
+      at::Tensor seen_logp, seen_entropy, seen_rows;
+      if (record) {
+        seen_logp = torch::zeros(mask.sizes(), torch::kFloat32);
+        seen_entropy = torch::zeros(mask.sizes(), torch::kFloat32);
+        seen_rows = torch::zeros({B}, torch::kBool);
+      }
       std::vector<int64_t> mini(order.begin() + (B * mb_i) / n_mini,
                                 order.begin() + (B * (mb_i + 1)) / n_mini);
       TrainBatch mini_batch = select_rows(batch, mini);
       std::vector<std::vector<int64_t>> parts;
-      std::vector<at::Tensor> masks;
+      std::vector<at::Tensor> masks, forced_masks;
       for (const auto& local : split_by_token_budget(mini_batch, o.micro_batch_tokens)) {
         std::vector<int64_t> rows;
         for (int64_t r : local) rows.push_back(mini[r]);
-        masks.push_back(select_rows(batch, rows).response_mask);
+        TrainBatch part = select_rows(batch, rows);
+        masks.push_back(part.response_mask);
+        forced_masks.push_back(part.offpolicy_mask.logical_and(part.response_mask));
         parts.push_back(std::move(rows));
       }
+      // One normalizer for the whole mini-batch: the split into
+      // micro-batches does not change the update.
       const GlobalNormalizer norm = make_global_normalizer(masks, o.loss_scale_factor);
+      const GlobalNormalizer forced_norm = make_global_normalizer(forced_masks);
       optimizer_->zero_grad();
       for (const auto& rows : parts) {
         TrainBatch mb = select_rows(batch, rows);
-        at::Tensor index = torch::tensor(rows, torch::kInt64);
+        at::Tensor index = index_of(rows);
         PolicyLossInputs in;
-        in.logprobs = gather_response(policy_->score(mb.input_ids, mb.lengths, score_options), mb);
+        at::Tensor entropy;
+        if (entropy_coef > 0 || record) {
+          model::ScoreOutput out =
+              policy_->score_with_entropy(mb.input_ids, mb.lengths, score_options);
+          in.logprobs = gather_response(out.logprobs, mb);
+          entropy = gather_response(out.entropy, mb);
+        } else {
+          in.logprobs =
+              gather_response(policy_->score(mb.input_ids, mb.lengths, score_options), mb);
+        }
+        if (record) {
+          scatter_rows(seen_logp, rows, in.logprobs);
+          scatter_rows(seen_entropy, rows, entropy);
+          seen_rows.index_fill_(0, index, true);
+        }
         const int64_t width = in.logprobs.size(1);
         const c10::Device dev = in.logprobs.device();
         auto take = [&](const at::Tensor& t) {
           return t.index_select(0, index).narrow(1, 0, width).to(dev);
         };
-        in.old_logprobs = take(behavior);
+        in.old_logprobs = take(anchor);
         in.advantages = take(adv.advantages);
         in.response_mask = mb.response_mask.to(dev);
         if (proximal.defined()) in.proximal_logprobs = take(proximal);
-        PolicyLossResult r = o.loss == PolicyLossKind::kPpo ? ppo_clip_loss(in, o.ppo, norm)
-                                                            : decoupled_ppo_loss(in, o.ppo, norm);
+        if (is_weights.defined()) in.is_weights = take(is_weights);
+        const at::Tensor forced = mb.offpolicy_mask.to(dev).logical_and(in.response_mask);
+        StepMetrics extra;
+        PolicyLossResult r = compute_policy_loss(in, forced, o.loss, norm, forced_norm, &extra);
+        const double tokens = mb.response_mask.sum().item<double>();
+        for (const auto& [k, v] : extra) extra_sum[k] += v * tokens;
         at::Tensor loss = r.loss;
         pg_sum += r.loss.item<double>();
-        if (reference_) {
-          at::Tensor kl = aggregate_loss(kl_penalty(in.logprobs, take(ref_logp), o.kl_estimator),
-                                         in.response_mask, o.ppo.agg_mode, norm);
+        if (reference_ && o.kl_coef > 0) {
+          at::Tensor kl =
+              aggregate_loss(kl_penalty(in.logprobs, take(before.reference), o.kl_estimator),
+                             in.response_mask, o.loss.ppo.agg_mode, norm);
           kl_sum += kl.item<double>();
           loss = loss + o.kl_coef * kl;
         }
         if (o.sft_coef > 0) {
-          at::Tensor forced = mb.offpolicy_mask.to(dev).logical_and(in.response_mask);
-          loss = loss + o.sft_coef * sft_loss(in.logprobs, forced, LossAggMode::kTokenMean);
+          loss = loss +
+                 o.sft_coef * sft_loss(in.logprobs, forced, LossAggMode::kTokenMean, forced_norm);
+        }
+        if (entropy_coef > 0) {
+          loss = loss + entropy_bonus_loss(entropy, in.response_mask, entropy_coef,
+                                           o.loss.ppo.agg_mode, norm);
         }
         loss.backward();
         loss_sum += loss.item<double>();
-        const double tokens = mb.response_mask.sum().item<double>();
         acc.clip_fraction += r.metrics.clip_fraction * tokens;
         acc.clip_fraction_low += r.metrics.clip_fraction_low * tokens;
         acc.clip_fraction_high += r.metrics.clip_fraction_high * tokens;
         acc.dual_clip_fraction += r.metrics.dual_clip_fraction * tokens;
         acc.ppo_kl += r.metrics.ppo_kl * tokens;
         acc.mean_ratio += r.metrics.mean_ratio * tokens;
+        acc.behav_imp_weight += r.metrics.behav_imp_weight * tokens;
+        acc.behav_capped_fraction += r.metrics.behav_capped_fraction * tokens;
         acc_tokens += tokens;
+      }
+      if (record) {
+        const at::Tensor rows_mask = mask.logical_and(seen_rows.unsqueeze(1));
+        if (Status s = diagnose(seen_logp, seen_entropy, rows_mask); !s.ok()) {
+          optimizer_->zero_grad();
+          for (auto& p : policy_->parameters()) p.mutable_grad().reset();
+          policy_->eval();
+          return s;
+        }
       }
       RELAY_ASSIGN_OR_RETURN(const double grad_norm, apply_gradients());
       grad_norm_sum += grad_norm;
@@ -315,18 +531,30 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   m["clip_fraction/dual"] = acc.dual_clip_fraction / t;
   m["ppo_kl"] = acc.ppo_kl / t;
   m["mean_importance_ratio"] = acc.mean_ratio / t;
+  if (o.loss.kind == PolicyLossKind::kDecoupledPpo) {
+    m["proximal/behav_imp_weight"] = acc.behav_imp_weight / t;
+    m["proximal/behav_capped_fraction"] = acc.behav_capped_fraction / t;
+  }
+  for (const auto& [k, v] : extra_sum) m[k] = v / t;
   m["pg_loss"] = pg_sum / updates;
   m["loss"] = loss_sum / updates;
   if (reference_) {
-    m["kl_ref"] = kl_sum / updates;
+    if (o.kl_coef > 0) m["kl_ref"] = kl_sum / updates;
     for (KlEstimator k : {KlEstimator::kK1, KlEstimator::kK2, KlEstimator::kK3}) {
       m[absl::StrCat("kl_ref/", kl_estimator_name(k))] =
-          summarize(kl_penalty(old_logp, ref_logp, k), mask).mean;
+          summarize(kl_penalty(before.logprobs, before.reference, k), mask).mean;
     }
   }
   m["grad_norm"] = grad_norm_sum / updates;
   m["lr"] = lr_last;
   m["optimizer_steps"] = static_cast<double>(updates);
+
+  // The step happened: controllers and the reuse counter move on.
+  if (reference_ && reward_beta > 0) reward_kl_->update(reward_kl_mean, B);
+  last_entropy_ = m.at("entropy");
+  entropy_->update(last_entropy_);
+  reuse_.record(keys, version_);
+  if (o.max_staleness >= 0) reuse_.forget_before(version_ - o.max_staleness);
   ++version_;
   m["version"] = static_cast<double>(version_);
   return m;
@@ -334,9 +562,19 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
 
 StatusOr<double> Trainer::apply_gradients() {
   const OptimizerOptions& o = options_.optimizer;
+  std::vector<at::Tensor> params = policy_->parameters();
+  if (!master_.empty()) {
+    // Gradients move to the fp32 master copies; the low-precision ones go.
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].grad().defined()) {
+        master_[i].mutable_grad() = params[i].grad().detach().to(torch::kFloat32);
+      }
+      params[i].mutable_grad().reset();
+    }
+  }
   const double max_norm =
       o.max_grad_norm > 0 ? o.max_grad_norm : std::numeric_limits<double>::infinity();
-  const double grad_norm = torch::nn::utils::clip_grad_norm_(policy_->parameters(), max_norm);
+  const double grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm);
   if (!std::isfinite(grad_norm)) {
     optimizer_->zero_grad();
     return InternalError(absl::StrCat("trainer step at version ", version_, ": gradient norm is ",
@@ -347,6 +585,10 @@ StatusOr<double> Trainer::apply_gradients() {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
   optimizer_->step();
+  if (!master_.empty()) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(master_[i]);
+  }
   ++optimizer_steps_;
   return grad_norm;
 }

@@ -141,14 +141,95 @@ struct OptimizerConfig {
   int warmup_steps = 0;               // linear warmup from 0 (linear_warmup, cosine)
   int total_steps = 0;                // cosine: optimizer steps to decay over; >= 1 there
   double min_lr_ratio = 0.0;          // cosine floor as a fraction of lr, in [0, 1]
+  bool fp32_master_weights = true;    // bf16/fp16 parameters are stepped through fp32 copies
+};
+
+// Options of the other policy losses (relay::trainer::PolicyLossOptions); only
+// the section of the selected trainer.loss is read.
+struct GspoConfig {
+  double clip_low = 3e-4;  // sequence ratio in [1 - clip_low, 1 + clip_high]; in [0, 1)
+  double clip_high = 4e-4;
+};
+struct GmpoConfig {
+  double clip_low = 0.4;  // token log-ratio clipped to [-clip_low, clip_high]; >= 0
+  double clip_high = 0.4;
+};
+struct CispoConfig {
+  double clip_low = 0.2;  // stop-gradient IS weight clipped to [1 - clip_low, 1 + clip_high]
+  double clip_high = 0.2;
+};
+struct SapoConfig {
+  double tau_pos = 1.0;   // sigmoid gate temperature for A > 0; > 0
+  double tau_neg = 1.05;  // for A <= 0; > 0
+};
+struct ClipCovConfig {
+  double ratio = 2e-4;  // fraction of tokens detached, in (0, 1]
+  double lb = 1.0;      // covariance band of the candidates; lb < ub
+  double ub = 5.0;
+};
+struct KlCovConfig {
+  double ratio = 2e-4;  // fraction of tokens given the KL penalty, in (0, 1]
+  double coef = 1.0;    // coefficient of |logp - old| on them; >= 0
+};
+// LUFFY: on-policy tokens use trainer.ppo's clip; forced prefix tokens are
+// shaped f(pi_theta).
+struct LuffyConfig {
+  // p_div_p (p / (p + gamma)) | no_reshape | logp | p_logp | square_root | pow;
+  // LUFFY's p_div_p_0.1 / _0.3 / _0.5 set gamma too.
+  std::string off_policy_reshape = "p_div_p";
+  double gamma = 0.1;             // p_div_p; > 0
+  double reshape_weight = 1.0;    // logp, p_logp: weight of logp
+  double reshape_pow_exp = 0.5;   // pow: exponent
+  double off_max_clip = 0.0;      // f(p) <= this; 0 = off
+  double off_min_clip = 0.0;      // f(p) >= this; 0 = off
+  double clip_upper_bound = 0.0;  // on-policy upper ratio bound max(this, 1 + clip_high)
+  bool loss_remove_clip = false;  // on-policy tokens use -A r, unclipped
+};
+
+// Entropy bonus -coef x H; adaptive when target > 0 (the coefficient moves by
+// delta per step toward holding the entropy at target, in [0, max_coef]).
+struct EntropyConfig {
+  double coef = 0.0;       // >= 0
+  double target = 0.0;     // nats per token; 0 = fixed coefficient
+  double delta = 1e-4;     // > 0 when adaptive
+  double max_coef = 1e-2;  // >= coef when adaptive
+};
+
+// KL to the reference folded into the reward (r_t -= coef x kl_t).
+struct RewardKlConfig {
+  double coef = 0.0;                 // initial beta; 0 = off
+  std::string controller = "fixed";  // fixed | adaptive
+  double target_kl = 0.1;            // adaptive: KL to steer toward; > 0
+  double horizon = 10000.0;          // adaptive: samples over which an error is corrected; > 0
+  std::string estimator = "k1";      // any trainer.kl_estimator name
+};
+
+// Importance weights and rejection for the gap between the sampler (pi_behav)
+// and the trainer's pre-update policy (pi_old), as verl's rollout_correction.
+// Off by default: the PPO ratio is then taken against pi_behav directly.
+struct RolloutCorrectionConfig {
+  std::string is_level = "none";       // none | token | sequence | geometric
+  std::string is_mode = "truncate";    // truncate (min(w, C)) | clip ([lower, C])
+  double is_threshold = 2.0;           // C; > 1
+  double is_threshold_lower = 0.0;     // clip's lower bound; 0 = 1 / C, else in (0, 1)
+  bool is_batch_normalize = false;     // weights divided by their batch mean
+  std::string rs_level = "none";       // rejection: none | token | sequence | geometric
+  std::string rs_criterion = "ratio";  // ratio | k1 | k2 | k3
+  double rs_threshold = 2.0;           // ratio: upper bound (> 1); k*: divergence bound (> 0)
+  double rs_threshold_lower = 0.0;     // ratio only; 0 = 1 / rs_threshold
+  double veto_threshold = 0.0;         // reject a sequence with any ratio below it; 0 = off
+  bool bypass = false;                 // pi_old = pi_behav: no correction, no pre-update pass
+  double log_clamp = 20.0;             // every exp() argument clamped to +-this; > 0
 };
 
 // The learner. The scoring temperature is rollout.temperature: behavior
 // log-probs were taken at it, so there is deliberately no trainer temperature.
 struct TrainerConfig {
-  int max_staleness = 0;     // train on tokens of version >= v - max_staleness; 0 = synchronous
-  double lr = 1e-5;          // learning rate, > 0
-  std::string loss = "ppo";  // ppo | decoupled_ppo (AReaL's proximal-anchored loss)
+  int max_staleness = 0;  // train on tokens of version >= v - max_staleness; 0 = synchronous
+  double lr = 1e-5;       // learning rate, > 0
+  // ppo | decoupled_ppo | gspo | gmpo | cispo | sapo | clip_cov | kl_cov | gpg |
+  // reinforce | luffy
+  std::string loss = "ppo";
   std::string proximal = "recorded";      // decoupled_ppo anchor: recorded | recompute | loglinear
   int micro_batch_tokens = 8192;          // padded tokens per forward/backward pass, >= 1
   int ppo_epochs = 1;                     // passes over each batch, >= 1
@@ -161,8 +242,24 @@ struct TrainerConfig {
   std::string kl_estimator = "k3";
   double sft_coef = 0.0;           // > 0: + coef x NLL of forced-prefix tokens; >= 0
   double loss_scale_factor = 0.0;  // seq-mean-token-sum-norm's constant; 0 = response width
+  // KL reference: an HF-layout model directory; empty = the initial policy, frozen.
+  std::string reference;
+  int max_reuse = 0;  // steps one trajectory may be trained in; 0 = no cap
+  // With drop_equal_reward_groups: extra rollout batches collected per step to
+  // refill the groups dropped (DAPO); 0 = train on what is left.
+  int max_extra_batches = 0;
   AdvantageConfig advantage;
   PpoConfig ppo;
+  GspoConfig gspo;
+  GmpoConfig gmpo;
+  CispoConfig cispo;
+  SapoConfig sapo;
+  ClipCovConfig clip_cov;
+  KlCovConfig kl_cov;
+  LuffyConfig luffy;
+  EntropyConfig entropy;
+  RewardKlConfig reward_kl;
+  RolloutCorrectionConfig rollout_correction;
   OptimizerConfig optimizer;
 };
 

@@ -49,6 +49,14 @@ struct ScoreOptions {
   int64_t chunk_tokens = 1024;  // positions per LM-head chunk; bounds the [chunk, vocab] buffer
 };
 
+// Per-position outputs of Policy::score_with_entropy, [B, T - 1] fp32 each.
+struct ScoreOutput {
+  at::Tensor logprobs;  // log p(token[t + 1] | tokens[0..t])
+  // Entropy of the whole next-token distribution at position t (at the
+  // scoring temperature): H = logsumexp(z) - sum_v softmax(z)_v z_v.
+  at::Tensor entropy;
+};
+
 // Which logits extend() returns.
 enum class ExtendLogits {
   kLast,  // [B, V]: each row's last new token (enough to sample the next one)
@@ -80,6 +88,11 @@ class PolicyImpl : public torch::nn::Module {
   // full [B, T, V] logits are never held at once. Differentiable.
   at::Tensor score(const at::Tensor& input_ids, const at::Tensor& lengths = {},
                    const ScoreOptions& options = {});
+  // score() plus the entropy of each position's distribution, from the same
+  // LM-head chunks (one extra softmax per chunk, no second forward pass).
+  // Padding positions are 0 in both. Differentiable.
+  ScoreOutput score_with_entropy(const at::Tensor& input_ids, const at::Tensor& lengths = {},
+                                 const ScoreOptions& options = {});
 
   // Incremental path. Appends input_ids[b, 0:new_lengths[b]] to the sequence
   // in cache slot slots[b], at positions cache.length(slot) onwards, then
@@ -94,6 +107,8 @@ class PolicyImpl : public torch::nn::Module {
 
  private:
   const at::Tensor& lm_head_weight();
+  ScoreOutput score_impl(const at::Tensor& input_ids, const at::Tensor& lengths,
+                         const ScoreOptions& options, bool with_entropy);
 
   PolicyConfig config_;
   at::Tensor inv_freq_;  // RoPE frequencies, fp32 buffer (not a parameter)

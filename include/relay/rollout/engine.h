@@ -24,6 +24,13 @@
 // token is sampled from always come from the weights of the step it is
 // sampled in, and carry that step's version.
 //
+// A group with greedy_baseline (ReMax) has one more sequence, queued after its
+// K samples: it is scheduled, batched, shares the prompt prefill and goes
+// through weight updates exactly like a sample, but step 4 picks its token by
+// argmax (SamplingOptions::greedy) in a separate sampler call, concatenated
+// with the sampled rows before the one read-back, and it draws nothing from
+// any random stream. It comes back in TrajectoryGroup::baseline.
+//
 // Threads: one thread drives step() / run(); submit(), update_weights() and
 // abort() may be called from any thread at any time.
 
@@ -69,13 +76,15 @@ StatusOr<EngineOptions> engine_options(const RolloutConfig& config,
 // Counters since construction, for metrics and tests.
 struct EngineStats {
   int64_t steps = 0;
-  int64_t sampled_tokens = 0;     // tokens drawn by the sampler
+  int64_t sampled_tokens = 0;     // tokens drawn by the sampler, greedy baselines' included
   int64_t forced_tokens = 0;      // prefix tokens copied from targets and scored
   int64_t context_tokens = 0;     // positions run through the model to fill caches
-  int64_t shared_prefills = 0;    // samples whose prompt context was copied, not computed
+  int64_t shared_prefills = 0;    // sequences (baselines too) whose prompt context was copied
   int64_t recomputed_tokens = 0;  // positions re-run by recompute after an update
   int64_t updates_applied = 0;
   int64_t groups_completed = 0;
+  int64_t baseline_sequences = 0;  // greedy baselines finished (aborted ones included)
+  int64_t baseline_tokens = 0;     // tokens of greedy baselines (also in sampled_tokens)
 };
 
 class Engine {

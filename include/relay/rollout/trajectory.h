@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -60,6 +61,14 @@ struct PromptGroup {
   // Training step the prefix schedule is evaluated at; -1 = the engine's
   // policy version when the group is submitted.
   int64_t prefix_step = -1;
+  // ReMax (arXiv 2310.10505): also decode one greedy (argmax) response to the
+  // prompt, whose reward is the baseline for the K samples. It has the same
+  // max_new_tokens and stop tokens, shares the group's prompt prefill, is
+  // never prefix-forced (`target` is not used for it), draws nothing from the
+  // samples' random streams, and goes through weight updates like any other
+  // sequence. It comes back in TrajectoryGroup::baseline, not among the
+  // samples.
+  bool greedy_baseline = false;
 };
 
 struct Trajectory {
@@ -108,7 +117,18 @@ struct Trajectory {
 
 struct TrajectoryGroup {
   std::string group_id;
-  std::vector<Trajectory> trajectories;  // sample j at index j
+  // The K sampled responses, sample j at index j; never the greedy baseline.
+  std::vector<Trajectory> trajectories;
+  // The greedy response when the group asked for one (greedy_baseline), else
+  // empty. Not a training sample: its reward is the group's baseline (verl's
+  // `reward_baselines`), NaN until scored like any other. Its tokens are the
+  // argmax of the policy's logits, so its behavior_logprobs are the sampler's
+  // greedy record: log p(token) at temperature 1 without truncation (the
+  // raw_logprobs value, which it also carries when raw log-probs are
+  // recorded), not a log-prob under the sampling temperature. Proximal values,
+  // versions and interruption fields mean what they mean for a sample;
+  // offpolicy_mask is all 0 and prefix_ratio 0.
+  std::optional<Trajectory> baseline;
 };
 
 // Checks the per-token invariants: every per-token field sized like the

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -54,6 +55,9 @@ struct TrainBatch {
   at::Tensor group_index;    // int64: index into group_ids
   at::Tensor truncated;      // bool: finished by length, not by a stop token
   at::Tensor has_offpolicy;  // bool: any forced token
+  // fp32: reward of the group's greedy baseline response (ReMax); NaN for a
+  // group without one.
+  at::Tensor baseline_rewards;
   std::vector<std::string> group_ids;
   // Row b of this batch is trajectory `source_rows[b]` of the groups given,
   // counted across groups in order (for error messages and metrics).
@@ -98,5 +102,33 @@ double frac_behavior_logprobs_valid(const TrainBatch& batch);
 // FailedPrecondition saying how many are missing, where the first one is,
 // and where they should have come from.
 Status check_behavior_logprobs(const TrainBatch& batch);
+
+// ---- Reuse cap.
+
+// A 64-bit fingerprint (FNV-1a) of what makes a trajectory the same data: its
+// group id, its index in the group, its tokens, token versions and behavior
+// log-prob bits. A fresh sample of the same prompt differs in practice; the
+// same group handed over twice (or replayed from the store) does not.
+uint64_t trajectory_key(const std::string& group_id, size_t index,
+                        const rollout::Trajectory& trajectory);
+
+// How many steps each trajectory has been trained in. Not thread-safe; owned
+// by the trainer.
+class ReuseCounter {
+ public:
+  int uses(uint64_t key) const;
+  // One more use of each key, at trainer version `version`.
+  void record(const std::vector<uint64_t>& keys, int64_t version);
+  // Forgets keys last used before `version` (they are too stale to come back).
+  void forget_before(int64_t version);
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    int uses = 0;
+    int64_t last_version = 0;
+  };
+  std::unordered_map<uint64_t, Entry> entries_;
+};
 
 }  // namespace relay::trainer

@@ -56,7 +56,7 @@ struct KlControllerOptions {
 
 // Rejects negative kl_coef, and non-positive target_kl / horizon for the
 // adaptive type. Messages name the field: "kl_ctrl.horizon: must be > 0, got 0".
-Status validate(const KlControllerOptions& options);
+Status validate(const KlControllerOptions& options, const std::string& prefix = "kl_ctrl");
 
 // The KL coefficient beta over training. Fixed: constant. Adaptive (Ziegler et
 // al. 2019, arXiv 1909.08593, as verl's AdaptiveKLController):

@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,10 @@ struct PolicyLossInputs {
   at::Tensor advantages;         // [B, L]
   at::Tensor response_mask;      // [B, L]
   at::Tensor proximal_logprobs;  // [B, L] decoupled PPO only; undefined otherwise.
+  // [B, L] rollout-correction weights (rollout_correction.h), data: every
+  // loss multiplies its per-token loss by them before aggregation (GMPO, whose
+  // objective is per sequence, by the sequence's mean weight). Undefined = 1.
+  at::Tensor is_weights;
 };
 
 struct PolicyLossMetrics {
@@ -305,6 +310,53 @@ LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpoli
                            const LuffyOptions& options, const GlobalNormalizer& normalizer = {},
                            const GlobalNormalizer& sft_normalizer = {});
 
+// ---------------------------------------------------------------- selection
+
+// The trainer's `trainer.loss` choice.
+enum class PolicyLossKind {
+  kPpo,           // "ppo"
+  kDecoupledPpo,  // "decoupled_ppo" (needs proximal log-probs)
+  kGspo,          // "gspo"
+  kGmpo,          // "gmpo"
+  kCispo,         // "cispo"
+  kSapo,          // "sapo"
+  kClipCov,       // "clip_cov"
+  kKlCov,         // "kl_cov"
+  kGpg,           // "gpg"
+  kReinforce,     // "reinforce"
+  kLuffy,         // "luffy" (on-policy PPO + shaped off-policy prefix tokens)
+};
+StatusOr<PolicyLossKind> parse_policy_loss_kind(const std::string& name,
+                                                const std::string& field = "trainer.loss");
+const char* policy_loss_kind_name(PolicyLossKind kind);
+
+// Every loss's options; only the selected kind's are read. REINFORCE and GPG
+// aggregate with ppo.agg_mode.
+struct PolicyLossOptions {
+  PolicyLossKind kind = PolicyLossKind::kPpo;
+  PpoClipOptions ppo;
+  GspoOptions gspo;
+  GmpoOptions gmpo;
+  CispoOptions cispo;
+  SapoOptions sapo;
+  ClipCovOptions clip_cov;
+  KlCovOptions kl_cov;
+  LuffyOptions luffy;
+};
+// Validates the selected kind's options; messages name "<prefix>.<kind>.<field>".
+Status validate(const PolicyLossOptions& options, const std::string& prefix = "trainer");
+
+// Runs the selected loss. `offpolicy_mask` [B, L] (forced prefix tokens) is
+// read by LUFFY only; `sft_normalizer` counts those tokens for LUFFY's SFT
+// term. LUFFY's extra metrics (off-policy loss, shaped ratio, clip fractions)
+// are added to `extra` under "luffy/..." when it is non-null; the returned
+// metrics are those of its on-policy tokens.
+PolicyLossResult compute_policy_loss(const PolicyLossInputs& in, const at::Tensor& offpolicy_mask,
+                                     const PolicyLossOptions& options,
+                                     const GlobalNormalizer& normalizer = {},
+                                     const GlobalNormalizer& sft_normalizer = {},
+                                     std::map<std::string, double>* extra = nullptr);
+
 // ------------------------------------------------------------------ entropy
 
 // Entropy of softmax(logits) per position, [B, L] from logits [B, L, V]:
@@ -319,5 +371,34 @@ at::Tensor entropy_from_logits(const at::Tensor& logits, const at::Tensor& respo
 at::Tensor entropy_bonus_loss(const at::Tensor& entropy, const at::Tensor& response_mask,
                               double coef, LossAggMode agg_mode,
                               const GlobalNormalizer& normalizer = {});
+
+// Adaptive entropy coefficient (Skywork-OR1's adaptive entropy control, arXiv
+// 2505.22312): after each step, coef += delta when the measured entropy is
+// below the target and coef -= delta when above, clamped to [0, max_coef]; the
+// bonus is applied only while entropy < target. Off (fixed coefficient) when
+// target <= 0.
+struct EntropyControlOptions {
+  double coef = 0.0;    // initial (fixed: constant) coefficient; >= 0
+  double target = 0.0;  // target entropy (nats per token); <= 0 = fixed coefficient
+  double delta = 1e-4;  // step of the adaptive coefficient; > 0 when adaptive
+  double max_coef = 1e-2;
+};
+Status validate(const EntropyControlOptions& options,
+                const std::string& prefix = "trainer.entropy");
+
+class EntropyController {
+ public:
+  explicit EntropyController(const EntropyControlOptions& options);
+  // The coefficient to use for a step whose pre-update entropy is `entropy`:
+  // 0 when adaptive and entropy >= target.
+  double coef_for(double entropy) const;
+  // After the step: move the coefficient toward holding `entropy` at target.
+  void update(double entropy);
+  double value() const { return value_; }
+
+ private:
+  EntropyControlOptions options_;
+  double value_;
+};
 
 }  // namespace relay::trainer

@@ -21,6 +21,7 @@
 // from the first token.
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,8 +31,10 @@
 #include "relay/model/policy.h"
 #include "relay/rollout/trajectory.h"
 #include "relay/trainer/advantages.h"
+#include "relay/trainer/batch.h"
 #include "relay/trainer/kl.h"
 #include "relay/trainer/policy_loss.h"
+#include "relay/trainer/rollout_correction.h"
 
 namespace torch::optim {
 class AdamW;
@@ -39,7 +42,6 @@ class AdamW;
 
 namespace relay::trainer {
 
-enum class PolicyLossKind { kPpo, kDecoupledPpo };
 // Where the decoupled loss's proximal log-probs come from.
 enum class ProximalSource {
   kRecorded,   // the worker's value where proximal_versions == trainer version, else recompute
@@ -59,16 +61,32 @@ struct OptimizerOptions {
   int64_t warmup_steps = 0;   // linear warmup from 0 (linear_warmup, cosine)
   int64_t total_steps = 0;    // cosine: steps to decay over
   double min_lr_ratio = 0.0;  // cosine floor, as a fraction of lr
+  // Parameters held in bf16/fp16 get fp32 master copies: gradients are cast
+  // up, AdamW steps the fp32 copy, the result is cast back. Without them an
+  // update smaller than the parameter's bf16 spacing (~0.4% of its value) is
+  // lost entirely. No effect on fp32 parameters.
+  bool fp32_master_weights = true;
 };
 
 // Learning rate at optimizer step `step` (0-based).
 double lr_at(const OptimizerOptions& options, int64_t step);
 
+// KL to the reference policy folded into the reward (verl's use_kl_in_reward):
+// per token r_t -= beta * kl_t, so outcome estimators see r - beta * sum_t kl_t.
+struct RewardKlOptions {
+  // controller.kl_coef = beta; 0 = off (the default, unlike KlControllerOptions').
+  KlControllerOptions controller = [] {
+    KlControllerOptions c;
+    c.kl_coef = 0;
+    return c;
+  }();
+  KlEstimator estimator = KlEstimator::kK1;
+};
+
 struct TrainerOptions {
   AdvantageOptions advantage;
-  PolicyLossKind loss = PolicyLossKind::kPpo;
+  PolicyLossOptions loss;  // kind and every loss's options
   ProximalSource proximal = ProximalSource::kRecorded;
-  PpoClipOptions ppo;
   double loss_scale_factor = 0;       // seq-mean-token-sum-norm's constant; 0 = response width
   double temperature = 1.0;           // the rollout's sampling temperature
   int64_t micro_batch_tokens = 8192;  // padded tokens per forward/backward pass
@@ -78,11 +96,26 @@ struct TrainerOptions {
   bool allow_missing_logprobs = false;    // train NaN behavior tokens on-policy (ratio 1)
   bool drop_equal_reward_groups = false;  // DAPO dynamic sampling
   bool mask_truncated = false;            // overlong filtering
-  double kl_coef = 0.0;                   // > 0: KL to the frozen initial policy in the loss
+  // Steps one trajectory may be trained in (a group handed to step() twice,
+  // or replayed from the store). Over the cap it is dropped and counted.
+  // 0 = no cap.
+  int max_reuse = 0;
+  double kl_coef = 0.0;  // > 0: KL to the reference policy in the loss
   KlEstimator kl_estimator = KlEstimator::kK3;
+  RewardKlOptions reward_kl;
+  EntropyControlOptions entropy;  // entropy bonus (coef > 0), optionally adaptive
+  // Importance weights / rejection for pi_old vs pi_behav. When any of it is
+  // on (and not bypass), the PPO ratio is taken against the trainer's pi_old
+  // and the weights correct for the sampler; otherwise the anchor is the
+  // behavior log-prob itself. bypass also skips the pre-update pass when
+  // nothing else (reference, decoupled proximal, missing log-probs) needs it.
+  RolloutCorrectionOptions rollout_correction;
   double sft_coef = 0.0;  // > 0: + coef x NLL of the off-policy (forced) tokens
   OptimizerOptions optimizer;
   int64_t pad_token_id = 0;
+
+  // True when the options need a reference policy (KL in the loss or reward).
+  bool needs_reference() const { return kl_coef > 0 || reward_kl.controller.kl_coef > 0; }
 };
 
 // Every metric a step reports, by name (DESIGN.md's diagnostics).
@@ -90,10 +123,12 @@ using StepMetrics = std::map<std::string, double>;
 
 class Trainer {
  public:
-  // `policy` is trained in place. With kl_coef > 0 a frozen copy of its
-  // current weights becomes the reference policy.
+  // `policy` is trained in place. When the options need a reference policy
+  // (needs_reference()), it is `reference` (frozen here; it must have the
+  // policy's architecture) or, when null, a frozen copy of `policy` as it is now.
   static StatusOr<std::unique_ptr<Trainer>> create(model::Policy policy, TrainerOptions options,
-                                                   int64_t version = 0);
+                                                   int64_t version = 0,
+                                                   model::Policy reference = nullptr);
   ~Trainer();
 
   // Errors before the first optimizer update (bad batch, missing log-probs,
@@ -108,18 +143,37 @@ class Trainer {
   StatusOr<StepMetrics> sft_step(const std::vector<rollout::TrajectoryGroup>& groups);
 
   int64_t version() const { return version_; }
+  // The coefficients the controllers will use for the next step.
+  double reward_kl_coef() const;
+  double entropy_coef() const;
   model::Policy policy() const { return policy_; }
   const TrainerOptions& options() const { return options_; }
 
  private:
-  Trainer(model::Policy policy, TrainerOptions options, int64_t version);
+  struct Scores;
+  Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference);
+  // The staleness bound, the reuse cap, the log-prob check and the data
+  // filters; their counts go to `m`.
+  StatusOr<TrainBatch> prepare_batch(const std::vector<rollout::TrajectoryGroup>& groups,
+                                     StepMetrics& m, std::vector<uint64_t>* keys) const;
+  // No-grad pass over the whole batch: the trainer's log-probs and entropy
+  // (and the reference's) in the response layout, on the host.
+  Scores score_before_update(const TrainBatch& batch);
+  bool can_skip_pass(const TrainBatch& batch) const;
   // Clips, sets the scheduled LR and steps the optimizer; the gradient norm.
   StatusOr<double> apply_gradients();
 
   model::Policy policy_;
   model::Policy reference_{nullptr};
   TrainerOptions options_;
+  // The tensors AdamW steps: the parameters, or their fp32 master copies.
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> master_;  // empty unless master weights are in use
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<KlController> reward_kl_;
+  std::unique_ptr<EntropyController> entropy_;
+  ReuseCounter reuse_;
+  double last_entropy_ = std::numeric_limits<double>::quiet_NaN();
   int64_t version_ = 0;
   int64_t optimizer_steps_ = 0;
 };

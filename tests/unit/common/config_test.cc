@@ -115,6 +115,54 @@ void expect_same(const ExperimentConfig& a, const ExperimentConfig& b) {
   EXPECT_EQ(at.optimizer.warmup_steps, bt.optimizer.warmup_steps);
   EXPECT_EQ(at.optimizer.total_steps, bt.optimizer.total_steps);
   EXPECT_EQ(at.optimizer.min_lr_ratio, bt.optimizer.min_lr_ratio);
+  EXPECT_EQ(at.optimizer.fp32_master_weights, bt.optimizer.fp32_master_weights);
+  EXPECT_EQ(at.reference, bt.reference);
+  EXPECT_EQ(at.max_reuse, bt.max_reuse);
+  EXPECT_EQ(at.max_extra_batches, bt.max_extra_batches);
+  EXPECT_EQ(at.gspo.clip_low, bt.gspo.clip_low);
+  EXPECT_EQ(at.gspo.clip_high, bt.gspo.clip_high);
+  EXPECT_EQ(at.gmpo.clip_low, bt.gmpo.clip_low);
+  EXPECT_EQ(at.gmpo.clip_high, bt.gmpo.clip_high);
+  EXPECT_EQ(at.cispo.clip_low, bt.cispo.clip_low);
+  EXPECT_EQ(at.cispo.clip_high, bt.cispo.clip_high);
+  EXPECT_EQ(at.sapo.tau_pos, bt.sapo.tau_pos);
+  EXPECT_EQ(at.sapo.tau_neg, bt.sapo.tau_neg);
+  EXPECT_EQ(at.clip_cov.ratio, bt.clip_cov.ratio);
+  EXPECT_EQ(at.clip_cov.lb, bt.clip_cov.lb);
+  EXPECT_EQ(at.clip_cov.ub, bt.clip_cov.ub);
+  EXPECT_EQ(at.kl_cov.ratio, bt.kl_cov.ratio);
+  EXPECT_EQ(at.kl_cov.coef, bt.kl_cov.coef);
+  EXPECT_EQ(at.luffy.off_policy_reshape, bt.luffy.off_policy_reshape);
+  EXPECT_EQ(at.luffy.gamma, bt.luffy.gamma);
+  EXPECT_EQ(at.luffy.reshape_weight, bt.luffy.reshape_weight);
+  EXPECT_EQ(at.luffy.reshape_pow_exp, bt.luffy.reshape_pow_exp);
+  EXPECT_EQ(at.luffy.off_max_clip, bt.luffy.off_max_clip);
+  EXPECT_EQ(at.luffy.off_min_clip, bt.luffy.off_min_clip);
+  EXPECT_EQ(at.luffy.clip_upper_bound, bt.luffy.clip_upper_bound);
+  EXPECT_EQ(at.luffy.loss_remove_clip, bt.luffy.loss_remove_clip);
+  EXPECT_EQ(at.entropy.coef, bt.entropy.coef);
+  EXPECT_EQ(at.entropy.target, bt.entropy.target);
+  EXPECT_EQ(at.entropy.delta, bt.entropy.delta);
+  EXPECT_EQ(at.entropy.max_coef, bt.entropy.max_coef);
+  EXPECT_EQ(at.reward_kl.coef, bt.reward_kl.coef);
+  EXPECT_EQ(at.reward_kl.controller, bt.reward_kl.controller);
+  EXPECT_EQ(at.reward_kl.target_kl, bt.reward_kl.target_kl);
+  EXPECT_EQ(at.reward_kl.horizon, bt.reward_kl.horizon);
+  EXPECT_EQ(at.reward_kl.estimator, bt.reward_kl.estimator);
+  const RolloutCorrectionConfig& ar = at.rollout_correction;
+  const RolloutCorrectionConfig& br = bt.rollout_correction;
+  EXPECT_EQ(ar.is_level, br.is_level);
+  EXPECT_EQ(ar.is_mode, br.is_mode);
+  EXPECT_EQ(ar.is_threshold, br.is_threshold);
+  EXPECT_EQ(ar.is_threshold_lower, br.is_threshold_lower);
+  EXPECT_EQ(ar.is_batch_normalize, br.is_batch_normalize);
+  EXPECT_EQ(ar.rs_level, br.rs_level);
+  EXPECT_EQ(ar.rs_criterion, br.rs_criterion);
+  EXPECT_EQ(ar.rs_threshold, br.rs_threshold);
+  EXPECT_EQ(ar.rs_threshold_lower, br.rs_threshold_lower);
+  EXPECT_EQ(ar.veto_threshold, br.veto_threshold);
+  EXPECT_EQ(ar.bypass, br.bypass);
+  EXPECT_EQ(ar.log_clamp, br.log_clamp);
 }
 
 // Message of a failed parse_config, or "OK" so a wrong success shows plainly.
@@ -247,6 +295,9 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  kl_estimator: k3\n"
             "  sft_coef: 0.0\n"
             "  loss_scale_factor: 0.0\n"
+            "  reference: \"\"\n"
+            "  max_reuse: 0\n"
+            "  max_extra_batches: 0\n"
             "  advantage:\n"
             "    estimator: grpo\n"
             "    norm_by_std: true\n"
@@ -264,6 +315,58 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    log_ratio_clamp: 20.0\n"
             "    behav_imp_weight_cap: 0.0\n"
             "    agg_mode: token-mean\n"
+            "  gspo:\n"
+            "    clip_low: 3e-04\n"
+            "    clip_high: 4e-04\n"
+            "  gmpo:\n"
+            "    clip_low: 0.4\n"
+            "    clip_high: 0.4\n"
+            "  cispo:\n"
+            "    clip_low: 0.2\n"
+            "    clip_high: 0.2\n"
+            "  sapo:\n"
+            "    tau_pos: 1.0\n"
+            "    tau_neg: 1.05\n"
+            "  clip_cov:\n"
+            "    ratio: 2e-04\n"
+            "    lb: 1.0\n"
+            "    ub: 5.0\n"
+            "  kl_cov:\n"
+            "    ratio: 2e-04\n"
+            "    coef: 1.0\n"
+            "  luffy:\n"
+            "    off_policy_reshape: p_div_p\n"
+            "    gamma: 0.1\n"
+            "    reshape_weight: 1.0\n"
+            "    reshape_pow_exp: 0.5\n"
+            "    off_max_clip: 0.0\n"
+            "    off_min_clip: 0.0\n"
+            "    clip_upper_bound: 0.0\n"
+            "    loss_remove_clip: false\n"
+            "  entropy:\n"
+            "    coef: 0.0\n"
+            "    target: 0.0\n"
+            "    delta: 1e-04\n"
+            "    max_coef: 0.01\n"
+            "  reward_kl:\n"
+            "    coef: 0.0\n"
+            "    controller: fixed\n"
+            "    target_kl: 0.1\n"
+            "    horizon: 10000.0\n"
+            "    estimator: k1\n"
+            "  rollout_correction:\n"
+            "    is_level: none\n"
+            "    is_mode: truncate\n"
+            "    is_threshold: 2.0\n"
+            "    is_threshold_lower: 0.0\n"
+            "    is_batch_normalize: false\n"
+            "    rs_level: none\n"
+            "    rs_criterion: ratio\n"
+            "    rs_threshold: 2.0\n"
+            "    rs_threshold_lower: 0.0\n"
+            "    veto_threshold: 0.0\n"
+            "    bypass: false\n"
+            "    log_clamp: 20.0\n"
             "  optimizer:\n"
             "    weight_decay: 0.0\n"
             "    beta1: 0.9\n"
@@ -273,7 +376,8 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    schedule: constant\n"
             "    warmup_steps: 0\n"
             "    total_steps: 0\n"
-            "    min_lr_ratio: 0.0\n");
+            "    min_lr_ratio: 0.0\n"
+            "    fp32_master_weights: true\n");
 }
 
 TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
@@ -361,6 +465,41 @@ TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
   custom.trainer.optimizer.warmup_steps = 10;
   custom.trainer.optimizer.total_steps = 1000;
   custom.trainer.optimizer.min_lr_ratio = 0.1;
+  custom.trainer.optimizer.fp32_master_weights = false;
+  custom.trainer.reference = "/models/ref";
+  custom.trainer.max_reuse = 3;
+  custom.trainer.max_extra_batches = 2;
+  custom.trainer.gspo = {1e-3, 2e-3};
+  custom.trainer.gmpo = {0.3, 0.5};
+  custom.trainer.cispo = {0.9, 4.0};
+  custom.trainer.sapo = {0.5, 2.0};
+  custom.trainer.clip_cov = {1e-3, 0.5, 4.0};
+  custom.trainer.kl_cov = {1e-3, 2.0};
+  custom.trainer.luffy.off_policy_reshape = "p_div_p_0.3";
+  custom.trainer.luffy.gamma = 0.3;
+  custom.trainer.luffy.reshape_weight = 0.2;
+  custom.trainer.luffy.reshape_pow_exp = 0.7;
+  custom.trainer.luffy.off_max_clip = 0.9;
+  custom.trainer.luffy.off_min_clip = 0.05;
+  custom.trainer.luffy.clip_upper_bound = 2.0;
+  custom.trainer.luffy.loss_remove_clip = true;
+  custom.trainer.entropy = {1e-3, 0.5, 2e-4, 5e-3};
+  custom.trainer.reward_kl.coef = 0.05;
+  custom.trainer.reward_kl.controller = "adaptive";
+  custom.trainer.reward_kl.target_kl = 0.2;
+  custom.trainer.reward_kl.horizon = 500;
+  custom.trainer.reward_kl.estimator = "low_var_kl+";
+  custom.trainer.rollout_correction.is_level = "geometric";
+  custom.trainer.rollout_correction.is_mode = "clip";
+  custom.trainer.rollout_correction.is_threshold = 3;
+  custom.trainer.rollout_correction.is_threshold_lower = 0.5;
+  custom.trainer.rollout_correction.is_batch_normalize = true;
+  custom.trainer.rollout_correction.rs_level = "sequence";
+  custom.trainer.rollout_correction.rs_criterion = "k3";
+  custom.trainer.rollout_correction.rs_threshold = 0.01;
+  custom.trainer.rollout_correction.veto_threshold = 1e-4;
+  custom.trainer.rollout_correction.bypass = true;
+  custom.trainer.rollout_correction.log_clamp = 10;
   for (const ExperimentConfig* config : {&defaults, &custom}) {
     std::string yaml = to_yaml(*config);
     SCOPED_TRACE(yaml);
@@ -395,7 +534,9 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "x.yaml:2: trainer.temperature: unknown key; known keys: max_staleness, lr, loss, proximal, "
        "micro_batch_tokens, ppo_epochs, mini_batches, allow_missing_logprobs, "
        "drop_equal_reward_groups, mask_truncated, kl_coef, kl_estimator, sft_coef, "
-       "loss_scale_factor, advantage, ppo, optimizer"},
+       "loss_scale_factor, reference, max_reuse, max_extra_batches, advantage, ppo, gspo, gmpo, "
+       "cispo, sapo, clip_cov, kl_cov, luffy, entropy, reward_kl, rollout_correction, "
+       "optimizer"},
       {"trainer nested typo", "trainer:\n  advantage:\n    estimater: rloo\n",
        "x.yaml:3: trainer.advantage.estimater: unknown key; did you mean 'estimator'?"},
       {"trainer section type", "trainer:\n  optimizer: adamw\n",
@@ -569,7 +710,9 @@ TEST(ConfigTest, ValidateChecksEachRule) {
        "trainer.max_staleness: must be >= 0, got -1"},
       {"lr", [](ExperimentConfig& c) { c.trainer.lr = 0; }, "trainer.lr: must be > 0, got 0"},
       {"loss", [](ExperimentConfig& c) { c.trainer.loss = "grpo"; },
-       "trainer.loss: must be one of ppo, decoupled_ppo, got 'grpo'"},
+       "trainer.loss: must be one of ppo, decoupled_ppo, gspo, gmpo, cispo, sapo, clip_cov, "
+       "kl_cov, "
+       "gpg, reinforce, luffy, got 'grpo'"},
       {"proximal", [](ExperimentConfig& c) { c.trainer.proximal = "behavior"; },
        "trainer.proximal: must be one of recorded, recompute, loglinear, got 'behavior'"},
       {"micro_batch_tokens", [](ExperimentConfig& c) { c.trainer.micro_batch_tokens = 0; },
@@ -631,6 +774,52 @@ TEST(ConfigTest, ValidateChecksEachRule) {
        "trainer.optimizer.total_steps: must be >= 1 with schedule 'cosine', got 0"},
       {"min_lr_ratio", [](ExperimentConfig& c) { c.trainer.optimizer.min_lr_ratio = 1.5; },
        "trainer.optimizer.min_lr_ratio: must be in [0, 1], got 1.5"},
+      {"max_reuse", [](ExperimentConfig& c) { c.trainer.max_reuse = -1; },
+       "trainer.max_reuse: must be >= 0, got -1"},
+      {"max_extra_batches", [](ExperimentConfig& c) { c.trainer.max_extra_batches = -2; },
+       "trainer.max_extra_batches: must be >= 0, got -2"},
+      {"gspo clip_low", [](ExperimentConfig& c) { c.trainer.gspo.clip_low = 1.5; },
+       "trainer.gspo.clip_low: must be in [0, 1), got 1.5"},
+      {"gmpo clip_high", [](ExperimentConfig& c) { c.trainer.gmpo.clip_high = -0.4; },
+       "trainer.gmpo.clip_high: must be >= 0, got -0.4"},
+      {"cispo clip_high", [](ExperimentConfig& c) { c.trainer.cispo.clip_high = -1; },
+       "trainer.cispo.clip_high: must be >= 0, got -1"},
+      {"sapo tau_neg", [](ExperimentConfig& c) { c.trainer.sapo.tau_neg = 0; },
+       "trainer.sapo.tau_neg: must be > 0, got 0"},
+      {"clip_cov ratio", [](ExperimentConfig& c) { c.trainer.clip_cov.ratio = 0; },
+       "trainer.clip_cov.ratio: must be in (0, 1], got 0"},
+      {"clip_cov lb", [](ExperimentConfig& c) { c.trainer.clip_cov.lb = 6; },
+       "trainer.clip_cov.lb: must be < trainer.clip_cov.ub (5), got 6"},
+      {"kl_cov ratio", [](ExperimentConfig& c) { c.trainer.kl_cov.ratio = 2; },
+       "trainer.kl_cov.ratio: must be in (0, 1], got 2"},
+      {"luffy reshape",
+       [](ExperimentConfig& c) { c.trainer.luffy.off_policy_reshape = "p_div_p_0.2"; },
+       "trainer.luffy.off_policy_reshape: must be one of p_div_p, p_div_p_0.1, p_div_p_0.3, "
+       "p_div_p_0.5, no_reshape, logp, p_logp, square_root, pow, got 'p_div_p_0.2'"},
+      {"luffy gamma", [](ExperimentConfig& c) { c.trainer.luffy.gamma = 0; },
+       "trainer.luffy.gamma: must be > 0, got 0"},
+      {"entropy coef", [](ExperimentConfig& c) { c.trainer.entropy.coef = -1; },
+       "trainer.entropy.coef: must be >= 0, got -1"},
+      {"entropy max_coef",
+       [](ExperimentConfig& c) {
+         c.trainer.entropy.target = 0.5;
+         c.trainer.entropy.coef = 0.1;
+       },
+       "trainer.entropy.max_coef: must be >= trainer.entropy.coef (0.1), got 0.01"},
+      {"reward_kl controller", [](ExperimentConfig& c) { c.trainer.reward_kl.controller = "pid"; },
+       "trainer.reward_kl.controller: must be one of fixed, adaptive, got 'pid'"},
+      {"reward_kl horizon", [](ExperimentConfig& c) { c.trainer.reward_kl.horizon = 0; },
+       "trainer.reward_kl.horizon: must be > 0, got 0"},
+      {"rollout_correction is_level",
+       [](ExperimentConfig& c) { c.trainer.rollout_correction.is_level = "batch"; },
+       "trainer.rollout_correction.is_level: must be one of none, token, sequence, geometric, "
+       "got 'batch'"},
+      {"rollout_correction rs_criterion",
+       [](ExperimentConfig& c) { c.trainer.rollout_correction.rs_criterion = "k4"; },
+       "trainer.rollout_correction.rs_criterion: must be one of ratio, k1, k2, k3, got 'k4'"},
+      {"rollout_correction log_clamp",
+       [](ExperimentConfig& c) { c.trainer.rollout_correction.log_clamp = 0; },
+       "trainer.rollout_correction.log_clamp: must be > 0, got 0"},
   };
   EXPECT_TRUE(validate(ExperimentConfig{}).ok());
   for (const RuleCase& c : cases) {

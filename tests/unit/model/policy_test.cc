@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <set>
 #include <string>
 
@@ -182,6 +183,31 @@ TEST(PolicyTest, ScoreEqualsLogSoftmaxOfForwardAtEveryChunking) {
       EXPECT_TRUE(AllClose(p->score(ids, {}, opts), expected, 1e-5))
           << "temperature " << temperature << " chunk " << chunk;
     }
+  }
+}
+
+// Entropy per position, -sum p log p of the tempered distribution, computed
+// here from the full logits; padding positions are 0 like the log-probs.
+TEST(PolicyTest, ScoreWithEntropyMatchesTheFullDistribution) {
+  Policy p = MakePolicy(TinyConfig());
+  torch::NoGradGuard g;
+  at::Tensor ids = torch::tensor({{1, 5, 9, 2, 7, 3}, {4, 4, 8, 0, 0, 0}}, torch::kInt64);
+  at::Tensor lengths = torch::tensor({6, 3}, torch::kInt64);
+  for (double temperature : {1.0, 0.6}) {
+    ScoreOptions opts;
+    opts.temperature = temperature;
+    opts.chunk_tokens = 4;
+    ScoreOutput out = p->score_with_entropy(ids, lengths, opts);
+    EXPECT_TRUE(AllClose(out.logprobs, p->score(ids, lengths, opts), 1e-6));
+    at::Tensor logp =
+        torch::log_softmax(p->forward(ids, lengths).narrow(1, 0, 5) / temperature, -1);
+    at::Tensor expected = -(logp.exp() * logp).sum(-1);
+    EXPECT_TRUE(AllClose(out.entropy[0], expected[0], 1e-5)) << "temperature " << temperature;
+    EXPECT_TRUE(AllClose(out.entropy[1].narrow(0, 0, 2), expected[1].narrow(0, 0, 2), 1e-5));
+    EXPECT_TRUE(out.entropy[1].narrow(0, 2, 3).eq(0).all().item<bool>());
+    // A distribution over V = 37 tokens has 0 < H <= log 37.
+    EXPECT_GT(out.entropy[0].min().item<double>(), 0);
+    EXPECT_LE(out.entropy.max().item<double>(), std::log(37.0) + 1e-5);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <thread>
 
+#include "relay/rollout/generate.h"
 #include "testing/tensor_testing.h"
 
 namespace relay::rollout {
@@ -533,6 +534,293 @@ TEST(EngineTest, AbortReturnsEveryGroupWithPartialResponses) {
     EXPECT_EQ(t.finish_reason, FinishReason::kAborted);
     EXPECT_TRUE(t.response_tokens.empty());
   }
+  EXPECT_TRUE(engine->idle());
+}
+
+// ---------------------------------------------------------------------------
+// ReMax greedy baseline (PromptGroup::greedy_baseline).
+
+PromptGroup with_baseline(PromptGroup g) {
+  g.greedy_baseline = true;
+  return g;
+}
+
+// Token j of `t` is the argmax of `policy`'s logits at position P - 1 + j.
+void expect_greedy_under(model::Policy& policy, const Trajectory& t, size_t from, size_t to) {
+  torch::NoGradGuard ng;
+  std::vector<int64_t> ids = t.prompt_tokens;
+  ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+  at::Tensor logits = policy->forward(torch::tensor(ids).view({1, -1}))[0];
+  const size_t P = t.prompt_tokens.size();
+  for (size_t j = from; j < to; ++j) {
+    EXPECT_EQ(t.response_tokens[j], logits[P - 1 + j].argmax().item<int64_t>()) << "token " << j;
+  }
+}
+
+// k = 2 with a baseline: two samples in `trajectories`, the greedy response
+// apart in `baseline`, unscored, never forced, behavior log-probs at
+// temperature 1 untruncated (the sampler's greedy record).
+TEST(EngineTest, GreedyBaselineComesBackApartFromTheSamples) {
+  EngineOptions o = base_options();
+  o.sampling.temperature = 0.7;
+  o.sampling.top_k = 5;
+  o.sampling.record_raw_logprobs = true;
+  o.prefix.n_prefix = -1;  // every sample is prefix-forced; the baseline must not be
+  o.prefix.strategy = PrefixStrategy::kFixed;
+  o.prefix.min_ratio = 0.5;
+  o.prefix.max_ratio = 0.5;
+  auto engine = make_engine(7, o);
+  PromptGroup g = with_baseline(group("g", {3, 7, 1, 4}, 2, 11));
+  g.target = {9, 2, 6, 5};
+  ASSERT_TRUE(engine->submit(g).ok());
+  ASSERT_TRUE(engine->submit(group("plain", {5, 5}, 2, 12)).ok());
+  auto groups = by_id(run_all(*engine));
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_FALSE(groups["plain"].baseline.has_value());
+  const TrajectoryGroup& out = groups["g"];
+  ASSERT_EQ(out.trajectories.size(), 2u);
+  for (const Trajectory& t : out.trajectories) {
+    EXPECT_EQ(t.num_forced(), 2) << "the samples keep their prefix";
+  }
+  ASSERT_TRUE(out.baseline.has_value());
+  const Trajectory& b = *out.baseline;
+  ASSERT_TRUE(check_trajectory(b).ok()) << check_trajectory(b);
+  EXPECT_TRUE(std::isnan(b.reward));
+  EXPECT_EQ(b.prompt_tokens, g.prompt);
+  ASSERT_EQ(b.response_tokens.size(), 8u);
+  EXPECT_EQ(b.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(b.num_forced(), 0);
+  EXPECT_EQ(b.prefix_ratio, 0.0);
+  EXPECT_EQ(b.token_versions, std::vector<int64_t>(8, 0));
+  EXPECT_EQ(b.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{0, 100}}));
+  model::Policy scorer = make_policy(7);
+  expect_greedy_under(scorer, b, 0, b.response_tokens.size());
+  const std::vector<float> at_t1 = score_response(scorer, b, 1.0);
+  const std::vector<float> at_t = score_response(scorer, b, o.sampling.temperature);
+  for (size_t j = 0; j < b.response_tokens.size(); ++j) {
+    EXPECT_NEAR(b.behavior_logprobs[j], at_t1[j], 1e-5) << "token " << j;
+    EXPECT_EQ(b.raw_logprobs[j], b.behavior_logprobs[j]) << "token " << j;
+    // Proximal values are at the sampling temperature, as for any sample.
+    EXPECT_EQ(b.proximal_versions[j], 0);
+    EXPECT_NEAR(b.proximal_logprobs[j], at_t[j], 1e-5) << "token " << j;
+  }
+  const EngineStats st = engine->stats();
+  EXPECT_EQ(st.baseline_sequences, 1);
+  EXPECT_EQ(st.baseline_tokens, 8);
+  EXPECT_EQ(st.groups_completed, 2);
+}
+
+// The samples do not depend on whether a baseline is decoded beside them:
+// same seeds, same tokens and log-probs, even with few slots (the baseline
+// takes one and shifts admissions).
+TEST(EngineTest, GreedyBaselineDoesNotChangeTheSamples) {
+  EngineOptions o = base_options();
+  o.num_slots = 3;
+  o.max_new_tokens = 10;
+  o.stop_tokens = {4, 5};
+  o.sampling.temperature = 0.9;
+  o.sampling.top_p = 0.9;
+  const std::vector<PromptGroup> groups = {
+      group("g0", {3, 7, 1}, 2, 1), group("g1", {9, 2, 2, 5, 30, 6, 8, 8, 1}, 3, 2),
+      group("g2", {11}, 1, 3), group("g3", {6, 6, 6, 6, 6}, 4, 4)};
+  auto without = make_engine(21, o);
+  auto with = make_engine(21, o);
+  for (const PromptGroup& g : groups) {
+    ASSERT_TRUE(without->submit(g).ok());
+    ASSERT_TRUE(with->submit(with_baseline(g)).ok());
+  }
+  auto a = by_id(run_all(*without));
+  auto b = by_id(run_all(*with));
+  ASSERT_EQ(a.size(), groups.size());
+  ASSERT_EQ(b.size(), groups.size());
+  for (const PromptGroup& g : groups) {
+    const TrajectoryGroup& x = a[g.group_id];
+    const TrajectoryGroup& y = b[g.group_id];
+    EXPECT_FALSE(x.baseline.has_value());
+    EXPECT_TRUE(y.baseline.has_value());
+    ASSERT_EQ(x.trajectories.size(), static_cast<size_t>(g.k));
+    ASSERT_EQ(y.trajectories.size(), static_cast<size_t>(g.k));
+    for (int j = 0; j < g.k; ++j) {
+      SCOPED_TRACE(g.group_id + " sample " + std::to_string(j));
+      const Trajectory& s = x.trajectories[j];
+      const Trajectory& t = y.trajectories[j];
+      EXPECT_EQ(s.response_tokens, t.response_tokens);
+      EXPECT_EQ(s.finish_reason, t.finish_reason);
+      ASSERT_EQ(s.behavior_logprobs.size(), t.behavior_logprobs.size());
+      for (size_t i = 0; i < s.behavior_logprobs.size(); ++i) {
+        EXPECT_NEAR(s.behavior_logprobs[i], t.behavior_logprobs[i], 1e-5);
+      }
+    }
+  }
+  EXPECT_EQ(with->stats().baseline_sequences, static_cast<int64_t>(groups.size()));
+  EXPECT_EQ(with->stats().sampled_tokens - with->stats().baseline_tokens,
+            without->stats().sampled_tokens);
+}
+
+// The baseline is what one-shot greedy generation gives for the prompt.
+TEST(EngineTest, GreedyBaselineEqualsGreedyGenerate) {
+  EngineOptions o = base_options();
+  o.max_new_tokens = 12;
+  o.sampling.temperature = 0.8;
+  o.sampling.record_raw_logprobs = true;
+  const std::vector<std::vector<int64_t>> prompts = {{3, 7, 1}, {9, 2, 2, 5, 30, 6}, {11}};
+  auto engine = make_engine(13, o);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(
+        engine->submit(with_baseline(group("p" + std::to_string(i), prompts[i], 3, i))).ok());
+  }
+  auto groups = by_id(run_all(*engine));
+  GenerateOptions go;
+  go.max_new_tokens = o.max_new_tokens;
+  go.sampling = o.sampling;
+  go.sampling.greedy = true;
+  auto gens = generate(make_policy(13), prompts, go);
+  ASSERT_TRUE(gens.ok()) << gens.status();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(i);
+    const Generation& want = (*gens)[i];
+    ASSERT_TRUE(groups["p" + std::to_string(i)].baseline.has_value());
+    const Trajectory& got = *groups["p" + std::to_string(i)].baseline;
+    EXPECT_EQ(got.response_tokens, want.tokens);
+    EXPECT_EQ(got.finish_reason, want.finish_reason);
+    ASSERT_EQ(got.behavior_logprobs.size(), want.logprobs.size());
+    for (size_t j = 0; j < want.logprobs.size(); ++j) {
+      EXPECT_NEAR(got.behavior_logprobs[j], want.logprobs[j], 1e-5);
+      EXPECT_NEAR(got.raw_logprobs[j], want.raw_logprobs[j], 1e-5);
+    }
+  }
+}
+
+// The baseline shares the group's prompt prefill like a sample does.
+TEST(EngineTest, GreedyBaselineSharesThePromptPrefill) {
+  const std::vector<int64_t> prompt = {9, 2, 2, 5, 30, 6, 8, 8, 1, 17};
+  EngineOptions o = base_options();
+  o.num_slots = 4;
+  auto engine = make_engine(3, o);
+  ASSERT_TRUE(engine->submit(with_baseline(group("g", prompt, 3, 9))).ok());
+  auto out = run_all(*engine);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(engine->stats().context_tokens, static_cast<int64_t>(prompt.size()) - 1);
+  EXPECT_EQ(engine->stats().shared_prefills, 3);
+
+  // One slot short: the baseline waits for a slot, which frees when the
+  // samples (all of one length) finish, so nothing live is left to copy
+  // from: it prefills on its own and decodes the same.
+  o.num_slots = 3;
+  auto late = make_engine(3, o);
+  ASSERT_TRUE(late->submit(with_baseline(group("g", prompt, 3, 9))).ok());
+  auto out_late = run_all(*late);
+  ASSERT_EQ(out_late.size(), 1u);
+  EXPECT_EQ(late->stats().context_tokens, 2 * (static_cast<int64_t>(prompt.size()) - 1));
+  EXPECT_EQ(late->stats().shared_prefills, 2);
+  EXPECT_EQ(out_late[0].baseline->response_tokens, out[0].baseline->response_tokens);
+}
+
+// Greedy decoding stops at a stop token like sampling does (and keeps it).
+TEST(EngineTest, GreedyBaselineRespectsStopTokens) {
+  EngineOptions o = base_options();
+  o.max_new_tokens = 10;
+  const std::vector<int64_t> prompt = {3, 1, 4, 1, 5};
+  auto free_run = make_engine(4, o);
+  ASSERT_TRUE(free_run->submit(with_baseline(group("g", prompt, 1, 1))).ok());
+  const std::vector<int64_t> full = run_all(*free_run).at(0).baseline->response_tokens;
+  ASSERT_EQ(full.size(), 10u);
+  // Stop at the third token's value: the response ends at its first
+  // occurrence.
+  const int64_t stop = full[2];
+  const size_t first = std::find(full.begin(), full.end(), stop) - full.begin();
+  o.stop_tokens = {stop};
+  auto engine = make_engine(4, o);
+  ASSERT_TRUE(engine->submit(with_baseline(group("g", prompt, 1, 1))).ok());
+  const Trajectory b = *run_all(*engine).at(0).baseline;
+  ASSERT_TRUE(check_trajectory(b).ok()) << check_trajectory(b);
+  EXPECT_EQ(b.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(b.response_tokens, std::vector<int64_t>(full.begin(), full.begin() + first + 1));
+}
+
+// recompute with an update mid-generation: the baseline is re-prefilled like
+// the samples, completes, records both versions and the proximal values of
+// the old version's tokens, and decodes greedily under each version.
+TEST(EngineTest, GreedyBaselineSurvivesAWeightUpdateUnderRecompute) {
+  EngineOptions o = base_options();
+  o.max_new_tokens = 6;
+  o.interrupt = InterruptPolicy::kRecompute;
+  model::Policy w0 = make_policy(1), w1 = make_policy(58);
+  auto engine = make_engine(1, o);
+  ASSERT_TRUE(engine->submit(with_baseline(group("g", {1, 2, 3}, 2, 1))).ok());
+  ASSERT_TRUE(engine->step().ok());  // token 0 at v0
+  ASSERT_TRUE(engine->step().ok());  // token 1 at v0
+  ASSERT_TRUE(engine->update_weights(1, 7, weights_of(w1)).ok());
+  auto groups = run_all(*engine);
+  ASSERT_EQ(groups.size(), 1u);
+  ASSERT_EQ(groups[0].trajectories.size(), 2u);
+  ASSERT_TRUE(groups[0].baseline.has_value());
+  const Trajectory& b = *groups[0].baseline;
+  ASSERT_TRUE(check_trajectory(b).ok()) << check_trajectory(b);
+  EXPECT_EQ(b.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(b.token_versions, (std::vector<int64_t>{0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(b.proximal_versions, std::vector<int64_t>(6, 1));
+  EXPECT_EQ(b.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{0, 100}, {1, 7}}));
+  EXPECT_EQ(b.interruptions, 1);
+  EXPECT_EQ(b.interrupt_policy, InterruptPolicy::kRecompute);
+  EXPECT_FALSE(b.stale_kv);
+  expect_greedy_under(w0, b, 0, 2);
+  expect_greedy_under(w1, b, 2, 6);
+  const std::vector<float> under_v1 = score_response(w1, b, 1.0);
+  for (int j = 0; j < 6; ++j) EXPECT_NEAR(b.proximal_logprobs[j], under_v1[j], 1e-5);
+  for (const Trajectory& t : groups[0].trajectories) {
+    EXPECT_EQ(t.token_versions, b.token_versions);
+  }
+  EXPECT_GT(engine->stats().recomputed_tokens, 0);
+  EXPECT_EQ(engine->stats().baseline_sequences, 1);
+}
+
+// The other policies treat the baseline like a sample too, and abort returns
+// it.
+TEST(EngineTest, GreedyBaselineFollowsTheOtherInterruptPoliciesAndAbort) {
+  for (InterruptPolicy policy :
+       {InterruptPolicy::kKeep, InterruptPolicy::kFinish, InterruptPolicy::kRestart}) {
+    SCOPED_TRACE(interrupt_policy_name(policy));
+    EngineOptions o = base_options();
+    o.max_new_tokens = 5;
+    o.interrupt = policy;
+    auto engine = make_engine(1, o);
+    ASSERT_TRUE(engine->submit(with_baseline(group("g", {1, 2, 3}, 1, 1))).ok());
+    ASSERT_TRUE(engine->step().ok());
+    ASSERT_TRUE(engine->step().ok());
+    model::Policy w1 = make_policy(57);
+    ASSERT_TRUE(engine->update_weights(1, 7, weights_of(w1)).ok());
+    auto groups = run_all(*engine);
+    ASSERT_EQ(groups.size(), 1u);
+    ASSERT_TRUE(groups[0].baseline.has_value());
+    const Trajectory& b = *groups[0].baseline;
+    const Trajectory& s = groups[0].trajectories.at(0);
+    ASSERT_TRUE(check_trajectory(b).ok()) << check_trajectory(b);
+    EXPECT_EQ(b.response_tokens.size(), 5u);
+    EXPECT_EQ(b.token_versions, s.token_versions);
+    EXPECT_EQ(b.stale_kv, s.stale_kv);
+    EXPECT_EQ(b.restarts, s.restarts);
+    EXPECT_EQ(b.interruptions, s.interruptions);
+    if (policy == InterruptPolicy::kRestart) {
+      EXPECT_EQ(b.restarts, 1);
+      expect_greedy_under(w1, b, 0, 5);
+    }
+  }
+
+  EngineOptions o = base_options();
+  o.num_slots = 2;
+  auto engine = make_engine(2, o);
+  ASSERT_TRUE(engine->submit(with_baseline(group("a", {1, 2, 3}, 2, 1))).ok());
+  ASSERT_TRUE(engine->step().ok());
+  ASSERT_TRUE(engine->step().ok());
+  engine->abort();
+  auto done = engine->step();
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->size(), 1u);
+  ASSERT_TRUE((*done)[0].baseline.has_value());
+  EXPECT_EQ((*done)[0].baseline->finish_reason, FinishReason::kAborted);
+  EXPECT_TRUE((*done)[0].baseline->response_tokens.empty()) << "it was still waiting for a slot";
+  EXPECT_EQ((*done)[0].trajectories.size(), 2u);
   EXPECT_TRUE(engine->idle());
 }
 

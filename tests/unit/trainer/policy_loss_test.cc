@@ -35,7 +35,7 @@ Batch make(const at::Tensor& logp, const at::Tensor& old, const at::Tensor& adv,
            const at::Tensor& mask) {
   Batch b;
   b.logp = logp.clone().requires_grad_(true);
-  b.in = PolicyLossInputs{b.logp, old, adv, mask, at::Tensor()};
+  b.in = PolicyLossInputs{b.logp, old, adv, mask, at::Tensor(), at::Tensor()};
   return b;
 }
 
@@ -109,7 +109,7 @@ TEST(LossAggregationTest, MicroBatchSumEqualsFullBatch) {
     at::Tensor total = torch::zeros({});
     for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 2}, {2, 5}}) {
       PolicyLossInputs part{logp.slice(0, lo, hi), old.slice(0, lo, hi), adv.slice(0, lo, hi),
-                            mask.slice(0, lo, hi), at::Tensor()};
+                            mask.slice(0, lo, hi), at::Tensor(),         at::Tensor()};
       total = total + ppo_clip_loss(part, o, whole).loss;
     }
     total.backward();
@@ -127,9 +127,9 @@ TEST(LossAggregationTest, MicroBatchSumEqualsFullBatch) {
     full_loss.backward();
     at::Tensor logp = logp0.clone().requires_grad_(true);
     at::Tensor total = run({logp.slice(0, 0, 3), old.slice(0, 0, 3), adv.slice(0, 0, 3),
-                            mask.slice(0, 0, 3), at::Tensor()}) +
+                            mask.slice(0, 0, 3), at::Tensor(), at::Tensor()}) +
                        run({logp.slice(0, 3, 5), old.slice(0, 3, 5), adv.slice(0, 3, 5),
-                            mask.slice(0, 3, 5), at::Tensor()});
+                            mask.slice(0, 3, 5), at::Tensor(), at::Tensor()});
     total.backward();
     EXPECT_NEAR(total.item<float>(), full_loss.item<float>(), 1e-6) << which;
     EXPECT_TRUE(AllClose(logp.grad(), full.logp.grad(), 1e-6)) << which;
@@ -228,8 +228,8 @@ TEST(PolicyLossTest, PpoGradientMatchesFiniteDifferences) {
     at::Tensor up = logp.clone(), down = logp.clone();
     up.view(-1)[k] += eps;
     down.view(-1)[k] -= eps;
-    const double fd = (ppo_clip_loss({up, old, adv, mask, {}}, o).loss.item<double>() -
-                       ppo_clip_loss({down, old, adv, mask, {}}, o).loss.item<double>()) /
+    const double fd = (ppo_clip_loss({up, old, adv, mask, {}, {}}, o).loss.item<double>() -
+                       ppo_clip_loss({down, old, adv, mask, {}, {}}, o).loss.item<double>()) /
                       (2 * eps);
     EXPECT_NEAR(b.logp.grad().view(-1)[k].item<double>(), fd, 1e-6) << k;
   }

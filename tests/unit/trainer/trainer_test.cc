@@ -134,7 +134,7 @@ TEST(TrainerTest, DecoupledLossUsesRecordedProximalOfTheTrainerVersion) {
   model::Policy policy = make_policy(3);
   auto groups = sample_groups(policy, 1.0, /*version=*/4);
   TrainerOptions o;
-  o.loss = PolicyLossKind::kDecoupledPpo;
+  o.loss.kind = PolicyLossKind::kDecoupledPpo;
   o.kl_coef = 0.1;
   auto trainer = Trainer::create(policy, o, /*version=*/4).value();
   auto m = trainer->step(groups);
