@@ -215,6 +215,32 @@ TEST_F(CliTest, RolloutWritesScoredTrajectoryGroups) {
   EXPECT_EQ(ids, (std::set<std::string>{"arithmetic/5", "arithmetic/6", "arithmetic/7"}));
 }
 
+// With the remax estimator each group also gets a greedy response, scored
+// like the samples and written apart from them.
+TEST_F(CliTest, RolloutAddsAScoredGreedyBaselineForRemax) {
+  const std::string out =
+      ::testing::TempDir() + "/rollout_remax_" + std::to_string(::getpid()) + ".jsonl";
+  CliResult r =
+      RelayCli("rollout " + kTinyConfig + " --model " + *model_dir_ + " --prompts 2 --out " + out +
+               " rollout.n=2 trainer.advantage.estimator=remax");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("2 groups, 4 trajectories"), std::string::npos) << r.out;
+  std::ifstream in(out);
+  std::string line;
+  int groups = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json g = nlohmann::json::parse(line);
+    ++groups;
+    EXPECT_EQ(g["trajectories"].size(), 2u);
+    ASSERT_TRUE(g.contains("baseline")) << line;
+    const nlohmann::json& b = g["baseline"];
+    EXPECT_GT(b["response_tokens"].size(), 0u);
+    const double reward = b["reward"].get<double>();
+    EXPECT_TRUE(reward == 0.0 || reward == 1.0);
+  }
+  EXPECT_EQ(groups, 2);
+}
+
 TEST_F(CliTest, RolloutRejectsAStopTextThatIsNotOneToken) {
   CliResult r =
       RelayCli("rollout " + kTinyConfig + " --model " + *model_dir_ + " rollout.stop=[\\\"12\\\"]");
@@ -234,6 +260,21 @@ namespace {
 // arithmetic task. A short supervised warm start gets the model off zero;
 // RL must then clearly raise greedy accuracy on held-out prompts, with the
 // trainer's log-probs agreeing with the sampler's at every step.
+// DAPO dynamic sampling: an untrained model gets reward 0 everywhere, so
+// every group is dropped and each step generates 1 + max_extra_batches
+// batches before giving up on that step.
+TEST_F(CliTest, TrainLocalRefillsDroppedGroupsUpToTheExtraBatchBudget) {
+  CliResult r = RelayCli("train-local " + kTinyConfig + " --model " + *model_dir_ +
+                         " --steps 2 --groups-per-step 2 --eval-prompts 2 rollout.n=2"
+                         " rollout.max_new_tokens=4 trainer.drop_equal_reward_groups=true"
+                         " trainer.max_extra_batches=2");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("step 1: skipped: no group with a learning signal in 3 generation batches"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("step 2: skipped"), std::string::npos) << r.out;
+}
+
 TEST_F(CliTest, TrainLocalLearnsArithmetic) {
   const std::string metrics =
       ::testing::TempDir() + "/train_local_" + std::to_string(::getpid()) + ".jsonl";

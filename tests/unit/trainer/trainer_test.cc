@@ -174,6 +174,252 @@ TEST(TrainerTest, SftStepsLowerTheDemonstrationsLoss) {
   EXPECT_EQ(trainer->version(), 11);
 }
 
+// Every trainer.loss runs a full step on engine-sampled groups: finite loss
+// and gradient, the version advances, the weights move.
+TEST(TrainerTest, EveryPolicyLossTrains) {
+  for (PolicyLossKind kind :
+       {PolicyLossKind::kPpo, PolicyLossKind::kDecoupledPpo, PolicyLossKind::kGspo,
+        PolicyLossKind::kGmpo, PolicyLossKind::kCispo, PolicyLossKind::kSapo,
+        PolicyLossKind::kClipCov, PolicyLossKind::kKlCov, PolicyLossKind::kGpg,
+        PolicyLossKind::kReinforce, PolicyLossKind::kLuffy}) {
+    SCOPED_TRACE(policy_loss_kind_name(kind));
+    model::Policy policy = make_policy(6);
+    auto groups = sample_groups(policy, 1.0);
+    // LUFFY's off-policy part needs forced tokens: mark the first two of one
+    // trajectory as guidance.
+    groups[0].trajectories[2].offpolicy_mask[0] = 1;
+    groups[0].trajectories[2].offpolicy_mask[1] = 1;
+    TrainerOptions o;
+    o.loss.kind = kind;
+    o.optimizer.lr = 1e-2;
+    auto trainer = Trainer::create(policy, o).value();
+    at::Tensor before = policy->lm_head->weight.detach().clone();
+    auto m = trainer->step(groups);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE(std::isfinite(m->at("loss")));
+    EXPECT_GT(m->at("grad_norm"), 0.0);
+    EXPECT_EQ(trainer->version(), 1);
+    EXPECT_FALSE(torch::equal(before, policy->lm_head->weight));
+    if (kind == PolicyLossKind::kLuffy) {
+      EXPECT_GT(m->at("luffy/off_policy_fraction"), 0.0);
+      EXPECT_GT(m->at("luffy/off_policy_prob"), 0.0);
+    }
+  }
+}
+
+// Groups whose behavior log-probs are those of another temperature: a real
+// gap between the sampler and the trainer for the correction to act on.
+TEST(TrainerTest, RolloutCorrectionWeightsRejectsAndReports) {
+  model::Policy policy = make_policy(7);
+  auto groups = sample_groups(policy, 0.7);  // trainer scores at 1.0
+  TrainerOptions o;
+  o.rollout_correction.is_level = CorrectionLevel::kToken;
+  o.rollout_correction.is_threshold = 1.5;
+  o.rollout_correction.rs_level = CorrectionLevel::kToken;
+  o.rollout_correction.rs_threshold = 4.0;
+  auto trainer = Trainer::create(model::clone_policy(*policy), o).value();
+  auto m = trainer->step(groups);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_GT(m->at("rollout_corr/all/k3"), 1e-3);
+  EXPECT_EQ(m->at("rollout_corr/all/k3"), m->at("mismatch/k3"));
+  EXPECT_EQ(m->at("rollout_corr/staleness/num_tokens"), 0.0);
+  EXPECT_GT(m->at("rollout_corr/is_truncated_fraction"), 0.0);
+  EXPECT_LE(m->at("rollout_corr/is_weight/max"), 1.5);
+  // The PPO anchor is now pi_old itself: the first (only) update's ratio is 1.
+  EXPECT_NEAR(m->at("mean_importance_ratio"), 1.0, 1e-5);
+
+  // Without correction the anchor is the behavior policy: ratio != 1.
+  auto plain = Trainer::create(model::clone_policy(*policy), TrainerOptions{}).value();
+  auto pm = plain->step(groups);
+  ASSERT_TRUE(pm.ok()) << pm.status();
+  EXPECT_GT(std::abs(pm->at("mean_importance_ratio") - 1.0), 1e-3);
+  EXPECT_EQ(pm->count("rollout_corr/is_weight/mean"), 0u);
+
+  // Rejecting nearly everything by a tight ratio band leaves fewer tokens.
+  o.rollout_correction.rs_threshold = 1.01;
+  auto strict = Trainer::create(model::clone_policy(*policy), o).value();
+  auto sm = strict->step(groups);
+  ASSERT_TRUE(sm.ok()) << sm.status();
+  EXPECT_GT(sm->at("rollout_corr/rejected_token_fraction"),
+            m->at("rollout_corr/rejected_token_fraction"));
+}
+
+// Bypass mode trains against the behavior log-probs without the pre-update
+// pass, so it must give exactly the update of the default mode.
+TEST(TrainerTest, BypassSkipsThePassAndGivesTheSameUpdate) {
+  model::Policy policy = make_policy(8);
+  auto groups = sample_groups(policy, 0.9);
+  TrainerOptions o;
+  o.temperature = 0.9;
+  o.optimizer.lr = 1e-2;
+  o.micro_batch_tokens = 40;
+  model::Policy a = model::clone_policy(*policy), b = model::clone_policy(*policy);
+  auto plain = Trainer::create(a, o).value();
+  o.rollout_correction.bypass = true;
+  o.rollout_correction.is_level = CorrectionLevel::kToken;  // ignored in bypass
+  auto bypass = Trainer::create(b, o).value();
+  auto pm = plain->step(groups);
+  auto bm = bypass->step(groups);
+  ASSERT_TRUE(pm.ok()) << pm.status();
+  ASSERT_TRUE(bm.ok()) << bm.status();
+  EXPECT_EQ(pm->at("pass/skipped"), 0.0);
+  EXPECT_EQ(bm->at("pass/skipped"), 1.0);
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (const auto& item : pa) {
+    EXPECT_TRUE(torch::allclose(item.value(), pb[item.key()], 0, 1e-6)) << item.key();
+  }
+  // With one mini-batch, the diagnostics from the training pass cover the
+  // whole batch and equal the pre-update pass's.
+  EXPECT_NEAR(bm->at("mismatch/k3"), pm->at("mismatch/k3"), 1e-9);
+  EXPECT_NEAR(bm->at("entropy"), pm->at("entropy"), 1e-6);
+}
+
+// The entropy metric is the mean over response tokens of the trainer's
+// next-token entropy, and the bonus alone (all rewards equal: zero
+// advantages) raises it.
+TEST(TrainerTest, EntropyMetricAndBonus) {
+  model::Policy policy = make_policy(9);
+  auto groups = sample_groups(policy, 1.0);
+  for (auto& g : groups) {
+    for (auto& t : g.trajectories) t.reward = 1.0;
+  }
+  // Expected metric: mean entropy at the positions that score response
+  // tokens (P - 1 + j), computed here one trajectory at a time.
+  double sum = 0, n = 0;
+  {
+    torch::NoGradGuard g;
+    for (const auto& group : groups) {
+      for (const auto& t : group.trajectories) {
+        std::vector<int64_t> ids = t.prompt_tokens;
+        ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+        at::Tensor x = torch::tensor(ids, torch::kInt64).view({1, -1});
+        at::Tensor h = policy->score_with_entropy(x).entropy[0];
+        const auto P = static_cast<int64_t>(t.prompt_tokens.size());
+        const auto R = static_cast<int64_t>(t.response_tokens.size());
+        sum += h.narrow(0, P - 1, R).sum().item<double>();
+        n += static_cast<double>(R);
+      }
+    }
+  }
+  TrainerOptions o;
+  o.entropy.coef = 1.0;
+  o.optimizer.lr = 1e-2;
+  auto trainer = Trainer::create(policy, o).value();
+  auto first = trainer->step(groups);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NEAR(first->at("entropy"), sum / n, 1e-5);
+  EXPECT_EQ(first->at("entropy/coef"), 1.0);
+  EXPECT_EQ(first->at("advantages/max"), 0.0);
+  double last = first->at("entropy");
+  for (int i = 0; i < 5; ++i) last = trainer->step(groups)->at("entropy");
+  EXPECT_GT(last, first->at("entropy") + 1e-3);
+}
+
+// KL folded into the reward: r - beta sum_t kl_t moves the advantages, and
+// the adaptive controller moves beta after the step.
+TEST(TrainerTest, RewardKlShapesRewardsAndAdapts) {
+  model::Policy policy = make_policy(10);
+  auto groups = sample_groups(policy, 1.0);
+  TrainerOptions o;
+  o.reward_kl.controller.kl_coef = 0.5;
+  o.reward_kl.controller.type = KlControllerType::kAdaptive;
+  o.reward_kl.controller.target_kl = 1e-6;
+  o.reward_kl.controller.horizon = 10;
+  ASSERT_TRUE(o.needs_reference());
+  // A reference that differs from the policy.
+  model::Policy reference = make_policy(11);
+  auto trainer = Trainer::create(policy, o, 0, reference).value();
+  auto m = trainer->step(groups);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->at("reward_kl/coef"), 0.5);
+  EXPECT_NE(m->at("reward_kl/kl"), 0.0);
+  EXPECT_NE(m->at("kl_ref/k1"), 0.0);
+  // KL above target: beta grows by (1 + 0.2 * n / horizon), n = 12 samples.
+  EXPECT_NEAR(trainer->reward_kl_coef(), 0.5 * (1 + 0.2 * 12 / 10.0), 1e-12);
+
+  // A reference of another shape is refused, naming it.
+  model::PolicyConfig other = TinyConfig();
+  other.hidden_size = 16;
+  other.intermediate_size = 24;
+  model::Policy wrong(other);
+  auto bad = Trainer::create(policy, o, 0, wrong);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("trainer.reference"), std::string::npos);
+}
+
+TEST(TrainerTest, ReuseCapDropsTrajectoriesTrainedBefore) {
+  model::Policy policy = make_policy(12);
+  auto groups = sample_groups(policy, 1.0);
+  TrainerOptions o;
+  o.max_reuse = 1;
+  auto trainer = Trainer::create(policy, o).value();
+  auto first = trainer->step(groups);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->at("batch/dropped_reused"), 0.0);
+  auto again = trainer->step(groups);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(again.status().message()).find("max_reuse"), std::string::npos);
+  EXPECT_EQ(trainer->version(), 1) << "a refused step must not count";
+  // One fresh group among the used ones: only the used ones are dropped.
+  auto fresh = sample_groups(policy, 1.0, /*version=*/1);
+  fresh[0].group_id = "fresh";
+  std::vector<rollout::TrajectoryGroup> mixed = {groups[1], fresh[0]};
+  auto m = trainer->step(mixed);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->at("batch/dropped_reused"), 4.0);
+  EXPECT_EQ(m->at("batch/trajectories"), 4.0);
+}
+
+// bf16 parameters: an AdamW step of lr 1e-4 is below bf16's spacing for
+// weights of magnitude ~0.3, so without fp32 master copies nothing moves.
+TEST(TrainerTest, Fp32MasterWeightsKeepSmallUpdatesOfBf16Parameters) {
+  auto fraction_changed = [](bool master) {
+    model::Policy policy = make_policy(13);
+    auto groups = sample_groups(policy, 1.0);
+    policy->to(torch::kBFloat16);
+    TrainerOptions o;
+    o.optimizer.lr = 1e-4;
+    o.optimizer.fp32_master_weights = master;
+    o.allow_missing_logprobs = true;
+    auto trainer = Trainer::create(policy, o).value();
+    at::Tensor before = policy->lm_head->weight.detach().clone();
+    for (int i = 0; i < 8; ++i) {
+      auto m = trainer->step(groups);
+      EXPECT_TRUE(m.ok()) << m.status();
+    }
+    EXPECT_EQ(policy->lm_head->weight.scalar_type(), torch::kBFloat16);
+    return policy->lm_head->weight.ne(before).to(torch::kFloat64).mean().item<double>();
+  };
+  const double with_master = fraction_changed(true);
+  const double without = fraction_changed(false);
+  EXPECT_GT(with_master, 0.5);
+  EXPECT_LT(without, 0.5 * with_master);
+}
+
+// ReMax: A = r - r(greedy), read from each group's baseline; a group without
+// one is refused, naming it.
+TEST(TrainerTest, RemaxUsesTheGreedyBaselineReward) {
+  model::Policy policy = make_policy(14);
+  auto groups = sample_groups(policy, 1.0);
+  TrainerOptions o;
+  o.advantage.estimator = AdvantageEstimator::kRemax;
+  auto trainer = Trainer::create(policy, o).value();
+  auto missing = trainer->step(groups);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(std::string(missing.status().message()).find("group '0' has none"), std::string::npos)
+      << missing.status();
+  for (auto& g : groups) {
+    g.baseline = g.trajectories[0];
+    g.baseline->reward = 0.25;
+  }
+  auto m = trainer->step(groups);
+  ASSERT_TRUE(m.ok()) << m.status();
+  // Rewards are 0 or 1: advantages are -0.25 or 0.75.
+  EXPECT_DOUBLE_EQ(m->at("advantages/max"), 0.75);
+  EXPECT_DOUBLE_EQ(m->at("advantages/min"), -0.25);
+}
+
 TEST(TrainerTest, StalenessBoundAndBadOptionsAreErrors) {
   model::Policy policy = make_policy(4);
   auto groups = sample_groups(policy, 1.0, /*version=*/0);
