@@ -191,6 +191,9 @@ void visit_fields(V& v, LuffyConfig& c) {
   v.field("off_min_clip", c.off_min_clip);
   v.field("clip_upper_bound", c.clip_upper_bound);
   v.field("loss_remove_clip", c.loss_remove_clip);
+  v.field("on_policy_reshape", c.on_policy_reshape);
+  v.field("on_reshape_weight", c.on_reshape_weight);
+  v.field("on_reshape_pow_exp", c.on_reshape_pow_exp);
 }
 
 template <class V>
@@ -814,7 +817,12 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   p.one_of("trainer.luffy.off_policy_reshape", luffy.off_policy_reshape,
            {"p_div_p", "p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5", "no_reshape", "logp", "p_logp",
             "square_root", "pow"});
+  p.one_of("trainer.luffy.on_policy_reshape", luffy.on_policy_reshape,
+           {"p_div_p", "p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5", "no_reshape", "logp", "p_logp",
+            "square_root", "pow"});
   p.positive("trainer.luffy.gamma", luffy.gamma);
+  p.positive("trainer.luffy.reshape_pow_exp", luffy.reshape_pow_exp);
+  p.positive("trainer.luffy.on_reshape_pow_exp", luffy.on_reshape_pow_exp);
   p.non_negative("trainer.luffy.off_max_clip", luffy.off_max_clip);
   p.non_negative("trainer.luffy.off_min_clip", luffy.off_min_clip);
   p.non_negative("trainer.luffy.clip_upper_bound", luffy.clip_upper_bound);

@@ -5,6 +5,10 @@
 namespace relay::trainer {
 
 bool has_learning_signal(const rollout::TrajectoryGroup& group) {
+  // A group of one has no baseline to differ from, scored or not. In larger
+  // groups an unscored (NaN) reward differs from everything, so the group is
+  // kept and build_batch refuses it loudly instead of it vanishing here.
+  if (group.trajectories.size() < 2) return false;
   for (const rollout::Trajectory& t : group.trajectories) {
     if (t.reward != group.trajectories.front().reward) return true;
   }

@@ -97,6 +97,13 @@ StatusOr<TrainerOptions> trainer_options(const ExperimentConfig& config) {
   luffy.off_min_clip = c.luffy.off_min_clip;
   luffy.clip_upper_bound = c.luffy.clip_upper_bound;
   luffy.loss_remove_clip = c.luffy.loss_remove_clip;
+  luffy.on_policy_gamma = c.luffy.gamma;
+  StatusOr<OffPolicyShaping> on_shaping = parse_off_policy_shaping(
+      c.luffy.on_policy_reshape, &luffy.on_policy_gamma, "trainer.luffy.on_policy_reshape");
+  if (!on_shaping.ok()) return on_shaping.status();
+  luffy.on_policy_shaping = *on_shaping;
+  luffy.on_policy_shaping_weight = c.luffy.on_reshape_weight;
+  luffy.on_policy_pow_exponent = c.luffy.on_reshape_pow_exp;
   luffy.sft_coef = 0;  // the trainer's sft_coef term covers LUFFY's multitask SFT
 
   o.entropy.coef = c.entropy.coef;

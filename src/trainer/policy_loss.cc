@@ -445,6 +445,10 @@ Status validate(const LuffyOptions& o, const std::string& prefix) {
     return bad(prefix, "off_min_clip", "<= off_max_clip", o.off_min_clip);
   }
   if (!(o.sft_coef >= 0)) return bad(prefix, "sft_coef", ">= 0", o.sft_coef);
+  if (!(o.on_policy_gamma > 0)) return bad(prefix, "on_policy_gamma", "> 0", o.on_policy_gamma);
+  if (!(o.on_policy_pow_exponent > 0)) {
+    return bad(prefix, "on_policy_pow_exponent", "> 0", o.on_policy_pow_exponent);
+  }
   return OkStatus();
 }
 
@@ -469,6 +473,28 @@ at::Tensor shape_off_policy(const at::Tensor& logp, const LuffyOptions& o) {
   return p;
 }
 
+// LUFFY's on-policy ratio shaping, from d = clamped logp - anchor.
+at::Tensor shape_on_policy(const at::Tensor& d, const at::Tensor& logp, const at::Tensor& anchor,
+                           const LuffyOptions& o) {
+  switch (o.on_policy_shaping) {
+    case OffPolicyShaping::kNoReshape:
+      return d.exp();
+    case OffPolicyShaping::kLogp:
+      return d;
+    case OffPolicyShaping::kPLogp:
+      return d.exp() + o.on_policy_shaping_weight * d;
+    case OffPolicyShaping::kSquareRoot:
+      return d.exp().sqrt();
+    case OffPolicyShaping::kPow:
+      return d.exp().pow(o.on_policy_pow_exponent);
+    case OffPolicyShaping::kPDivP: {
+      at::Tensor p = logp.exp(), p_old = anchor.exp();
+      return (p / (p + o.on_policy_gamma)) / (p_old / (p_old + o.on_policy_gamma));
+    }
+  }
+  return d.exp();
+}
+
 }  // namespace
 
 LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpolicy_mask,
@@ -485,6 +511,15 @@ LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpoli
   at::Tensor anchor = torch::where(on, in.old_logprobs.detach(), logp.detach());
   const double upper = std::max(options.clip_upper_bound, 1.0 + options.on_policy.clip_high);
   Surrogate s = clipped_surrogate(logp, anchor, adv, options.on_policy, upper);
+  if (options.on_policy_shaping != OffPolicyShaping::kNoReshape) {
+    // The clip bounds the shaped ratio instead (no dual clip, as LUFFY).
+    s.ratio = shape_on_policy(s.log_ratio, logp, anchor, options);
+    at::Tensor l1 = -adv * s.ratio;
+    at::Tensor l2 = -adv * s.ratio.clamp(1.0 - options.on_policy.clip_low, upper);
+    s.loss = torch::max(l1, l2);
+    s.clipped = l2.detach().gt(l1.detach());
+    s.dual = torch::zeros_like(s.clipped);
+  }
   at::Tensor on_loss = options.loss_remove_clip ? -adv * s.ratio : s.loss;
 
   // Off-policy part, computed on logp where off and on 0 elsewhere (p = 1),

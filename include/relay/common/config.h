@@ -184,6 +184,10 @@ struct LuffyConfig {
   double off_min_clip = 0.0;      // f(p) >= this; 0 = off
   double clip_upper_bound = 0.0;  // on-policy upper ratio bound max(this, 1 + clip_high)
   bool loss_remove_clip = false;  // on-policy tokens use -A r, unclipped
+  // Shaping of the on-policy ratio before its clip, same names (no_reshape = off).
+  std::string on_policy_reshape = "no_reshape";
+  double on_reshape_weight = 1.0;   // logp, p_logp
+  double on_reshape_pow_exp = 0.5;  // pow
 };
 
 // Entropy bonus -coef x H; adaptive when target > 0 (the coefficient moves by

@@ -12,7 +12,9 @@
 
 namespace relay::trainer {
 
-// True when the group's rewards are not all equal (a group of one never is).
+// True when the group's rewards are not all equal. A group of one never has
+// a signal; an unscored (NaN) reward in a larger group counts as differing, so
+// the group reaches build_batch, which reports it.
 bool has_learning_signal(const rollout::TrajectoryGroup& group);
 
 struct BatchFillerOptions {

@@ -274,6 +274,14 @@ struct LuffyOptions {
   double pow_exponent = 0.5;    // pow: exponent.
   double off_max_clip = 0;      // f(p) clamped to <= this; 0 = off.
   double off_min_clip = 0;      // f(p) clamped to >= this; 0 = off (LUFFY: -1 / None).
+  // Optional shaping of the on-policy ratio r = exp(logp - old) before its
+  // clip (LUFFY's on_policy_reshape): kNoReshape r; kLogp logp - old; kPLogp
+  // r + weight (logp - old); kSquareRoot sqrt(r); kPow r^exponent; kPDivP
+  // f(p) / f(p_old) with f(p) = p / (p + gamma).
+  OffPolicyShaping on_policy_shaping = OffPolicyShaping::kNoReshape;
+  double on_policy_gamma = 0.1;
+  double on_policy_shaping_weight = 1.0;
+  double on_policy_pow_exponent = 0.5;
   // Optional SFT multitask term: + sft_coef * NLL of the off-policy tokens
   // (aggregated token-mean over them). 0 = off.
   double sft_coef = 0;

@@ -140,6 +140,9 @@ void expect_same(const ExperimentConfig& a, const ExperimentConfig& b) {
   EXPECT_EQ(at.luffy.off_min_clip, bt.luffy.off_min_clip);
   EXPECT_EQ(at.luffy.clip_upper_bound, bt.luffy.clip_upper_bound);
   EXPECT_EQ(at.luffy.loss_remove_clip, bt.luffy.loss_remove_clip);
+  EXPECT_EQ(at.luffy.on_policy_reshape, bt.luffy.on_policy_reshape);
+  EXPECT_EQ(at.luffy.on_reshape_weight, bt.luffy.on_reshape_weight);
+  EXPECT_EQ(at.luffy.on_reshape_pow_exp, bt.luffy.on_reshape_pow_exp);
   EXPECT_EQ(at.entropy.coef, bt.entropy.coef);
   EXPECT_EQ(at.entropy.target, bt.entropy.target);
   EXPECT_EQ(at.entropy.delta, bt.entropy.delta);
@@ -343,6 +346,9 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    off_min_clip: 0.0\n"
             "    clip_upper_bound: 0.0\n"
             "    loss_remove_clip: false\n"
+            "    on_policy_reshape: no_reshape\n"
+            "    on_reshape_weight: 1.0\n"
+            "    on_reshape_pow_exp: 0.5\n"
             "  entropy:\n"
             "    coef: 0.0\n"
             "    target: 0.0\n"
@@ -483,6 +489,9 @@ TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
   custom.trainer.luffy.off_min_clip = 0.05;
   custom.trainer.luffy.clip_upper_bound = 2.0;
   custom.trainer.luffy.loss_remove_clip = true;
+  custom.trainer.luffy.on_policy_reshape = "p_logp";
+  custom.trainer.luffy.on_reshape_weight = 0.3;
+  custom.trainer.luffy.on_reshape_pow_exp = 0.8;
   custom.trainer.entropy = {1e-3, 0.5, 2e-4, 5e-3};
   custom.trainer.reward_kl.coef = 0.05;
   custom.trainer.reward_kl.controller = "adaptive";
@@ -796,6 +805,10 @@ TEST(ConfigTest, ValidateChecksEachRule) {
        [](ExperimentConfig& c) { c.trainer.luffy.off_policy_reshape = "p_div_p_0.2"; },
        "trainer.luffy.off_policy_reshape: must be one of p_div_p, p_div_p_0.1, p_div_p_0.3, "
        "p_div_p_0.5, no_reshape, logp, p_logp, square_root, pow, got 'p_div_p_0.2'"},
+      {"luffy on_policy_reshape",
+       [](ExperimentConfig& c) { c.trainer.luffy.on_policy_reshape = "cube"; },
+       "trainer.luffy.on_policy_reshape: must be one of p_div_p, p_div_p_0.1, p_div_p_0.3, "
+       "p_div_p_0.5, no_reshape, logp, p_logp, square_root, pow, got 'cube'"},
       {"luffy gamma", [](ExperimentConfig& c) { c.trainer.luffy.gamma = 0; },
        "trainer.luffy.gamma: must be > 0, got 0"},
       {"entropy coef", [](ExperimentConfig& c) { c.trainer.entropy.coef = -1; },

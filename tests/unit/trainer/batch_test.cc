@@ -302,3 +302,160 @@ TEST(BatchTest, GradientAccumulationOverMicroBatchesEqualsTheFullBatch) {
 
 }  // namespace
 }  // namespace relay::trainer
+
+namespace relay::trainer {
+namespace {
+
+// ---- ReMax baseline rewards.
+
+TEST(BatchTest, BaselineRewardsComeFromEachGroupsGreedyBaseline) {
+  auto groups = two_groups();
+  // Group 'a' (rows 0, 1) has a scored greedy baseline; group 'b' (row 2) has none.
+  groups[0].baseline = traj({1, 2, 3}, {7}, {4}, 0.75);
+  auto batch = build_batch(groups, BatchOptions{});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->baseline_rewards.sizes(), (at::IntArrayRef{3}));
+  EXPECT_EQ(batch->baseline_rewards.scalar_type(), torch::kFloat32);
+  // Row b gets group_index[b]'s baseline reward: [0.75, 0.75, NaN].
+  EXPECT_FLOAT_EQ(batch->baseline_rewards[0].item<float>(), 0.75f);
+  EXPECT_FLOAT_EQ(batch->baseline_rewards[1].item<float>(), 0.75f);
+  EXPECT_TRUE(std::isnan(batch->baseline_rewards[2].item<float>()));
+
+  // The other way round: only 'b' has one.
+  groups = two_groups();
+  groups[1].baseline = traj({5}, {6, 6}, {5, 5}, -0.5);
+  auto other = build_batch(groups, BatchOptions{});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(std::isnan(other->baseline_rewards[0].item<float>()));
+  EXPECT_TRUE(std::isnan(other->baseline_rewards[1].item<float>()));
+  EXPECT_FLOAT_EQ(other->baseline_rewards[2].item<float>(), -0.5f);
+}
+
+TEST(BatchTest, BaselineRewardsStayAlignedWhenAGroupIsDroppedAsStale) {
+  // Three groups; 'old' has only version-1 tokens and is dropped whole by the
+  // staleness bound (trainer 6, max_staleness 2 -> keep versions >= 4).
+  std::vector<rollout::TrajectoryGroup> groups(3);
+  groups[0].group_id = "old";
+  groups[0].trajectories.push_back(traj({1}, {2}, {1}, 1.0));
+  groups[0].baseline = traj({1}, {2}, {1}, 0.1);
+  groups[1].group_id = "mid";
+  groups[1].trajectories.push_back(traj({3}, {4}, {5}, 0.0));
+  groups[2].group_id = "new";
+  groups[2].trajectories.push_back(traj({5}, {6}, {6}, 1.0));
+  groups[2].baseline = traj({5}, {6}, {6}, 0.3);
+  BatchOptions o;
+  o.trainer_version = 6;
+  o.max_staleness = 2;
+  BatchStats stats;
+  auto batch = build_batch(groups, o, &stats);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(stats.dropped_groups, 1);
+  EXPECT_EQ(batch->group_ids, (std::vector<std::string>{"mid", "new"}));
+  // Row 0 is 'mid' (no baseline), row 1 is 'new' (0.3), not 'old''s 0.1.
+  EXPECT_TRUE(std::isnan(batch->baseline_rewards[0].item<float>()));
+  EXPECT_FLOAT_EQ(batch->baseline_rewards[1].item<float>(), 0.3f);
+}
+
+TEST(BatchTest, SelectRowsCarriesBaselineRewards) {
+  auto groups = two_groups();
+  groups[0].baseline = traj({1, 2, 3}, {7}, {4}, 0.25);
+  auto batch = build_batch(groups, BatchOptions{});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  // Full batch: [0.25, 0.25, NaN]; rows {2, 1} -> [NaN, 0.25].
+  TrainBatch sub = select_rows(*batch, {2, 1});
+  ASSERT_EQ(sub.baseline_rewards.sizes(), (at::IntArrayRef{2}));
+  EXPECT_TRUE(std::isnan(sub.baseline_rewards[0].item<float>()));
+  EXPECT_FLOAT_EQ(sub.baseline_rewards[1].item<float>(), 0.25f);
+}
+
+// ---- Reuse cap.
+
+TEST(TrajectoryKeyTest, EqualForIdenticalInputsAndDifferentWhenAnyPartChanges) {
+  const rollout::Trajectory t = traj({1, 2, 3}, {9, 10, 11}, {3, 4, 4}, 1.0);
+  const uint64_t key = trajectory_key("g", 1, t);
+  // Deterministic, and a copy of the trajectory is the same data.
+  rollout::Trajectory copy = t;
+  EXPECT_EQ(trajectory_key("g", 1, t), key);
+  EXPECT_EQ(trajectory_key("g", 1, copy), key);
+  // The reward and metadata are not part of the data the key names.
+  copy.reward = 0.0;
+  copy.finished_s = 12.5;
+  EXPECT_EQ(trajectory_key("g", 1, copy), key);
+
+  EXPECT_NE(trajectory_key("h", 1, t), key);   // group id
+  EXPECT_NE(trajectory_key("g", 0, t), key);   // index in the group
+  EXPECT_NE(trajectory_key("g2", 1, t), key);  // group id, longer
+  rollout::Trajectory tok = t;
+  tok.response_tokens[1] = 12;  // one response token
+  EXPECT_NE(trajectory_key("g", 1, tok), key);
+  rollout::Trajectory ver = t;
+  ver.token_versions[2] = 5;  // one token version
+  EXPECT_NE(trajectory_key("g", 1, ver), key);
+  rollout::Trajectory lp = t;
+  lp.behavior_logprobs[0] = std::nextafter(lp.behavior_logprobs[0], 0.0f);  // one bit
+  EXPECT_NE(trajectory_key("g", 1, lp), key);
+  rollout::Trajectory longer = t;
+  longer.response_tokens.push_back(13);  // one more token (other fields unchanged)
+  EXPECT_NE(trajectory_key("g", 1, longer), key);
+}
+
+TEST(ReuseCounterTest, CountsUsesPerKeyAndForgetsStaleOnes) {
+  ReuseCounter c;
+  EXPECT_EQ(c.size(), 0u);
+  EXPECT_EQ(c.uses(42), 0);  // never recorded
+
+  c.record({1, 2}, /*version=*/3);
+  EXPECT_EQ(c.uses(1), 1);
+  EXPECT_EQ(c.uses(2), 1);
+  EXPECT_EQ(c.uses(3), 0);
+  EXPECT_EQ(c.size(), 2u);
+
+  c.record({1, 3}, /*version=*/5);  // key 1 used again: 2 uses, last at version 5
+  EXPECT_EQ(c.uses(1), 2);
+  EXPECT_EQ(c.uses(2), 1);
+  EXPECT_EQ(c.uses(3), 1);
+  EXPECT_EQ(c.size(), 3u);
+
+  // Last uses: 1 -> 5, 2 -> 3, 3 -> 5. forget_before(4) drops key 2 only.
+  c.forget_before(4);
+  EXPECT_EQ(c.size(), 2u);
+  EXPECT_EQ(c.uses(2), 0);
+  EXPECT_EQ(c.uses(1), 2);
+  EXPECT_EQ(c.uses(3), 1);
+
+  // "Before" is strict: last_version 5 survives forget_before(5).
+  c.forget_before(5);
+  EXPECT_EQ(c.size(), 2u);
+  c.forget_before(6);
+  EXPECT_EQ(c.size(), 0u);
+  EXPECT_EQ(c.uses(1), 0);
+
+  // A key recorded twice in one call counts twice.
+  c.record({7, 7}, 8);
+  EXPECT_EQ(c.uses(7), 2);
+  EXPECT_EQ(c.size(), 1u);
+}
+
+TEST(ReuseCounterTest, KeysOfARebuiltGroupMatchTheFirstUse) {
+  // The same group handed over twice: the second time every key has a use.
+  auto groups = two_groups();
+  std::vector<uint64_t> keys;
+  for (const auto& g : groups) {
+    for (size_t j = 0; j < g.trajectories.size(); ++j) {
+      keys.push_back(trajectory_key(g.group_id, j, g.trajectories[j]));
+    }
+  }
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(std::set<uint64_t>(keys.begin(), keys.end()).size(), 3u);  // all distinct
+  ReuseCounter c;
+  c.record(keys, 1);
+  auto again = two_groups();
+  for (const auto& g : again) {
+    for (size_t j = 0; j < g.trajectories.size(); ++j) {
+      EXPECT_EQ(c.uses(trajectory_key(g.group_id, j, g.trajectories[j])), 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace relay::trainer

@@ -80,6 +80,7 @@ TEST(TrainerOptionsTest, DefaultsMapToTrainerDefaults) {
   EXPECT_EQ(got->loss.luffy.shaping, defaults.luffy.shaping);
   EXPECT_EQ(got->loss.luffy.gamma, defaults.luffy.gamma);
   EXPECT_EQ(got->loss.luffy.off_max_clip, defaults.luffy.off_max_clip);
+  EXPECT_EQ(got->loss.luffy.on_policy_shaping, defaults.luffy.on_policy_shaping);
 }
 
 TEST(TrainerOptionsTest, EveryFieldMaps) {
@@ -139,6 +140,9 @@ TEST(TrainerOptionsTest, EveryFieldMaps) {
   t.luffy.off_min_clip = 0.05;
   t.luffy.clip_upper_bound = 2.0;
   t.luffy.loss_remove_clip = true;
+  t.luffy.on_policy_reshape = "pow";
+  t.luffy.on_reshape_weight = 0.4;
+  t.luffy.on_reshape_pow_exp = 0.25;
   t.entropy = {1e-3, 0.5, 2e-4, 5e-3};
   t.reward_kl.coef = 0.05;
   t.reward_kl.controller = "adaptive";
@@ -213,6 +217,11 @@ TEST(TrainerOptionsTest, EveryFieldMaps) {
   EXPECT_EQ(o->loss.luffy.off_min_clip, 0.05);
   EXPECT_EQ(o->loss.luffy.clip_upper_bound, 2.0);
   EXPECT_TRUE(o->loss.luffy.loss_remove_clip);
+  EXPECT_EQ(o->loss.luffy.on_policy_shaping, OffPolicyShaping::kPow);
+  EXPECT_EQ(o->loss.luffy.on_policy_shaping_weight, 0.4);
+  EXPECT_EQ(o->loss.luffy.on_policy_pow_exponent, 0.25);
+  EXPECT_EQ(o->loss.luffy.on_policy_gamma, 0.1)
+      << "trainer.luffy.gamma; the on-policy name has none";
   EXPECT_EQ(o->loss.luffy.on_policy.clip_high, 0.28);
   EXPECT_EQ(o->loss.luffy.on_policy.clip_c, 0) << "LUFFY has no dual clip";
   EXPECT_EQ(o->entropy.coef, 1e-3);

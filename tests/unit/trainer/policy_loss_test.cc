@@ -500,6 +500,47 @@ TEST(LuffyLossTest, RemoveClipAndSftTerm) {
       AllClose(b.logp.grad(), row({-0.275f, 0.125f, -0.04f - 0.05f, 0.0225f - 0.05f}), 1e-6));
 }
 
+// On-policy ratio shaping (LUFFY's on_policy_reshape) on LuffyCase: the
+// shaped ratio r' is clipped to [0.8, 1.2] instead of r. Off-policy tokens
+// are unchanged: -0.8 (t2) + 0.9 (t3).
+TEST(LuffyLossTest, OnPolicyShaping) {
+  LuffyCase c;
+  struct Case {
+    OffPolicyShaping shaping;
+    double loss;
+    double grad0;  // d loss / d logp of t0 (t1 is clipped in every case)
+  } cases[] = {
+      // sqrt: t0 -sqrt(1.1) = -1.048809; t1 max(sqrt(0.5), 0.8) = 0.8 (clipped);
+      // (-1.048809 + 0.8 + 0.1) / 4; grad t0 = -0.5 sqrt(1.1) / 4.
+      {OffPolicyShaping::kSquareRoot, -0.0372022120, -0.1311011060},
+      // p_logp (weight 1): t0 -(1.1 + ln 1.1); t1 max(0.5 + ln 0.5, 0.8) = 0.8;
+      // grad t0 = -(r + 1) / 4 = -2.1 / 4.
+      {OffPolicyShaping::kPLogp, -0.0738275450, -0.525},
+      // p_div_p (gamma 0.1): f(p) = p / (p + 0.1), p = e^-1 r, p_old = e^-1:
+      // t0 r' = f(1.1 e^-1) / f(e^-1) = 1.019815; t1 r' = 0.823906 (inside the band).
+      {OffPolicyShaping::kPDivP, -0.0239771864, std::nan("")},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(static_cast<int>(k.shaping));
+    Batch b = make(c.logp, c.old, c.adv, c.mask);
+    LuffyOptions o;
+    o.on_policy_shaping = k.shaping;
+    ASSERT_TRUE(validate(o).ok());
+    LuffyLossResult r = luffy_loss(b.in, c.off, o);
+    EXPECT_NEAR(r.loss.item<float>(), k.loss, 1e-6);
+    r.loss.backward();
+    if (!std::isnan(k.grad0)) {
+      EXPECT_NEAR(b.logp.grad()[0][0].item<float>(), k.grad0, 1e-6);
+      EXPECT_EQ(b.logp.grad()[0][1].item<float>(), 0.0f) << "t1 is clipped";
+      EXPECT_NEAR(r.metrics.on_policy.clip_fraction, 0.5, 1e-9);
+    }
+    EXPECT_NEAR(b.logp.grad()[0][2].item<float>(), -0.04, 1e-6);
+  }
+  LuffyOptions bad;
+  bad.on_policy_pow_exponent = 0;
+  EXPECT_EQ(validate(bad).message(), "luffy.on_policy_pow_exponent: must be > 0, got 0");
+}
+
 TEST(LuffyLossTest, ShapingVariantsAndClips) {
   // One off-policy token, A = -1, p = 0.25: loss = f(p), gradient = df/dlogp.
   struct Case {
@@ -608,6 +649,497 @@ TEST(EntropyLossTest, EntropyFromLogitsOnMaskedPositions) {
   // Bonus: -coef * token-mean(H) = -0.01 * (0.5623351 + 1.0986123) / 2.
   EXPECT_NEAR(entropy_bonus_loss(h.detach(), mask, 0.01, LossAggMode::kTokenMean).item<float>(),
               -0.0083047, 1e-7);
+}
+
+}  // namespace
+}  // namespace relay::trainer
+
+#include <map>
+#include <set>
+#include <vector>
+
+namespace relay::trainer {
+namespace {
+
+// ------------------------------------------------------ rollout-correction weights
+
+TEST(IsWeightsTest, PpoMultipliesThePerTokenLossBeforeAggregation) {
+  // PpoCase per-token losses (clip_high 0.28, clip_c 3):
+  //   l = [-1.28, -0.5, 0.8, 3, 2, -2.2], gradients -A r or 0: [0, -0.5, 0, 0, 2, -2.2].
+  // Weights w = [2, 1, 1, 1, 0.5, 2]:
+  //   loss = (2(-1.28) - 0.5 + 0.8 + 3 + 0.5(2) + 2(-2.2)) / 6 = -2.66 / 6
+  //   grad = w * [0, -0.5, 0, 0, 2, -2.2] / 6 = [0, -0.5, 0, 0, 1, -4.4] / 6
+  PpoCase c;
+  Batch b = make(c.logp, c.old, c.adv, c.mask);
+  b.in.is_weights = row({2, 1, 1, 1, 0.5f, 2});
+  PpoClipOptions o;
+  o.clip_high = 0.28;
+  PolicyLossResult r = ppo_clip_loss(b.in, o);
+  EXPECT_NEAR(r.loss.item<float>(), -2.66 / 6, 1e-6);
+  r.loss.backward();
+  EXPECT_TRUE(AllClose(b.logp.grad(), row({0, -0.5f / 6, 0, 0, 1.0f / 6, -4.4f / 6}), 1e-6));
+  // The weights are data: metrics are those of the unweighted surrogate.
+  EXPECT_NEAR(r.metrics.clip_fraction, 2.0 / 6, 1e-9);
+  EXPECT_NEAR(r.metrics.mean_ratio, 9.6 / 6, 1e-6);
+
+  // Weights 2 on one token only (t5, A = +2, r = 1.1, l = -2.2):
+  //   loss = (1.82 - 2.2) / 6 = -0.38 / 6, i.e. the unweighted 1.82 / 6 plus one more -2.2 / 6.
+  Batch one = make(c.logp, c.old, c.adv, c.mask);
+  one.in.is_weights = row({1, 1, 1, 1, 1, 2});
+  EXPECT_NEAR(ppo_clip_loss(one.in, o).loss.item<float>(), -0.38 / 6, 1e-6);
+}
+
+TEST(IsWeightsTest, WeightsAreDataNotDifferentiated) {
+  // A weight tensor that requires grad gets none: the loss treats it as data.
+  PpoCase c;
+  Batch b = make(c.logp, c.old, c.adv, c.mask);
+  at::Tensor w = torch::full({1, 6}, 2.0f).requires_grad_(true);
+  b.in.is_weights = w;
+  PpoClipOptions o;
+  o.clip_high = 0.28;
+  PolicyLossResult r = ppo_clip_loss(b.in, o);
+  EXPECT_NEAR(r.loss.item<float>(), 2 * 1.82 / 6, 1e-6);  // twice the unweighted loss
+  r.loss.backward();
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(IsWeightsTest, ReinforceMultipliesThePerTokenLoss) {
+  // -A logp with A = [1, 0.5], logp = [-1, -2]: [1, 1]; weights [3, 0.5] -> [3, 0.5].
+  //   token-mean (3 + 0.5) / 2 = 1.75; grad -A w / 2 = [-1.5, -0.125].
+  Batch b = make(row({-1, -2}), row({-1.5f, -2}), row({1, 0.5f}), torch::ones({1, 2}));
+  b.in.is_weights = row({3, 0.5f});
+  PolicyLossResult r = reinforce_loss(b.in, LossAggMode::kTokenMean);
+  EXPECT_NEAR(r.loss.item<float>(), 1.75, 1e-6);
+  r.loss.backward();
+  EXPECT_TRUE(AllClose(b.logp.grad(), row({-1.5f, -0.125f}), 1e-7));
+  // seq-mean-token-sum with one sequence: 3 + 0.5.
+  Batch s = make(row({-1, -2}), row({-1.5f, -2}), row({1, 0.5f}), torch::ones({1, 2}));
+  s.in.is_weights = row({3, 0.5f});
+  EXPECT_NEAR(reinforce_loss(s.in, LossAggMode::kSeqMeanTokenSum).loss.item<float>(), 3.5, 1e-6);
+}
+
+TEST(IsWeightsTest, GmpoUsesEachSequencesMeanWeight) {
+  // The GmpoGeometricMeanWithSignAwareClip case with a masked third column:
+  //   row 0: loss_0 = -exp(0.25) = -1.2840254; row 1: loss_1 = exp(-0.1) = 0.9048374.
+  // Weights [[1, 3, 100], [0.5, 0.5, 100]]; the masked 100s do not count, so the
+  // sequences' mean weights are (1 + 3) / 2 = 2 and (0.5 + 0.5) / 2 = 0.5:
+  //   loss = (2 * -1.2840254 + 0.5 * 0.9048374) / 2 = -1.0578161
+  // (per-token weighting would have weighted the two row-0 tokens differently).
+  // Gradients: row 0 t0: -A ratio * 2 / (2 tokens * 2 rows) = -0.6420127 (t1 clipped: 0);
+  //            row 1 t1: 0.9048374 * 0.5 / 4 = 0.1131047 (t0 clipped: 0).
+  at::Tensor old = torch::full({2, 3}, -1.0f);
+  at::Tensor logp = old + mat({{0.1f, 0.6f, 0}, {-0.6f, 0.2f, 0}});
+  Batch b = make(logp, old, mat({{1, 1, 1}, {-1, -1, -1}}), mat({{1, 1, 0}, {1, 1, 0}}));
+  b.in.is_weights = mat({{1, 3, 100}, {0.5f, 0.5f, 100}});
+  PolicyLossResult r = gmpo_loss(b.in, GmpoOptions{});
+  EXPECT_NEAR(r.loss.item<float>(), -1.0578161, 1e-6);
+  r.loss.backward();
+  EXPECT_TRUE(AllClose(b.logp.grad(), mat({{-0.6420127f, 0, 0}, {0, 0.1131047f, 0}}), 1e-6));
+}
+
+// ------------------------------------------------------------ loss selection
+
+constexpr PolicyLossKind kAllKinds[] = {
+    PolicyLossKind::kPpo,       PolicyLossKind::kDecoupledPpo, PolicyLossKind::kGspo,
+    PolicyLossKind::kGmpo,      PolicyLossKind::kCispo,        PolicyLossKind::kSapo,
+    PolicyLossKind::kClipCov,   PolicyLossKind::kKlCov,        PolicyLossKind::kGpg,
+    PolicyLossKind::kReinforce, PolicyLossKind::kLuffy,
+};
+
+// One set of inputs every loss can run on: 3 x 5, a ragged mask, proximal
+// log-probs away from the behavior ones, forced tokens in row 1, IS weights.
+struct SelectionCase {
+  at::Tensor logp, old, prox, adv, mask, off, weights;
+  SelectionCase() {
+    torch::manual_seed(11);
+    logp = -torch::rand({3, 5}) * 2 - 0.1;
+    old = logp + torch::randn({3, 5}) * 0.3;
+    prox = old + torch::randn({3, 5}) * 0.2;
+    adv = torch::randn({3, 1}).expand({3, 5}).contiguous();
+    mask = mat({{1, 1, 1, 0, 0}, {1, 1, 1, 1, 1}, {1, 1, 0, 0, 0}});
+    off = mat({{0, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {0, 0, 0, 0, 0}});
+    weights = torch::rand({3, 5}) + 0.5;
+  }
+  PolicyLossInputs inputs(const at::Tensor& is_weights) const {
+    return PolicyLossInputs{logp, old, adv, mask, prox, is_weights};
+  }
+};
+
+// Non-default options for every kind, so that wiring the wrong ones shows.
+PolicyLossOptions selection_options() {
+  PolicyLossOptions o;
+  o.ppo.clip_low = 0.1;
+  o.ppo.clip_high = 0.15;
+  o.ppo.behav_imp_weight_cap = 3;
+  o.ppo.agg_mode = LossAggMode::kSeqMeanTokenSum;
+  o.gspo = GspoOptions{0.05, 0.1};
+  o.gmpo = GmpoOptions{0.1, 0.2};
+  o.cispo.clip_low = 0.05;
+  o.cispo.agg_mode = LossAggMode::kSeqMeanTokenMean;
+  o.sapo.tau_pos = 2.0;
+  o.sapo.tau_neg = 0.5;
+  o.clip_cov.clip_cov_ratio = 0.3;
+  o.clip_cov.clip_cov_lb = -100;
+  o.clip_cov.clip_cov_ub = 100;
+  o.clip_cov.seed = 5;
+  o.kl_cov.kl_cov_ratio = 0.3;
+  o.kl_cov.ppo_kl_coef = 2.0;
+  o.luffy.gamma = 0.3;
+  o.luffy.sft_coef = 0.2;
+  return o;
+}
+
+// The loss of `kind` called directly.
+PolicyLossResult direct(PolicyLossKind kind, const PolicyLossInputs& in, const at::Tensor& off,
+                        const PolicyLossOptions& o, const GlobalNormalizer& n,
+                        const GlobalNormalizer& sft_n) {
+  switch (kind) {
+    case PolicyLossKind::kPpo:
+      return ppo_clip_loss(in, o.ppo, n);
+    case PolicyLossKind::kDecoupledPpo:
+      return decoupled_ppo_loss(in, o.ppo, n);
+    case PolicyLossKind::kGspo:
+      return gspo_loss(in, o.gspo, n);
+    case PolicyLossKind::kGmpo:
+      return gmpo_loss(in, o.gmpo, n);
+    case PolicyLossKind::kCispo:
+      return cispo_loss(in, o.cispo, n);
+    case PolicyLossKind::kSapo:
+      return sapo_loss(in, o.sapo, n);
+    case PolicyLossKind::kClipCov:
+      return clip_cov_loss(in, o.clip_cov, n);
+    case PolicyLossKind::kKlCov:
+      return kl_cov_loss(in, o.kl_cov, n);
+    case PolicyLossKind::kGpg:
+      return gpg_loss(in, o.ppo.agg_mode, n);
+    case PolicyLossKind::kReinforce:
+      return reinforce_loss(in, o.ppo.agg_mode, n);
+    case PolicyLossKind::kLuffy: {
+      LuffyLossResult l = luffy_loss(in, off, o.luffy, n, sft_n);
+      return PolicyLossResult{l.loss, l.metrics.on_policy};
+    }
+  }
+  return {};
+}
+
+TEST(PolicyLossSelectionTest, ComputePolicyLossEqualsTheDirectCallForEveryKind) {
+  SelectionCase c;
+  const PolicyLossInputs in = c.inputs(c.weights);
+  GlobalNormalizer n;  // step-wide counts larger than this micro-batch's
+  n.num_tokens = 20;
+  n.num_sequences = 4;
+  n.loss_scale_factor = 8;
+  GlobalNormalizer sft_n;
+  sft_n.num_tokens = 6;
+  PolicyLossOptions o = selection_options();
+  std::map<std::string, double> values;
+  for (PolicyLossKind kind : kAllKinds) {
+    SCOPED_TRACE(policy_loss_kind_name(kind));
+    o.kind = kind;
+    ASSERT_TRUE(validate(o).ok()) << validate(o);
+    PolicyLossResult got = compute_policy_loss(in, c.off, o, n, sft_n);
+    PolicyLossResult want = direct(kind, in, c.off, o, n, sft_n);
+    ASSERT_TRUE(std::isfinite(got.loss.item<float>()));
+    EXPECT_FLOAT_EQ(got.loss.item<float>(), want.loss.item<float>());
+    EXPECT_DOUBLE_EQ(got.metrics.clip_fraction, want.metrics.clip_fraction);
+    EXPECT_DOUBLE_EQ(got.metrics.ppo_kl, want.metrics.ppo_kl);
+    EXPECT_DOUBLE_EQ(got.metrics.mean_ratio, want.metrics.mean_ratio);
+    EXPECT_DOUBLE_EQ(got.metrics.behav_imp_weight, want.metrics.behav_imp_weight);
+    values[policy_loss_kind_name(kind)] = got.loss.item<float>();
+  }
+  // The kinds are really different losses on these inputs (GPG and REINFORCE
+  // share a per-token loss by definition).
+  EXPECT_EQ(values["gpg"], values["reinforce"]);
+  std::set<double> distinct;
+  for (const auto& [name, v] : values) distinct.insert(v);
+  EXPECT_EQ(distinct.size(), values.size() - 1);
+  // REINFORCE aggregates with ppo.agg_mode (seq-mean-token-sum here), not token-mean.
+  EXPECT_NE(values["reinforce"], reinforce_loss(in, LossAggMode::kTokenMean, n).loss.item<float>());
+}
+
+TEST(PolicyLossSelectionTest, UndefinedIsWeightsEqualAllOnesForEveryKind) {
+  SelectionCase c;
+  PolicyLossOptions o = selection_options();
+  for (PolicyLossKind kind : kAllKinds) {
+    SCOPED_TRACE(policy_loss_kind_name(kind));
+    o.kind = kind;
+    const float none = compute_policy_loss(c.inputs(at::Tensor()), c.off, o).loss.item<float>();
+    const float ones =
+        compute_policy_loss(c.inputs(torch::ones({3, 5})), c.off, o).loss.item<float>();
+    EXPECT_FLOAT_EQ(none, ones);
+    // And the weights are read by every kind: a uniform weight 2 doubles the
+    // policy term (LUFFY's SFT term is not weighted, so it is off here).
+    PolicyLossOptions no_sft = o;
+    no_sft.luffy.sft_coef = 0;
+    const float base =
+        compute_policy_loss(c.inputs(at::Tensor()), c.off, no_sft).loss.item<float>();
+    const float twice =
+        compute_policy_loss(c.inputs(torch::full({3, 5}, 2.0f)), c.off, no_sft).loss.item<float>();
+    EXPECT_NEAR(twice, 2 * base, 1e-6 * std::max(1.0f, std::fabs(base)));
+    EXPECT_NE(base, 0.0f);
+  }
+}
+
+TEST(PolicyLossSelectionTest, LuffyExtraMetricsAreReportedUnderLuffyNames) {
+  // LuffyCase: on_loss -0.15, off_loss 0.05, off_ratio_mean 0.85, off_policy_prob 0.65,
+  // off_policy_fraction 0.5, no off clips, no SFT; on-policy clip_fraction 0.5 (t1).
+  LuffyCase c;
+  PolicyLossOptions o;
+  o.kind = PolicyLossKind::kLuffy;
+  PolicyLossInputs in{c.logp, c.old, c.adv, c.mask, at::Tensor(), at::Tensor()};
+  std::map<std::string, double> extra;
+  PolicyLossResult r = compute_policy_loss(in, c.off, o, {}, {}, &extra);
+  EXPECT_NEAR(r.loss.item<float>(), -0.05, 1e-6);
+  EXPECT_NEAR(r.metrics.clip_fraction, 0.5, 1e-9);  // the on-policy tokens' metrics
+  std::set<std::string> names;
+  for (const auto& [k, v] : extra) names.insert(k);
+  EXPECT_EQ(names, (std::set<std::string>{"luffy/on_loss", "luffy/off_loss", "luffy/off_ratio_mean",
+                                          "luffy/off_max_clip_fraction",
+                                          "luffy/off_min_clip_fraction", "luffy/off_policy_prob",
+                                          "luffy/off_policy_fraction", "luffy/sft_loss"}));
+  EXPECT_NEAR(extra["luffy/on_loss"], -0.15, 1e-6);            // (-1.1 + 0.8) / 2
+  EXPECT_NEAR(extra["luffy/off_loss"], 0.05, 1e-6);            // (-0.8 + 0.9) / 2
+  EXPECT_NEAR(extra["luffy/off_ratio_mean"], 0.85, 1e-6);      // (0.8 + 0.9) / 2
+  EXPECT_NEAR(extra["luffy/off_policy_prob"], 0.65, 1e-6);     // (0.4 + 0.9) / 2
+  EXPECT_NEAR(extra["luffy/off_policy_fraction"], 0.5, 1e-9);  // 2 of 4 tokens
+  EXPECT_EQ(extra["luffy/off_max_clip_fraction"], 0.0);
+  EXPECT_EQ(extra["luffy/off_min_clip_fraction"], 0.0);
+  EXPECT_EQ(extra["luffy/sft_loss"], 0.0);
+  // Without a map nothing is written (and nothing breaks).
+  EXPECT_NEAR(compute_policy_loss(in, c.off, o).loss.item<float>(), -0.05, 1e-6);
+  // Other kinds add nothing.
+  std::map<std::string, double> none;
+  o.kind = PolicyLossKind::kPpo;
+  PolicyLossInputs finite{c.logp, torch::full({1, 4}, -1.0f), c.adv, c.mask, {}, {}};
+  compute_policy_loss(finite, c.off, o, {}, {}, &none);
+  EXPECT_TRUE(none.empty());
+}
+
+TEST(PolicyLossSelectionTest, ParsesEveryKindNameAndRejectsUnknownOnes) {
+  std::set<std::string> names;
+  for (PolicyLossKind kind : kAllKinds) {
+    const std::string name = policy_loss_kind_name(kind);
+    names.insert(name);
+    auto parsed = parse_policy_loss_kind(name);
+    ASSERT_TRUE(parsed.ok()) << name << ": " << parsed.status();
+    EXPECT_EQ(*parsed, kind) << name;
+  }
+  EXPECT_EQ(names.size(), std::size(kAllKinds));  // one name per kind
+  EXPECT_EQ(names, (std::set<std::string>{"ppo", "decoupled_ppo", "gspo", "gmpo", "cispo", "sapo",
+                                          "clip_cov", "kl_cov", "gpg", "reinforce", "luffy"}));
+  for (const std::string bad : {"grpo", "PPO", "", "ppo "}) {
+    auto parsed = parse_policy_loss_kind(bad);
+    ASSERT_FALSE(parsed.ok()) << "'" << bad << "'";
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(parsed.status().message()).rfind("trainer.loss: unknown policy loss", 0),
+              0u)
+        << parsed.status();
+  }
+  auto named = parse_policy_loss_kind("dapo", "x.loss");
+  ASSERT_FALSE(named.ok());
+  EXPECT_EQ(std::string(named.status().message()).rfind("x.loss: unknown policy loss 'dapo'", 0),
+            0u)
+      << named.status();
+}
+
+// Message of validate(o), or "" when OK.
+std::string validation_message(const PolicyLossOptions& o, const std::string& prefix = "trainer") {
+  Status s = validate(o, prefix);
+  return s.ok() ? "" : std::string(s.message());
+}
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+TEST(PolicyLossSelectionTest, ValidateNamesTheSelectedKindsField) {
+  for (PolicyLossKind kind : kAllKinds) {
+    PolicyLossOptions o;
+    o.kind = kind;
+    EXPECT_EQ(validation_message(o), "") << policy_loss_kind_name(kind);  // defaults are valid
+  }
+  struct Case {
+    PolicyLossKind kind;
+    void (*set)(PolicyLossOptions&);
+    const char* want;  // message prefix
+  };
+  const Case cases[] = {
+      {PolicyLossKind::kGspo, [](PolicyLossOptions& o) { o.gspo.clip_low = 1.5; },
+       "trainer.gspo.clip_low"},
+      {PolicyLossKind::kGspo, [](PolicyLossOptions& o) { o.gspo.clip_high = -0.1; },
+       "trainer.gspo.clip_high"},
+      {PolicyLossKind::kSapo, [](PolicyLossOptions& o) { o.sapo.tau_pos = 0; },
+       "trainer.sapo.tau_pos"},
+      {PolicyLossKind::kSapo, [](PolicyLossOptions& o) { o.sapo.tau_neg = -1; },
+       "trainer.sapo.tau_neg"},
+      {PolicyLossKind::kGmpo, [](PolicyLossOptions& o) { o.gmpo.clip_low = -0.1; },
+       "trainer.gmpo.clip_low"},
+      {PolicyLossKind::kGmpo, [](PolicyLossOptions& o) { o.gmpo.clip_high = -0.1; },
+       "trainer.gmpo.clip_high"},
+      {PolicyLossKind::kCispo, [](PolicyLossOptions& o) { o.cispo.clip_low = 1.0; },
+       "trainer.cispo.clip_low"},
+      {PolicyLossKind::kClipCov, [](PolicyLossOptions& o) { o.clip_cov.clip_cov_ratio = 0; },
+       "trainer.clip_cov.ratio"},
+      {PolicyLossKind::kClipCov, [](PolicyLossOptions& o) { o.clip_cov.clip_cov_lb = 5; },
+       "trainer.clip_cov.lb"},  // lb 5 == ub 5
+      {PolicyLossKind::kKlCov, [](PolicyLossOptions& o) { o.kl_cov.kl_cov_ratio = 1.5; },
+       "trainer.kl_cov.ratio"},
+      {PolicyLossKind::kKlCov, [](PolicyLossOptions& o) { o.kl_cov.ppo_kl_coef = -1; },
+       "trainer.kl_cov.coef"},
+      {PolicyLossKind::kLuffy, [](PolicyLossOptions& o) { o.luffy.gamma = 0; },
+       "trainer.luffy.gamma"},
+      {PolicyLossKind::kLuffy, [](PolicyLossOptions& o) { o.luffy.on_policy.clip_c = 0.5; },
+       "trainer.luffy.on_policy.clip_c"},
+      // PPO's options (trainer.ppo) serve ppo, decoupled_ppo, gpg and reinforce.
+      {PolicyLossKind::kPpo, [](PolicyLossOptions& o) { o.ppo.clip_c = 0.5; },
+       "trainer.ppo.clip_c"},
+      {PolicyLossKind::kDecoupledPpo,
+       [](PolicyLossOptions& o) { o.ppo.behav_imp_weight_cap = 0.5; },
+       "trainer.ppo.behav_imp_weight_cap"},
+  };
+  for (const Case& k : cases) {
+    PolicyLossOptions o;
+    o.kind = k.kind;
+    k.set(o);
+    const std::string msg = validation_message(o);
+    EXPECT_TRUE(starts_with(msg, std::string(k.want) + ":")) << k.want << " vs '" << msg << "'";
+  }
+  // The prefix is the caller's.
+  PolicyLossOptions o;
+  o.kind = PolicyLossKind::kGspo;
+  o.gspo.clip_low = 1.5;
+  EXPECT_EQ(validation_message(o, "x"), "x.gspo.clip_low: must be in [0, 1), got 1.5");
+}
+
+TEST(PolicyLossSelectionTest, ValidateIgnoresTheOptionsOfKindsNotSelected) {
+  // Every section invalid except the selected one's.
+  auto all_bad = [] {
+    PolicyLossOptions o;
+    o.ppo.clip_c = 0.5;
+    o.gspo.clip_low = 1.5;
+    o.gmpo.clip_low = -1;
+    o.cispo.clip_high = -1;
+    o.sapo.tau_pos = 0;
+    o.clip_cov.clip_cov_ratio = 0;
+    o.kl_cov.kl_cov_ratio = 0;
+    o.luffy.gamma = 0;
+    return o;
+  };
+  PolicyLossOptions o = all_bad();
+  o.kind = PolicyLossKind::kGspo;
+  o.gspo = GspoOptions{};
+  EXPECT_EQ(validation_message(o), "");
+  o = all_bad();
+  o.kind = PolicyLossKind::kSapo;
+  o.sapo = SapoOptions{};
+  EXPECT_EQ(validation_message(o), "");
+  o = all_bad();
+  o.kind = PolicyLossKind::kKlCov;
+  o.kl_cov = KlCovOptions{};
+  EXPECT_EQ(validation_message(o), "");
+  o = all_bad();
+  o.kind = PolicyLossKind::kPpo;
+  o.ppo = PpoClipOptions{};
+  EXPECT_EQ(validation_message(o), "");
+  o = all_bad();
+  o.kind = PolicyLossKind::kLuffy;
+  o.luffy = LuffyOptions{};
+  EXPECT_EQ(validation_message(o), "");
+  // ... and the selected one's are read: the same options, kind gmpo, fail on gmpo.
+  o = all_bad();
+  o.kind = PolicyLossKind::kGmpo;
+  EXPECT_TRUE(starts_with(validation_message(o), "trainer.gmpo.clip_low:"))
+      << validation_message(o);
+}
+
+// ------------------------------------------------------------ entropy control
+
+TEST(EntropyControllerTest, FixedCoefficientNeverMoves) {
+  EntropyControlOptions o;
+  o.coef = 0.01;  // target 0: fixed
+  ASSERT_TRUE(validate(o).ok());
+  EntropyController c(o);
+  EXPECT_EQ(c.value(), 0.01);
+  for (double h : {0.0, 0.5, 5.0}) EXPECT_EQ(c.coef_for(h), 0.01) << h;
+  c.update(0.0);
+  c.update(100.0);
+  EXPECT_EQ(c.value(), 0.01);
+  EXPECT_EQ(c.coef_for(1.0), 0.01);
+  // A negative target is fixed too.
+  o.target = -1;
+  EntropyController neg(o);
+  neg.update(-5);
+  EXPECT_EQ(neg.value(), 0.01);
+  EXPECT_EQ(neg.coef_for(3.0), 0.01);
+}
+
+TEST(EntropyControllerTest, AdaptiveCoefficientStepsByDeltaWithinBounds) {
+  EntropyControlOptions o;
+  o.coef = 0.002;
+  o.target = 1.0;
+  o.delta = 0.001;
+  o.max_coef = 0.004;
+  ASSERT_TRUE(validate(o).ok());
+  EntropyController c(o);
+  EXPECT_EQ(c.value(), 0.002);
+  // The bonus applies only below the target.
+  EXPECT_EQ(c.coef_for(0.5), 0.002);
+  EXPECT_EQ(c.coef_for(1.0), 0.0);  // entropy >= target
+  EXPECT_EQ(c.coef_for(1.5), 0.0);
+  // Below the target: up by delta, clamped at max_coef.
+  c.update(0.5);
+  EXPECT_NEAR(c.value(), 0.003, 1e-15);  // 0.002 + 0.001
+  EXPECT_NEAR(c.coef_for(0.9), 0.003, 1e-15);
+  c.update(0.5);
+  EXPECT_NEAR(c.value(), 0.004, 1e-15);  // 0.003 + 0.001 = max_coef
+  c.update(0.5);
+  EXPECT_NEAR(c.value(), 0.004, 1e-15);  // min(0.005, 0.004)
+  // Above the target: down by delta, clamped at 0.
+  c.update(2.0);
+  EXPECT_NEAR(c.value(), 0.003, 1e-15);
+  EXPECT_EQ(c.coef_for(2.0), 0.0);
+  c.update(2.0);
+  c.update(2.0);
+  EXPECT_NEAR(c.value(), 0.001, 1e-15);  // 0.003 - 2 * 0.001
+  c.update(2.0);
+  EXPECT_NEAR(c.value(), 0.0, 1e-15);
+  c.update(2.0);
+  EXPECT_EQ(c.value(), 0.0);  // max(-0.001, 0)
+  EXPECT_GE(c.value(), 0.0);
+  c.update(0.1);
+  EXPECT_NEAR(c.value(), 0.001, 1e-15);  // 0 + 0.001
+}
+
+TEST(EntropyControllerTest, ValidateNamesTheField) {
+  EXPECT_TRUE(validate(EntropyControlOptions{}).ok());
+  auto msg = [](const EntropyControlOptions& o) {
+    Status s = validate(o);
+    return s.ok() ? std::string() : std::string(s.message());
+  };
+  EntropyControlOptions o;
+  o.coef = -0.1;
+  EXPECT_EQ(msg(o), "trainer.entropy.coef: must be >= 0, got -0.1");
+  o = EntropyControlOptions{};
+  o.target = std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(starts_with(msg(o), "trainer.entropy.target:")) << msg(o);
+  o.target = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(starts_with(msg(o), "trainer.entropy.target:")) << msg(o);
+  o = EntropyControlOptions{};
+  o.target = 1.0;
+  o.delta = 0;
+  EXPECT_TRUE(starts_with(msg(o), "trainer.entropy.delta:")) << msg(o);
+  o = EntropyControlOptions{};
+  o.target = 1.0;
+  o.coef = 0.05;
+  o.max_coef = 0.01;  // below the initial coefficient
+  EXPECT_TRUE(starts_with(msg(o), "trainer.entropy.max_coef:")) << msg(o);
+  // delta and max_coef are not read for a fixed coefficient.
+  o.target = 0;
+  o.delta = 0;
+  EXPECT_EQ(msg(o), "");
+  // The prefix is the caller's.
+  o = EntropyControlOptions{};
+  o.coef = -1;
+  EXPECT_TRUE(starts_with(std::string(validate(o, "e").message()), "e.coef:"));
 }
 
 }  // namespace
