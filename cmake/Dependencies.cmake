@@ -35,6 +35,8 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 # PCRE2 (8-bit code units): the jsonl task's regex verifier.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# RocksDB: the rollout store (module store), linked as the shared library.
+pkg_check_modules(ROCKSDB REQUIRED IMPORTED_TARGET rocksdb)
 
 if(RELAY_BUILD_TESTS)
   find_package(GTest REQUIRED)

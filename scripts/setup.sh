@@ -18,6 +18,8 @@ packages=(
   # common
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libxxhash-dev libpcre2-dev
+  # the rollout store
+  librocksdb-dev
   # tests
   libgtest-dev libgmock-dev
 )

@@ -25,6 +25,7 @@
 #include "relay/rollout/engine.h"
 #include "relay/rollout/generate.h"
 #include "relay/rollout/task.h"
+#include "relay/store/rollout_store.h"
 #include "relay/trainer/batch_filler.h"
 #include "relay/trainer/options.h"
 #include "relay/trainer/trainer.h"
@@ -461,6 +462,18 @@ int rollout(const RolloutArgs& args) {
   }
   if (!args.out.empty()) {
     if (Status st = write_file_atomic(args.out, lines); !st.ok()) return fail("rollout", st);
+  }
+  if (!args.store.empty()) {
+    store::StoreOptions so;
+    so.path = args.store;
+    StatusOr<std::unique_ptr<store::RolloutStore>> db = store::RolloutStore::open(so);
+    if (!db.ok()) return fail("rollout", db.status());
+    for (const rollout::TrajectoryGroup& g : *groups) {
+      StatusOr<uint64_t> seq = (*db)->append(g, /*trainer_version=*/0);
+      if (!seq.ok()) return fail("rollout", seq.status());
+    }
+    std::printf("appended %lld groups to %s\n", static_cast<long long>(groups->size()),
+                args.store.c_str());
   }
   const rollout::EngineStats stats = (*engine)->stats();
   std::printf(

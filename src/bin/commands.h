@@ -57,11 +57,19 @@ struct RolloutArgs {
   std::string model_dir;  // default: model.path
   int64_t prompts = 8;    // groups to sample: task prompts [start, start + prompts)
   int64_t start = 0;
-  std::string out;  // JSONL, one trajectory group per line; empty = no file
+  std::string out;    // JSONL, one trajectory group per line; empty = no file
+  std::string store;  // rollout store directory to append the groups to; empty = none
 };
 // Samples rollout.n responses for each of a range of task prompts with the
 // rollout engine, scores them with the task's verifier and writes them out.
 int rollout(const RolloutArgs& args);
+
+struct StoreInspectArgs {
+  std::string path;
+  bool json = false;
+};
+// Counts, staleness and a sample trajectory of a rollout store (read-only).
+int store_inspect(const StoreInspectArgs& args);
 
 struct TrainLocalArgs {
   std::string config_file;

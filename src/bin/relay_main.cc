@@ -66,6 +66,15 @@ int main(int argc, char** argv) {
   rollout->add_option("--prompts", roll.prompts, "Number of task prompts (groups)");
   rollout->add_option("--start", roll.start, "Index of the first task prompt");
   rollout->add_option("--out", roll.out, "Write trajectory groups as JSONL here");
+  rollout->add_option("--store", roll.store, "Append the groups to this rollout store");
+
+  relay::cli::StoreInspectArgs inspect_args;
+  auto* store = app.add_subcommand("store", "The rollout store");
+  store->require_subcommand(1);
+  auto* inspect = store->add_subcommand(
+      "inspect", "Counts by version and state, staleness, reward means and a sample trajectory");
+  inspect->add_option("path", inspect_args.path, "Rollout store directory")->required();
+  inspect->add_flag("--json", inspect_args.json, "Print JSON");
 
   relay::cli::TrainLocalArgs tl;
   auto* train = app.add_subcommand(
@@ -97,5 +106,6 @@ int main(int argc, char** argv) {
   if (*generate) return relay::cli::generate(gen);
   if (*rollout) return relay::cli::rollout(roll);
   if (*train) return relay::cli::train_local(tl);
+  if (*inspect) return relay::cli::store_inspect(inspect_args);
   return 2;
 }

@@ -241,6 +241,34 @@ TEST_F(CliTest, RolloutAddsAScoredGreedyBaselineForRemax) {
   EXPECT_EQ(groups, 2);
 }
 
+// Groups appended by `relay rollout --store` are what `relay store inspect`
+// reports, with a sample trajectory's per-token values side by side.
+TEST_F(CliTest, RolloutAppendsToTheStoreAndInspectReportsIt) {
+  const std::string dir = ::testing::TempDir() + "/store_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  CliResult r = RelayCli("rollout " + kTinyConfig + " --model " + *model_dir_ +
+                         " --prompts 3 --store " + dir + " rollout.n=2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("appended 3 groups to " + dir), std::string::npos) << r.out;
+  CliResult inspect = RelayCli("store inspect " + dir + " --json");
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  nlohmann::json j = nlohmann::json::parse(inspect.out);
+  EXPECT_EQ(j["ready"], 3);
+  EXPECT_EQ(j["by_min_version"]["0"]["trajectories"], 6);
+  const nlohmann::json& sample = j["sample"];
+  EXPECT_EQ(sample["group_id"], "arithmetic/2");
+  EXPECT_EQ(sample["behavior_logprobs"].size(), sample["response_tokens"].size());
+  EXPECT_EQ(sample["token_versions"].size(), sample["response_tokens"].size());
+
+  CliResult text = RelayCli("store inspect " + dir);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("groups: 3 ready, 0 consumed, 0 expired"), std::string::npos) << text.out;
+
+  CliResult missing = RelayCli("store inspect " + dir + "_missing");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("no store at " + dir + "_missing"), std::string::npos) << missing.err;
+}
+
 TEST_F(CliTest, RolloutRejectsAStopTextThatIsNotOneToken) {
   CliResult r =
       RelayCli("rollout " + kTinyConfig + " --model " + *model_dir_ + " rollout.stop=[\\\"12\\\"]");

@@ -1,0 +1,126 @@
+#pragma once
+
+// The durable rollout store (DESIGN.md invariant 7): every acknowledged
+// trajectory group, with its per-token behavior log-probs, proximal log-probs,
+// versions and masks, in RocksDB.
+//
+// Layout (one column family, prefixed keys, big-endian numbers so RocksDB's
+// byte order is numeric order):
+//   g/<seq>              StoredGroup record (proto/relay/v1/store.proto)
+//   r/<seq>              index: groups READY for the trainer, FIFO by arrival
+//   v/<min_version><seq> index: every group by its oldest token version
+//   m/next_seq           the next arrival number
+// Each change is one WriteBatch, so a record and its indexes never disagree,
+// and append() returns only after the batch is durable (WAL fsync'd unless
+// sync_writes is off, for tests and benchmarks of the non-durable path).
+//
+// Lifecycle: append -> READY; take_ready() hands the oldest READY groups
+// within the staleness bound to the trainer and marks them CONSUMED at the
+// trainer's version in the same batch; READY groups that fell out of the
+// bound are marked EXPIRED; compact() deletes CONSUMED/EXPIRED groups whose
+// consumed_version is older than the retention window. A store reopened
+// after a crash holds every acknowledged group in the state it last had.
+//
+// Thread-safe: appends from many submitters and the trainer's reads may
+// interleave; each public call is atomic.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "relay/common/status.h"
+#include "relay/rollout/trajectory.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace relay::store {
+
+struct StoreOptions {
+  std::string path;         // directory; created when missing
+  bool sync_writes = true;  // fsync the WAL before append()/take_ready() return
+  // Consumed or expired groups are kept for this many trainer versions after
+  // they were consumed (for replay and `relay store inspect`), then compact()
+  // deletes them. < 0 = keep forever.
+  int64_t retention_versions = 8;
+  // Open without taking RocksDB's lock, for inspection next to a running
+  // trainer; every write then fails with FailedPrecondition.
+  bool read_only = false;
+};
+
+enum class GroupState { kReady, kConsumed, kExpired };
+const char* group_state_name(GroupState state);  // "ready" | "consumed" | "expired"
+
+struct StoredGroup {
+  uint64_t seq = 0;  // arrival order, from 1
+  GroupState state = GroupState::kReady;
+  int64_t min_version = 0;  // oldest token version of any trajectory
+  int64_t max_version = 0;
+  int64_t arrival_version = 0;  // trainer version when appended
+  int64_t arrival_unix_ms = 0;
+  int64_t consumed_version = -1;  // version that consumed or expired it; -1 while ready
+  rollout::TrajectoryGroup group;
+};
+
+struct VersionCounts {
+  int64_t ready = 0, consumed = 0, expired = 0;
+  double reward_sum = 0;  // over the samples (not baselines) of these groups
+  int64_t trajectories = 0;
+};
+
+struct StoreStats {
+  int64_t ready = 0, consumed = 0, expired = 0;
+  uint64_t next_seq = 1;
+  std::map<int64_t, VersionCounts> by_min_version;
+};
+
+class RolloutStore {
+ public:
+  // Opens (or creates) the store at options.path. InvalidArgument for an
+  // empty path; Internal with RocksDB's message (and the path) otherwise.
+  static StatusOr<std::unique_ptr<RolloutStore>> open(const StoreOptions& options);
+  ~RolloutStore();
+
+  // Stores the group as READY and returns its arrival number once it is
+  // durable. InvalidArgument (naming the trajectory) for a group without
+  // trajectories or one that fails rollout::check_trajectory().
+  StatusOr<uint64_t> append(const rollout::TrajectoryGroup& group, int64_t trainer_version);
+
+  // Up to `max_groups` READY groups, oldest arrival first, whose oldest token
+  // is at least `min_version`, marked CONSUMED at `trainer_version` in the
+  // same write; READY groups older than min_version that the scan passes are
+  // marked EXPIRED (counted in *expired). min_version < 0: no bound.
+  StatusOr<std::vector<StoredGroup>> take_ready(int64_t max_groups, int64_t min_version,
+                                                int64_t trainer_version,
+                                                int64_t* expired = nullptr);
+
+  // READY groups a trainer could take now (within min_version), without
+  // changing anything.
+  StatusOr<int64_t> count_ready(int64_t min_version) const;
+
+  // Deletes CONSUMED and EXPIRED groups with consumed_version <
+  // current_version - retention_versions; returns how many.
+  StatusOr<int64_t> compact(int64_t current_version);
+
+  StatusOr<StoredGroup> get(uint64_t seq) const;
+  // Every group in arrival order (inspection, replay).
+  StatusOr<std::vector<StoredGroup>> scan(uint64_t from_seq = 1, int64_t limit = -1) const;
+  StatusOr<StoreStats> stats() const;
+
+  const std::string& path() const { return options_.path; }
+
+ private:
+  RolloutStore(StoreOptions options, std::unique_ptr<rocksdb::DB> db, uint64_t next_seq);
+  Status check_writable() const;
+
+  StoreOptions options_;
+  std::unique_ptr<rocksdb::DB> db_;
+  mutable std::mutex mu_;
+  uint64_t next_seq_;
+};
+
+}  // namespace relay::store

@@ -1,0 +1,368 @@
+#include "relay/store/rollout_store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "relay/store/convert.h"
+#include "relay/v1/store.pb.h"
+
+namespace relay::store {
+namespace {
+
+// Big-endian, so that byte order is numeric order. Versions are offset by
+// 2^63 so that -1 sorts before 0.
+void put_u64(std::string* out, uint64_t v) {
+  for (int i = 7; i >= 0; --i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t get_u64(const rocksdb::Slice& s, size_t at) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(s.data()[at + i]);
+  return v;
+}
+uint64_t ordered(int64_t v) { return static_cast<uint64_t>(v) ^ (uint64_t{1} << 63); }
+
+std::string group_key(uint64_t seq) {
+  std::string k = "g/";
+  put_u64(&k, seq);
+  return k;
+}
+std::string ready_key(uint64_t seq) {
+  std::string k = "r/";
+  put_u64(&k, seq);
+  return k;
+}
+std::string version_key(int64_t min_version, uint64_t seq) {
+  std::string k = "v/";
+  put_u64(&k, ordered(min_version));
+  put_u64(&k, seq);
+  return k;
+}
+const char kNextSeqKey[] = "m/next_seq";
+
+Status rocks_error(const std::string& what, const rocksdb::Status& s) {
+  return InternalError(absl::StrCat("rollout store: ", what, ": ", s.ToString()));
+}
+
+v1::GroupState state_to_proto(GroupState s) {
+  switch (s) {
+    case GroupState::kReady:
+      return v1::GROUP_STATE_READY;
+    case GroupState::kConsumed:
+      return v1::GROUP_STATE_CONSUMED;
+    case GroupState::kExpired:
+      return v1::GROUP_STATE_EXPIRED;
+  }
+  return v1::GROUP_STATE_UNSPECIFIED;
+}
+
+StatusOr<StoredGroup> decode(uint64_t seq, const std::string& bytes) {
+  v1::StoredGroup rec;
+  if (!rec.ParseFromString(bytes)) {
+    return DataLossError(absl::StrCat("rollout store: group ", seq, ": record does not parse"));
+  }
+  StoredGroup g;
+  g.seq = rec.seq();
+  switch (rec.state()) {
+    case v1::GROUP_STATE_READY:
+      g.state = GroupState::kReady;
+      break;
+    case v1::GROUP_STATE_CONSUMED:
+      g.state = GroupState::kConsumed;
+      break;
+    case v1::GROUP_STATE_EXPIRED:
+      g.state = GroupState::kExpired;
+      break;
+    default:
+      return DataLossError(
+          absl::StrCat("rollout store: group ", seq, ": unknown state ", rec.state()));
+  }
+  g.min_version = rec.min_version();
+  g.max_version = rec.max_version();
+  g.arrival_version = rec.arrival_version();
+  g.arrival_unix_ms = rec.arrival_unix_ms();
+  g.consumed_version = rec.consumed_version();
+  StatusOr<rollout::TrajectoryGroup> group = from_proto(rec.group());
+  if (!group.ok()) {
+    return DataLossError(
+        absl::StrCat("rollout store: group ", seq, ": ", std::string(group.status().message())));
+  }
+  g.group = *std::move(group);
+  return g;
+}
+
+std::string encode(const StoredGroup& g) {
+  v1::StoredGroup rec;
+  rec.set_seq(g.seq);
+  rec.set_state(state_to_proto(g.state));
+  rec.set_min_version(g.min_version);
+  rec.set_max_version(g.max_version);
+  rec.set_arrival_version(g.arrival_version);
+  rec.set_arrival_unix_ms(g.arrival_unix_ms);
+  rec.set_consumed_version(g.consumed_version);
+  to_proto(g.group, rec.mutable_group());
+  return rec.SerializeAsString();
+}
+
+rocksdb::WriteOptions write_options(const StoreOptions& o) {
+  rocksdb::WriteOptions w;
+  w.sync = o.sync_writes;
+  return w;
+}
+
+}  // namespace
+
+const char* group_state_name(GroupState state) {
+  switch (state) {
+    case GroupState::kReady:
+      return "ready";
+    case GroupState::kConsumed:
+      return "consumed";
+    case GroupState::kExpired:
+      return "expired";
+  }
+  return "?";
+}
+
+RolloutStore::RolloutStore(StoreOptions options, std::unique_ptr<rocksdb::DB> db, uint64_t next_seq)
+    : options_(std::move(options)), db_(std::move(db)), next_seq_(next_seq) {}
+
+RolloutStore::~RolloutStore() = default;
+
+StatusOr<std::unique_ptr<RolloutStore>> RolloutStore::open(const StoreOptions& options) {
+  if (options.path.empty()) return InvalidArgumentError("rollout store: path is empty");
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s;
+  if (options.read_only) {
+    if (!std::filesystem::is_directory(options.path)) {
+      return NotFoundError(absl::StrCat("rollout store: no store at ", options.path));
+    }
+    s = rocksdb::DB::OpenForReadOnly(o, options.path, &raw);
+  } else {
+    s = rocksdb::DB::Open(o, options.path, &raw);
+  }
+  if (!s.ok()) return rocks_error(absl::StrCat("open ", options.path), s);
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string value;
+  uint64_t next_seq = 1;
+  s = db->Get(rocksdb::ReadOptions(), kNextSeqKey, &value);
+  if (s.ok()) {
+    if (value.size() != 8) {
+      return DataLossError(absl::StrCat("rollout store ", options.path, ": ", kNextSeqKey, " has ",
+                                        value.size(), " bytes, expected 8"));
+    }
+    next_seq = get_u64(value, 0);
+  } else if (!s.IsNotFound()) {
+    return rocks_error(absl::StrCat("read ", kNextSeqKey), s);
+  }
+  return std::unique_ptr<RolloutStore>(new RolloutStore(options, std::move(db), next_seq));
+}
+
+Status RolloutStore::check_writable() const {
+  if (!options_.read_only) return OkStatus();
+  return FailedPreconditionError(
+      absl::StrCat("rollout store ", options_.path, " is open read-only"));
+}
+
+StatusOr<uint64_t> RolloutStore::append(const rollout::TrajectoryGroup& group,
+                                        int64_t trainer_version) {
+  RELAY_RETURN_IF_ERROR(check_writable());
+  if (group.trajectories.empty()) {
+    return InvalidArgumentError(
+        absl::StrCat("rollout store: group '", group.group_id, "' has no trajectories"));
+  }
+  StoredGroup g;
+  g.min_version = INT64_MAX;
+  g.max_version = INT64_MIN;
+  for (size_t i = 0; i < group.trajectories.size(); ++i) {
+    const rollout::Trajectory& t = group.trajectories[i];
+    if (Status st = rollout::check_trajectory(t); !st.ok()) {
+      return InvalidArgumentError(absl::StrCat("rollout store: group '", group.group_id,
+                                               "' trajectory ", i, ": ",
+                                               std::string(st.message())));
+    }
+    for (int64_t v : t.token_versions) {
+      g.min_version = std::min(g.min_version, v);
+      g.max_version = std::max(g.max_version, v);
+    }
+  }
+  if (g.min_version > g.max_version) g.min_version = g.max_version = trainer_version;
+  g.arrival_version = trainer_version;
+  g.arrival_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  g.group = group;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  g.seq = next_seq_;
+  rocksdb::WriteBatch batch;
+  batch.Put(group_key(g.seq), encode(g));
+  batch.Put(ready_key(g.seq), "");
+  batch.Put(version_key(g.min_version, g.seq), "");
+  std::string next;
+  put_u64(&next, g.seq + 1);
+  batch.Put(kNextSeqKey, next);
+  rocksdb::Status s = db_->Write(write_options(options_), &batch);
+  if (!s.ok()) return rocks_error(absl::StrCat("append group '", group.group_id, "'"), s);
+  ++next_seq_;
+  return g.seq;
+}
+
+StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, int64_t min_version,
+                                                            int64_t trainer_version,
+                                                            int64_t* expired) {
+  RELAY_RETURN_IF_ERROR(check_writable());
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<StoredGroup> out;
+  int64_t n_expired = 0;
+  rocksdb::WriteBatch batch;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
+    if (static_cast<int64_t>(out.size()) >= max_groups) break;
+    const uint64_t seq = get_u64(it->key(), 2);
+    std::string bytes;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
+    if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
+    RELAY_ASSIGN_OR_RETURN(StoredGroup g, decode(seq, bytes));
+    const bool stale = min_version >= 0 && g.min_version < min_version;
+    g.state = stale ? GroupState::kExpired : GroupState::kConsumed;
+    g.consumed_version = trainer_version;
+    batch.Put(group_key(seq), encode(g));
+    batch.Delete(ready_key(seq));
+    if (stale) {
+      ++n_expired;
+    } else {
+      out.push_back(std::move(g));
+    }
+  }
+  if (!it->status().ok()) return rocks_error("scan ready groups", it->status());
+  if (batch.Count() > 0) {
+    rocksdb::Status s = db_->Write(write_options(options_), &batch);
+    if (!s.ok()) return rocks_error("mark groups consumed", s);
+  }
+  if (expired != nullptr) *expired = n_expired;
+  return out;
+}
+
+StatusOr<int64_t> RolloutStore::count_ready(int64_t min_version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
+    if (min_version < 0) {
+      ++n;
+      continue;
+    }
+    std::string bytes;
+    const uint64_t seq = get_u64(it->key(), 2);
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
+    if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
+    v1::StoredGroup rec;
+    if (!rec.ParseFromString(bytes)) {
+      return DataLossError(absl::StrCat("rollout store: group ", seq, ": record does not parse"));
+    }
+    if (rec.min_version() >= min_version) ++n;
+  }
+  if (!it->status().ok()) return rocks_error("scan ready groups", it->status());
+  return n;
+}
+
+StatusOr<int64_t> RolloutStore::compact(int64_t current_version) {
+  RELAY_RETURN_IF_ERROR(check_writable());
+  if (options_.retention_versions < 0) return int64_t{0};
+  const int64_t cutoff = current_version - options_.retention_versions;
+  std::lock_guard<std::mutex> lock(mu_);
+  rocksdb::WriteBatch batch;
+  int64_t n = 0;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
+    v1::StoredGroup rec;
+    if (!rec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return DataLossError(
+          absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
+    }
+    if (rec.state() == v1::GROUP_STATE_READY || rec.consumed_version() >= cutoff) continue;
+    batch.Delete(group_key(rec.seq()));
+    batch.Delete(version_key(rec.min_version(), rec.seq()));
+    ++n;
+  }
+  if (!it->status().ok()) return rocks_error("scan groups", it->status());
+  if (n > 0) {
+    rocksdb::Status s = db_->Write(write_options(options_), &batch);
+    if (!s.ok()) return rocks_error("compact", s);
+    // Reclaim the space of the deleted range now rather than at the next
+    // background compaction.
+    rocksdb::Slice begin("g/"), end("h/");
+    db_->CompactRange(rocksdb::CompactRangeOptions(), &begin, &end);
+  }
+  return n;
+}
+
+StatusOr<StoredGroup> RolloutStore::get(uint64_t seq) const {
+  std::string bytes;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
+  if (s.IsNotFound()) return NotFoundError(absl::StrCat("rollout store: no group ", seq));
+  if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
+  return decode(seq, bytes);
+}
+
+StatusOr<std::vector<StoredGroup>> RolloutStore::scan(uint64_t from_seq, int64_t limit) const {
+  std::vector<StoredGroup> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(group_key(from_seq)); it->Valid() && it->key().starts_with("g/"); it->Next()) {
+    if (limit >= 0 && static_cast<int64_t>(out.size()) >= limit) break;
+    RELAY_ASSIGN_OR_RETURN(StoredGroup g, decode(get_u64(it->key(), 2), it->value().ToString()));
+    out.push_back(std::move(g));
+  }
+  if (!it->status().ok()) return rocks_error("scan groups", it->status());
+  return out;
+}
+
+StatusOr<StoreStats> RolloutStore::stats() const {
+  StoreStats st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    st.next_seq = next_seq_;
+  }
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
+    v1::StoredGroup rec;
+    if (!rec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return DataLossError(
+          absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
+    }
+    VersionCounts& c = st.by_min_version[rec.min_version()];
+    switch (rec.state()) {
+      case v1::GROUP_STATE_READY:
+        ++st.ready;
+        ++c.ready;
+        break;
+      case v1::GROUP_STATE_CONSUMED:
+        ++st.consumed;
+        ++c.consumed;
+        break;
+      default:
+        ++st.expired;
+        ++c.expired;
+        break;
+    }
+    for (const v1::Trajectory& t : rec.group().trajectories()) {
+      if (std::isfinite(t.reward())) {
+        c.reward_sum += t.reward();
+        ++c.trajectories;
+      }
+    }
+  }
+  if (!it->status().ok()) return rocks_error("scan groups", it->status());
+  return st;
+}
+
+}  // namespace relay::store
