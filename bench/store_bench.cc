@@ -1,0 +1,192 @@
+// Trajectory ingest into the rollout store (relay/store/rollout_store.h)
+// against the durable-write floor of the same disk, measured in the same run.
+// Results: docs/BENCHMARKS.md ("Rollout store ingest").
+//
+// Each group is K trajectories of P prompt + R response tokens with every
+// per-token field filled (what a worker submits). Three ways to make G groups
+// durable, one at a time, as a submitter's acknowledgement requires:
+//   raw file   (baseline) append the group's serialized bytes to a plain file
+//              and fdatasync after each group: the disk's durable-write floor;
+//   store      RolloutStore::append with sync_writes (WAL fsync before ack);
+//   store-nosync the same without the fsync (what durability costs).
+// Then take: RolloutStore::take_ready of all G groups in batches of 64
+// (reads, decodes and marks them consumed in one synced write per batch).
+//
+//   store_bench [--groups G] [--k K] [--prompt P] [--response R] [--reps N] [--dir D]
+//
+// Each figure is the median of --reps runs, each on a fresh store.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "relay/store/convert.h"
+#include "relay/store/rollout_store.h"
+#include "relay/v1/trajectory.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using relay::rollout::Trajectory;
+using relay::rollout::TrajectoryGroup;
+
+struct Args {
+  int groups = 512;
+  int k = 8;
+  int prompt = 128;
+  int response = 256;
+  int reps = 5;
+  std::string dir = "/tmp/relay_store_bench";
+};
+
+TrajectoryGroup make_group(int index, const Args& a, std::mt19937& rng) {
+  std::uniform_int_distribution<int64_t> token(0, 151935);
+  std::uniform_real_distribution<float> lp(-8.0f, 0.0f);
+  TrajectoryGroup g;
+  g.group_id = "bench/" + std::to_string(index);
+  std::vector<int64_t> prompt(a.prompt);
+  for (auto& t : prompt) t = token(rng);
+  for (int j = 0; j < a.k; ++j) {
+    Trajectory t;
+    t.prompt_tokens = prompt;
+    for (int i = 0; i < a.response; ++i) {
+      t.response_tokens.push_back(token(rng));
+      t.behavior_logprobs.push_back(lp(rng));
+      t.token_versions.push_back(3);
+      t.proximal_logprobs.push_back(lp(rng));
+      t.proximal_versions.push_back(3);
+      t.offpolicy_mask.push_back(0);
+    }
+    t.finish_reason = relay::rollout::FinishReason::kStop;
+    t.version_digests = {{3, 12345}};
+    t.reward = j % 2;
+    g.trajectories.push_back(std::move(t));
+  }
+  return g;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double run_raw(const std::vector<std::string>& bytes, const std::string& path) {
+  std::filesystem::remove(path);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0) {
+    std::perror(path.c_str());
+    std::exit(1);
+  }
+  const auto t0 = Clock::now();
+  for (const std::string& b : bytes) {
+    if (::write(fd, b.data(), b.size()) != static_cast<ssize_t>(b.size()) || ::fdatasync(fd) != 0) {
+      std::perror("write");
+      std::exit(1);
+    }
+  }
+  const double s = seconds_since(t0);
+  ::close(fd);
+  return s;
+}
+
+double run_store(const std::vector<TrajectoryGroup>& groups, const std::string& path, bool sync,
+                 double* take_seconds) {
+  std::filesystem::remove_all(path);
+  relay::store::StoreOptions o;
+  o.path = path;
+  o.sync_writes = sync;
+  auto store = relay::store::RolloutStore::open(o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(store.status().message()).c_str());
+    std::exit(1);
+  }
+  const auto t0 = Clock::now();
+  for (const TrajectoryGroup& g : groups) {
+    if (!(*store)->append(g, 3).ok()) std::exit(1);
+  }
+  const double s = seconds_since(t0);
+  if (take_seconds != nullptr) {
+    const auto t1 = Clock::now();
+    size_t taken = 0;
+    while (taken < groups.size()) {
+      auto batch = (*store)->take_ready(64, -1, 4);
+      if (!batch.ok() || batch->empty()) std::exit(1);
+      taken += batch->size();
+    }
+    *take_seconds = seconds_since(t1);
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--groups")
+      a.groups = std::atoi(v);
+    else if (k == "--k")
+      a.k = std::atoi(v);
+    else if (k == "--prompt")
+      a.prompt = std::atoi(v);
+    else if (k == "--response")
+      a.response = std::atoi(v);
+    else if (k == "--reps")
+      a.reps = std::atoi(v);
+    else if (k == "--dir")
+      a.dir = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  std::filesystem::create_directories(a.dir);
+  std::mt19937 rng(7);
+  std::vector<TrajectoryGroup> groups;
+  std::vector<std::string> bytes;
+  double mb = 0;
+  for (int i = 0; i < a.groups; ++i) {
+    groups.push_back(make_group(i, a, rng));
+    relay::v1::TrajectoryGroup wire;
+    relay::store::to_proto(groups.back(), &wire);
+    bytes.push_back(wire.SerializeAsString());
+    mb += bytes.back().size() / 1e6;
+  }
+  std::vector<double> raw, synced, nosync, take;
+  for (int r = 0; r < a.reps; ++r) {
+    raw.push_back(run_raw(bytes, a.dir + "/raw.bin"));
+    double t = 0;
+    synced.push_back(run_store(groups, a.dir + "/synced", true, &t));
+    take.push_back(t);
+    nosync.push_back(run_store(groups, a.dir + "/nosync", false, nullptr));
+  }
+  std::filesystem::remove_all(a.dir);
+  const double n = a.groups;
+  std::printf(
+      "store_bench: %d groups x K=%d, P=%d, R=%d tokens (%.2f MB serialized, %.1f KB/group); "
+      "median of %d\n",
+      a.groups, a.k, a.prompt, a.response, mb, 1e3 * mb / n, a.reps);
+  std::printf("%-14s %12s %10s %10s\n", "path", "groups/s", "MB/s", "vs raw");
+  auto row = [&](const char* name, double s) {
+    std::printf("%-14s %12.1f %10.1f %10.2f\n", name, n / s, mb / s, median(raw) / s);
+  };
+  row("raw file", median(raw));
+  row("store", median(synced));
+  row("store-nosync", median(nosync));
+  std::printf("%-14s %12.1f %10.1f %10s\n", "take (x64)", n / median(take), mb / median(take), "-");
+  return 0;
+}
