@@ -45,6 +45,7 @@ std::string version_key(int64_t min_version, uint64_t seq) {
   return k;
 }
 const char kNextSeqKey[] = "m/next_seq";
+const char kSideRecordKey[] = "m/dispenser";
 
 Status rocks_error(const std::string& what, const rocksdb::Status& s) {
   return InternalError(absl::StrCat("rollout store: ", what, ": ", s.ToString()));
@@ -173,7 +174,7 @@ Status RolloutStore::check_writable() const {
 }
 
 StatusOr<uint64_t> RolloutStore::append(const rollout::TrajectoryGroup& group,
-                                        int64_t trainer_version) {
+                                        int64_t trainer_version, const std::string* side_record) {
   RELAY_RETURN_IF_ERROR(check_writable());
   if (group.trajectories.empty()) {
     return InvalidArgumentError(
@@ -210,6 +211,7 @@ StatusOr<uint64_t> RolloutStore::append(const rollout::TrajectoryGroup& group,
   std::string next;
   put_u64(&next, g.seq + 1);
   batch.Put(kNextSeqKey, next);
+  if (side_record != nullptr) batch.Put(kSideRecordKey, *side_record);
   rocksdb::Status s = db_->Write(write_options(options_), &batch);
   if (!s.ok()) return rocks_error(absl::StrCat("append group '", group.group_id, "'"), s);
   ++next_seq_;
@@ -304,6 +306,26 @@ StatusOr<int64_t> RolloutStore::compact(int64_t current_version) {
     db_->CompactRange(rocksdb::CompactRangeOptions(), &begin, &end);
   }
   return n;
+}
+
+uint64_t RolloutStore::appended() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_seq_ - 1;
+}
+
+Status RolloutStore::put_side_record(const std::string& record) {
+  RELAY_RETURN_IF_ERROR(check_writable());
+  rocksdb::Status s = db_->Put(write_options(options_), kSideRecordKey, record);
+  if (!s.ok()) return rocks_error("write dispenser state", s);
+  return OkStatus();
+}
+
+StatusOr<std::string> RolloutStore::side_record() const {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kSideRecordKey, &value);
+  if (s.IsNotFound()) return std::string();
+  if (!s.ok()) return rocks_error("read dispenser state", s);
+  return value;
 }
 
 StatusOr<StoredGroup> RolloutStore::get(uint64_t seq) const {

@@ -88,7 +88,18 @@ class RolloutStore {
   // Stores the group as READY and returns its arrival number once it is
   // durable. InvalidArgument (naming the trajectory) for a group without
   // trajectories or one that fails rollout::check_trajectory().
-  StatusOr<uint64_t> append(const rollout::TrajectoryGroup& group, int64_t trainer_version);
+  // With `side_record` (the prompt dispenser's state), that record is
+  // written in the same batch, so a group and its lease's retirement are one
+  // durable change.
+  StatusOr<uint64_t> append(const rollout::TrajectoryGroup& group, int64_t trainer_version,
+                            const std::string* side_record = nullptr);
+
+  // Groups ever appended (arrival numbers handed out), compaction or not.
+  uint64_t appended() const;
+  // The prompt dispenser's persisted state (an opaque record); empty string
+  // when none was written.
+  Status put_side_record(const std::string& record);
+  StatusOr<std::string> side_record() const;
 
   // Up to `max_groups` READY groups, oldest arrival first, whose oldest token
   // is at least `min_version`, marked CONSUMED at `trainer_version` in the

@@ -1,0 +1,111 @@
+#pragma once
+
+// The prompt dispenser: hands task prompts to rollout workers as leases and
+// accepts their trajectory groups, keeping the staleness bound (DESIGN.md
+// invariant 6) and losing nothing (invariant 7).
+//
+// Staleness capacity (as AReaL's staleness manager): with B groups per
+// optimizer step and trainer version v, at most (max_staleness + v + 1) x B
+// groups may ever have been accepted or be in flight; a worker asking for more
+// gets fewer (or none: it waits for the next version). With max_staleness 0
+// this is synchronous RL: a step's groups are all leased under its version.
+//
+// Leases are durable (in the rollout store's RocksDB): a prompt leased to a
+// worker that dies is leased again after the deadline, first in line; a late
+// submission for an expired lease is refused, not counted twice. Accepting a
+// group and retiring its lease is one write. A dispenser reopened on the same
+// store resumes the cursor, the live leases, the retry queue and the count of
+// accepted groups, so the bound holds across a trainer restart.
+//
+// Thread-safe.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "relay/common/status.h"
+#include "relay/rollout/trajectory.h"
+#include "relay/store/rollout_store.h"
+
+namespace relay::store {
+
+struct DispenserOptions {
+  int64_t groups_per_step = 1;  // B, >= 1
+  int64_t max_staleness = 0;    // >= 0
+  int k = 1;                    // samples per prompt; a submitted group must have exactly k
+  int64_t lease_timeout_ms = 600000;
+  // Prompt indices run 0, 1, 2, ...; a finite task wraps at num_prompts
+  // (< 0 = unbounded stream).
+  int64_t num_prompts = -1;
+};
+Status validate(const DispenserOptions& options);
+
+struct Lease {
+  uint64_t id = 0;
+  int64_t prompt_index = 0;
+  std::string worker_id;
+  int k = 1;
+  int64_t leased_version = 0;  // trainer version when leased
+  int64_t deadline_unix_ms = 0;
+  int attempt = 0;  // 0 = first lease of this prompt occurrence, then +1 per re-lease
+};
+
+struct DispenserStats {
+  int64_t accepted = 0;  // groups accepted since the store was created
+  int64_t in_flight = 0;
+  int64_t retry_queue = 0;
+  int64_t expired_leases = 0;  // since this dispenser opened
+  int64_t rejected_late = 0;   // submissions for unknown or expired leases
+  int64_t next_prompt = 0;     // cursor
+};
+
+class PromptDispenser {
+ public:
+  using NowMs = std::function<int64_t()>;  // wall clock; injectable for tests
+
+  // Restores the state persisted in `store` (which must outlive this).
+  static StatusOr<std::unique_ptr<PromptDispenser>> open(RolloutStore* store,
+                                                         DispenserOptions options,
+                                                         NowMs now_ms = nullptr);
+
+  // How many more groups may be leased at trainer version `version`.
+  int64_t capacity(int64_t version) const;
+
+  // Up to `n` leases for `worker_id`, fewer when the capacity says wait (an
+  // empty list is not an error). Expired leases are re-queued first.
+  StatusOr<std::vector<Lease>> lease(const std::string& worker_id, int64_t n, int64_t version);
+
+  // Accepts the group for lease `lease_id` into the store (READY) and
+  // retires the lease in one durable write; returns the group's arrival
+  // number. FailedPrecondition for an unknown, retired or expired lease;
+  // InvalidArgument when the group does not have the lease's k trajectories
+  // or fails the store's checks. Nothing changes on error.
+  StatusOr<uint64_t> submit(uint64_t lease_id, const rollout::TrajectoryGroup& group,
+                            int64_t trainer_version);
+
+  // Re-queues the prompts of leases past their deadline; how many.
+  StatusOr<int64_t> expire_leases();
+
+  std::vector<Lease> leases() const;
+  DispenserStats stats() const;
+
+ private:
+  PromptDispenser(RolloutStore* store, DispenserOptions options, NowMs now_ms);
+  StatusOr<int64_t> expire_locked(int64_t now);
+
+  RolloutStore* store_;
+  DispenserOptions options_;
+  NowMs now_ms_;
+  mutable std::mutex mu_;
+  std::map<uint64_t, Lease> leases_;
+  std::deque<Lease> retry_;  // expired leases' prompts (attempt already incremented)
+  DispenserStats stats_;
+  uint64_t next_lease_id_ = 1;
+};
+
+}  // namespace relay::store

@@ -1,0 +1,228 @@
+#include "relay/store/dispenser.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "relay/v1/store.pb.h"
+
+namespace relay::store {
+namespace {
+
+int64_t system_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void to_record(const Lease& l, v1::LeaseRecord* r) {
+  r->set_id(l.id);
+  r->set_prompt_index(l.prompt_index);
+  r->set_worker_id(l.worker_id);
+  r->set_k(l.k);
+  r->set_leased_version(l.leased_version);
+  r->set_deadline_unix_ms(l.deadline_unix_ms);
+  r->set_attempt(l.attempt);
+}
+
+Lease from_record(const v1::LeaseRecord& r) {
+  Lease l;
+  l.id = r.id();
+  l.prompt_index = r.prompt_index();
+  l.worker_id = r.worker_id();
+  l.k = r.k();
+  l.leased_version = r.leased_version();
+  l.deadline_unix_ms = r.deadline_unix_ms();
+  l.attempt = r.attempt();
+  return l;
+}
+
+}  // namespace
+
+Status validate(const DispenserOptions& o) {
+  auto bad = [](const char* field, const char* rule, int64_t got) {
+    return InvalidArgumentError(
+        absl::StrCat("dispenser.", field, ": must be ", rule, ", got ", got));
+  };
+  if (o.groups_per_step < 1) return bad("groups_per_step", ">= 1", o.groups_per_step);
+  if (o.max_staleness < 0) return bad("max_staleness", ">= 0", o.max_staleness);
+  if (o.k < 1) return bad("k", ">= 1", o.k);
+  if (o.lease_timeout_ms < 1) return bad("lease_timeout_ms", ">= 1", o.lease_timeout_ms);
+  if (o.num_prompts == 0) return bad("num_prompts", "> 0 (or < 0 for a stream)", 0);
+  return OkStatus();
+}
+
+PromptDispenser::PromptDispenser(RolloutStore* store, DispenserOptions options, NowMs now_ms)
+    : store_(store), options_(options), now_ms_(std::move(now_ms)) {}
+
+StatusOr<std::unique_ptr<PromptDispenser>> PromptDispenser::open(RolloutStore* store,
+                                                                 DispenserOptions options,
+                                                                 NowMs now_ms) {
+  if (store == nullptr) return InvalidArgumentError("dispenser: store is null");
+  RELAY_RETURN_IF_ERROR(validate(options));
+  if (!now_ms) now_ms = system_now_ms;
+  std::unique_ptr<PromptDispenser> d(new PromptDispenser(store, options, std::move(now_ms)));
+  RELAY_ASSIGN_OR_RETURN(std::string bytes, store->side_record());
+  if (!bytes.empty()) {
+    v1::DispenserState state;
+    if (!state.ParseFromString(bytes)) {
+      return DataLossError(
+          absl::StrCat("dispenser: the state record in ", store->path(), " does not parse"));
+    }
+    d->stats_.next_prompt = state.next_prompt();
+    d->next_lease_id_ = state.next_lease_id();
+    for (const v1::LeaseRecord& r : state.leases()) d->leases_[r.id()] = from_record(r);
+    for (const v1::LeaseRecord& r : state.retry()) d->retry_.push_back(from_record(r));
+  }
+  d->stats_.accepted = static_cast<int64_t>(store->appended());
+  return d;
+}
+
+int64_t PromptDispenser::capacity(int64_t version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t bound = (options_.max_staleness + version + 1) * options_.groups_per_step;
+  return std::max<int64_t>(0, bound - stats_.accepted - static_cast<int64_t>(leases_.size()));
+}
+
+namespace {
+
+std::string encode_state(int64_t next_prompt, uint64_t next_lease_id,
+                         const std::map<uint64_t, Lease>& leases, const std::deque<Lease>& retry) {
+  v1::DispenserState state;
+  state.set_next_prompt(next_prompt);
+  state.set_next_lease_id(next_lease_id);
+  for (const auto& [id, l] : leases) to_record(l, state.add_leases());
+  for (const Lease& l : retry) to_record(l, state.add_retry());
+  return state.SerializeAsString();
+}
+
+}  // namespace
+
+StatusOr<int64_t> PromptDispenser::expire_locked(int64_t now) {
+  int64_t n = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.deadline_unix_ms > now) {
+      ++it;
+      continue;
+    }
+    Lease again = it->second;
+    ++again.attempt;
+    retry_.push_back(again);
+    it = leases_.erase(it);
+    ++n;
+  }
+  stats_.expired_leases += n;
+  return n;
+}
+
+StatusOr<int64_t> PromptDispenser::expire_leases() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Work on copies so that a failed write leaves the state as it was.
+  const auto leases = leases_;
+  const auto retry = retry_;
+  const DispenserStats stats = stats_;
+  RELAY_ASSIGN_OR_RETURN(int64_t n, expire_locked(now_ms_()));
+  if (n == 0) return n;
+  Status st =
+      store_->put_side_record(encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_));
+  if (!st.ok()) {
+    leases_ = leases;
+    retry_ = retry;
+    stats_ = stats;
+    return st;
+  }
+  return n;
+}
+
+StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id, int64_t n,
+                                                    int64_t version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto saved_leases = leases_;
+  const auto saved_retry = retry_;
+  const DispenserStats saved_stats = stats_;
+  const uint64_t saved_next_id = next_lease_id_;
+  const int64_t now = now_ms_();
+  RELAY_ASSIGN_OR_RETURN(int64_t expired, expire_locked(now));
+  const int64_t bound = (options_.max_staleness + version + 1) * options_.groups_per_step;
+  const int64_t room =
+      std::max<int64_t>(0, bound - stats_.accepted - static_cast<int64_t>(leases_.size()));
+  std::vector<Lease> out;
+  for (int64_t i = 0; i < std::min(n, room); ++i) {
+    Lease l;
+    if (!retry_.empty()) {
+      l = retry_.front();
+      retry_.pop_front();
+    } else {
+      l.prompt_index =
+          options_.num_prompts > 0 ? stats_.next_prompt % options_.num_prompts : stats_.next_prompt;
+      ++stats_.next_prompt;
+      l.k = options_.k;
+    }
+    l.id = next_lease_id_++;
+    l.worker_id = worker_id;
+    l.leased_version = version;
+    l.deadline_unix_ms = now + options_.lease_timeout_ms;
+    leases_[l.id] = l;
+    out.push_back(l);
+  }
+  if (out.empty() && expired == 0) return out;
+  Status st =
+      store_->put_side_record(encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_));
+  if (!st.ok()) {
+    leases_ = saved_leases;
+    retry_ = saved_retry;
+    stats_ = saved_stats;
+    next_lease_id_ = saved_next_id;
+    return st;
+  }
+  return out;
+}
+
+StatusOr<uint64_t> PromptDispenser::submit(uint64_t lease_id, const rollout::TrajectoryGroup& group,
+                                           int64_t trainer_version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    ++stats_.rejected_late;
+    return FailedPreconditionError(
+        absl::StrCat("lease ", lease_id,
+                     ": unknown or no longer held (expired and re-leased, or already "
+                     "submitted); group '",
+                     group.group_id, "' was not accepted"));
+  }
+  const Lease& l = it->second;
+  if (l.deadline_unix_ms <= now_ms_()) {
+    ++stats_.rejected_late;
+    return FailedPreconditionError(absl::StrCat("lease ", lease_id, ": expired at ",
+                                                l.deadline_unix_ms, " ms; group '", group.group_id,
+                                                "' was not accepted"));
+  }
+  if (static_cast<int>(group.trajectories.size()) != l.k) {
+    return InvalidArgumentError(absl::StrCat("group '", group.group_id,
+                                             "': ", group.trajectories.size(),
+                                             " trajectories for a lease of k = ", l.k));
+  }
+  std::map<uint64_t, Lease> after = leases_;
+  after.erase(lease_id);
+  const std::string state = encode_state(stats_.next_prompt, next_lease_id_, after, retry_);
+  RELAY_ASSIGN_OR_RETURN(uint64_t seq, store_->append(group, trainer_version, &state));
+  leases_ = std::move(after);
+  ++stats_.accepted;
+  return seq;
+}
+
+std::vector<Lease> PromptDispenser::leases() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Lease> out;
+  for (const auto& [id, l] : leases_) out.push_back(l);
+  return out;
+}
+
+DispenserStats PromptDispenser::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  DispenserStats s = stats_;
+  s.in_flight = static_cast<int64_t>(leases_.size());
+  s.retry_queue = static_cast<int64_t>(retry_.size());
+  return s;
+}
+
+}  // namespace relay::store

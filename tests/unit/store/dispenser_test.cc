@@ -1,0 +1,178 @@
+#include "relay/store/dispenser.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+namespace relay::store {
+namespace {
+
+rollout::TrajectoryGroup make_group(const std::string& id, int k, int64_t version = 0) {
+  rollout::TrajectoryGroup g;
+  g.group_id = id;
+  for (int j = 0; j < k; ++j) {
+    rollout::Trajectory t;
+    t.prompt_tokens = {1};
+    t.response_tokens = {2};
+    t.behavior_logprobs = {-0.5f};
+    t.token_versions = {version};
+    t.proximal_logprobs = {std::numeric_limits<float>::quiet_NaN()};
+    t.proximal_versions = {-1};
+    t.offpolicy_mask = {0};
+    t.version_digests = {{version, 1}};
+    t.reward = j;
+    g.trajectories.push_back(t);
+  }
+  return g;
+}
+
+class DispenserTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/relay_dispenser_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+           std::to_string(::getpid());
+    std::filesystem::remove_all(dir_);
+    reopen_store();
+  }
+  void reopen_store() {
+    store_.reset();
+    StoreOptions o;
+    o.path = dir_;
+    store_ = RolloutStore::open(o).value();
+  }
+  std::unique_ptr<PromptDispenser> open(DispenserOptions o) {
+    auto d = PromptDispenser::open(store_.get(), o, [this] { return now_; });
+    EXPECT_TRUE(d.ok()) << d.status();
+    return std::move(*d);
+  }
+
+  std::string dir_;
+  std::unique_ptr<RolloutStore> store_;
+  int64_t now_ = 1000;
+};
+
+std::vector<int64_t> prompts(const std::vector<Lease>& leases) {
+  std::vector<int64_t> out;
+  for (const Lease& l : leases) out.push_back(l.prompt_index);
+  return out;
+}
+
+// Capacity = (max_staleness + version + 1) x B - accepted - in flight.
+TEST_F(DispenserTest, StalenessCapacityBoundsLeases) {
+  DispenserOptions o;
+  o.groups_per_step = 2;
+  o.k = 2;
+  auto d = open(o);
+  EXPECT_EQ(d->capacity(0), 2);  // (0 + 0 + 1) x 2
+  auto first = d->lease("w1", 5, 0).value();
+  EXPECT_EQ(prompts(first), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(d->capacity(0), 0);
+  EXPECT_TRUE(d->lease("w2", 1, 0).value().empty()) << "synchronous: wait for the next version";
+  EXPECT_EQ(d->submit(first[0].id, make_group("p0", 2), 0).value(), 1u);
+  EXPECT_EQ(d->submit(first[1].id, make_group("p1", 2), 0).value(), 2u);
+  EXPECT_EQ(d->capacity(0), 0);  // 2 accepted
+  EXPECT_EQ(d->capacity(1), 2);  // (0 + 1 + 1) x 2 - 2
+  EXPECT_EQ(store_->count_ready(-1).value(), 2);
+
+  o.max_staleness = 2;
+  auto relaxed = open(o);
+  EXPECT_EQ(relaxed->capacity(1), 6);  // (2 + 1 + 1) x 2 - 2 accepted
+}
+
+TEST_F(DispenserTest, ExpiredLeaseIsReleasedFirstAndItsLateSubmissionRefused) {
+  DispenserOptions o;
+  o.groups_per_step = 4;
+  o.lease_timeout_ms = 100;
+  auto d = open(o);
+  auto first = d->lease("dead-worker", 2, 0).value();
+  ASSERT_EQ(first.size(), 2u);
+  now_ += 101;  // both deadlines passed
+  auto again = d->lease("w2", 3, 0).value();
+  // The two expired prompts come back first (attempt 1), then a fresh one.
+  EXPECT_EQ(prompts(again), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(again[0].attempt, 1);
+  EXPECT_EQ(again[2].attempt, 0);
+  EXPECT_EQ(again[0].worker_id, "w2");
+  EXPECT_EQ(d->stats().expired_leases, 2);
+
+  auto late = d->submit(first[0].id, make_group("late", 1), 0);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(late.status().message()).find("not accepted"), std::string::npos);
+  EXPECT_EQ(d->stats().rejected_late, 1);
+  EXPECT_EQ(d->stats().accepted, 0) << "a late submission is not counted";
+  EXPECT_EQ(store_->appended(), 0u);
+
+  // A lease whose deadline passed but was not re-leased yet is refused too.
+  now_ += 101;
+  auto stale = d->submit(again[2].id, make_group("stale", 1), 0);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(DispenserTest, WrongGroupSizeIsRefusedAndTheLeaseKept) {
+  DispenserOptions o;
+  o.k = 4;
+  auto d = open(o);
+  auto l = d->lease("w", 1, 0).value();
+  auto bad = d->submit(l[0].id, make_group("g", 3), 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("3 trajectories for a lease of k = 4"),
+            std::string::npos);
+  EXPECT_EQ(d->leases().size(), 1u);
+  EXPECT_TRUE(d->submit(l[0].id, make_group("g", 4), 0).ok());
+  EXPECT_TRUE(d->leases().empty());
+  // The same lease cannot be used twice.
+  EXPECT_EQ(d->submit(l[0].id, make_group("g", 4), 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// The bound, the cursor and the live leases survive a trainer restart.
+TEST_F(DispenserTest, ReopenedDispenserRestoresLeasesCursorAndAcceptedCount) {
+  DispenserOptions o;
+  o.groups_per_step = 3;
+  o.max_staleness = 1;
+  std::vector<Lease> held;
+  {
+    auto d = open(o);
+    held = d->lease("w", 4, 0).value();
+    ASSERT_EQ(held.size(), 4u);
+    ASSERT_TRUE(d->submit(held[0].id, make_group("p0", 1), 0).ok());
+  }
+  reopen_store();
+  auto d = open(o);
+  DispenserStats st = d->stats();
+  EXPECT_EQ(st.accepted, 1);
+  EXPECT_EQ(st.in_flight, 3);
+  EXPECT_EQ(st.next_prompt, 4);
+  EXPECT_EQ(d->capacity(0), 2);  // (1 + 0 + 1) x 3 - 1 - 3
+  EXPECT_TRUE(d->submit(held[2].id, make_group("p2", 1), 0).ok()) << "a restored lease is valid";
+  EXPECT_EQ(prompts(d->lease("w", 9, 0).value()), (std::vector<int64_t>{4, 5}));
+}
+
+TEST_F(DispenserTest, FiniteTasksWrapAround) {
+  DispenserOptions o;
+  o.groups_per_step = 8;
+  o.num_prompts = 3;
+  auto d = open(o);
+  EXPECT_EQ(prompts(d->lease("w", 5, 0).value()), (std::vector<int64_t>{0, 1, 2, 0, 1}));
+}
+
+TEST(DispenserOptionsTest, ValidateNamesTheField) {
+  DispenserOptions o;
+  o.groups_per_step = 0;
+  EXPECT_EQ(validate(o).message(), "dispenser.groups_per_step: must be >= 1, got 0");
+  o = DispenserOptions{};
+  o.max_staleness = -1;
+  EXPECT_EQ(validate(o).message(), "dispenser.max_staleness: must be >= 0, got -1");
+  o = DispenserOptions{};
+  o.k = 0;
+  EXPECT_EQ(validate(o).message(), "dispenser.k: must be >= 1, got 0");
+  EXPECT_EQ(PromptDispenser::open(nullptr, DispenserOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace relay::store
