@@ -1,0 +1,130 @@
+#include "relay/comm/submission.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+namespace relay::comm {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Two scored samples of versions 4 and 5 (an update landed mid-response in
+// the second), as a worker submits them to a trainer at version 5.
+rollout::TrajectoryGroup good_group() {
+  rollout::TrajectoryGroup g;
+  g.group_id = "arith/7";
+  for (int j = 0; j < 2; ++j) {
+    rollout::Trajectory t;
+    t.prompt_tokens = {1, 2, 3};
+    t.response_tokens = {4, 5, 6};
+    t.behavior_logprobs = {-0.5f, -1.0f, -0.25f};
+    t.raw_logprobs = {-0.4f, -0.9f, -0.2f};
+    t.token_versions = {4, 4, j == 0 ? 4 : 5};
+    t.proximal_logprobs = {-0.6f, -1.1f, kNaN};
+    t.proximal_versions = {5, 5, -1};
+    t.offpolicy_mask = {0, 0, 0};
+    t.version_digests = {{4, 44}, {5, 55}};
+    t.reward = j;
+    g.trajectories.push_back(t);
+  }
+  return g;
+}
+
+SubmissionContext context() {
+  SubmissionContext c;
+  c.k = 2;
+  c.trainer_version = 5;
+  c.oldest_version = 3;
+  return c;
+}
+
+TEST(SubmissionTest, AWellFormedGroupPasses) {
+  SubmissionLimits l;
+  l.vocab_size = 37;
+  EXPECT_TRUE(validate_submission(good_group(), context(), l).ok())
+      << validate_submission(good_group(), context(), l);
+}
+
+// Each case breaks one thing; the message names group, trajectory and field.
+TEST(SubmissionTest, EachProblemIsNamed) {
+  struct Case {
+    const char* name;
+    std::function<void(rollout::TrajectoryGroup&, SubmissionContext&)> change;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"k", [](auto&, auto& c) { c.k = 4; },
+       "group 'arith/7': 2 trajectories for a lease of k = 4"},
+      {"no id", [](auto& g, auto&) { g.group_id.clear(); }, "group: group_id: empty"},
+      {"+inf", [](auto& g, auto&) { g.trajectories[1].behavior_logprobs[2] = INFINITY; },
+       "group 'arith/7' trajectories[1].behavior_logprobs[2]: +inf is not a log-prob (send NaN "
+       "if missing)"},
+      {"positive", [](auto& g, auto&) { g.trajectories[0].proximal_logprobs[1] = 0.5f; },
+       "group 'arith/7' trajectories[0].proximal_logprobs[1]: 0.5 > 0 is not a log-prob"},
+      {"raw -inf", [](auto& g, auto&) { g.trajectories[0].raw_logprobs[0] = -INFINITY; },
+       "group 'arith/7' trajectories[0].raw_logprobs[0]: -inf is not a log-prob (send NaN if "
+       "missing)"},
+      {"lengths", [](auto& g, auto&) { g.trajectories[1].token_versions.pop_back(); },
+       "group 'arith/7' trajectories[1]: token_versions: 2 entries for 3 response tokens"},
+      {"future", [](auto& g, auto& c) { c.trainer_version = 4; },
+       "group 'arith/7' trajectories[0].proximal_versions[0]: version 5 is in the future "
+       "(trainer at 4)"},
+      {"too old", [](auto&, auto& c) { c.oldest_version = 5; },
+       "group 'arith/7' trajectories[0].token_versions[0]: version 4 is older than the oldest "
+       "kept (5)"},
+      {"vocab", [](auto& g, auto&) { g.trajectories[1].response_tokens[0] = 99; },
+       "group 'arith/7' trajectories[1].response_tokens[0]: token id 99 is outside the "
+       "vocabulary [0, 37)"},
+      {"prompt",
+       [](auto& g, auto&) {
+         g.trajectories[1].prompt_tokens = {1, 2};
+       },
+       "group 'arith/7' trajectories[1]: prompt_tokens: differ from trajectories[0]'s; a group "
+       "shares one prompt"},
+      {"empty response", [](auto& g, auto&) { g.trajectories[0].response_tokens.clear(); },
+       "group 'arith/7' trajectories[0]: response_tokens: empty"},
+      {"unscored", [](auto& g, auto&) { g.trajectories[0].reward = NAN; },
+       "group 'arith/7' trajectories[0].reward: nan: the trajectory was not scored"},
+      {"too long", [](auto& g, auto&) { g.trajectories[0].response_tokens.resize(70, 1); },
+       "group 'arith/7' trajectories[0]: 73 prompt + response tokens exceed the limit of 64"},
+      {"baseline",
+       [](auto& g, auto&) {
+         g.baseline = g.trajectories[0];
+         g.baseline->reward = NAN;
+       },
+       "group 'arith/7' baseline.reward: nan: the trajectory was not scored"},
+  };
+  SubmissionLimits l;
+  l.vocab_size = 37;
+  l.max_tokens = 64;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rollout::TrajectoryGroup g = good_group();
+    SubmissionContext ctx = context();
+    c.change(g, ctx);
+    Status s = validate_submission(g, ctx, l);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(s.message()), c.message);
+  }
+}
+
+// Another sampler's log_softmax may round a near-certain token to a tiny
+// positive value: within the tolerance it passes and is clamped to 0.
+TEST(SubmissionTest, RoundingWithinTheToleranceIsClampedNotRefused) {
+  rollout::TrajectoryGroup g = good_group();
+  g.trajectories[0].behavior_logprobs[1] = 3e-7f;
+  g.trajectories[1].raw_logprobs[0] = 5e-5f;
+  ASSERT_TRUE(validate_submission(g, context()).ok()) << validate_submission(g, context());
+  EXPECT_EQ(normalize_submission(g), 2);
+  EXPECT_EQ(g.trajectories[0].behavior_logprobs[1], 0.0f);
+  EXPECT_EQ(g.trajectories[1].raw_logprobs[0], 0.0f);
+  EXPECT_EQ(g.trajectories[0].behavior_logprobs[0], -0.5f) << "others untouched";
+  EXPECT_TRUE(std::isnan(g.trajectories[0].proximal_logprobs[2])) << "NaN stays NaN";
+  EXPECT_TRUE(rollout::check_trajectory(g.trajectories[0]).ok());
+}
+
+}  // namespace
+}  // namespace relay::comm
