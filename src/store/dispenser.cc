@@ -97,7 +97,7 @@ std::string encode_state(int64_t next_prompt, uint64_t next_lease_id,
 
 }  // namespace
 
-StatusOr<int64_t> PromptDispenser::expire_locked(int64_t now) {
+int64_t PromptDispenser::expire_locked(int64_t now) {
   int64_t n = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.deadline_unix_ms > now) {
@@ -120,7 +120,7 @@ StatusOr<int64_t> PromptDispenser::expire_leases() {
   const auto leases = leases_;
   const auto retry = retry_;
   const DispenserStats stats = stats_;
-  RELAY_ASSIGN_OR_RETURN(int64_t n, expire_locked(now_ms_()));
+  const int64_t n = expire_locked(now_ms_());
   if (n == 0) return n;
   Status st =
       store_->put_side_record(encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_));
@@ -141,7 +141,7 @@ StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id
   const DispenserStats saved_stats = stats_;
   const uint64_t saved_next_id = next_lease_id_;
   const int64_t now = now_ms_();
-  RELAY_ASSIGN_OR_RETURN(int64_t expired, expire_locked(now));
+  const int64_t expired = expire_locked(now);
   const int64_t bound = (options_.max_staleness + version + 1) * options_.groups_per_step;
   const int64_t room =
       std::max<int64_t>(0, bound - stats_.accepted - static_cast<int64_t>(leases_.size()));

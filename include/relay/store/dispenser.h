@@ -96,7 +96,8 @@ class PromptDispenser {
 
  private:
   PromptDispenser(RolloutStore* store, DispenserOptions options, NowMs now_ms);
-  StatusOr<int64_t> expire_locked(int64_t now);
+  // Moves leases past their deadline to the retry queue; how many. REQUIRES mu_.
+  int64_t expire_locked(int64_t now);
 
   RolloutStore* store_;
   DispenserOptions options_;
