@@ -22,6 +22,7 @@
 #include "relay/model/policy.h"
 #include "relay/model/threads.h"
 #include "relay/model/tokenizer.h"
+#include "relay/model/weight_manifest.h"
 #include "relay/rollout/engine.h"
 #include "relay/rollout/generate.h"
 #include "relay/rollout/task.h"
@@ -354,6 +355,11 @@ nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& 
   return j;
 }
 
+StatusOr<uint64_t> weights_digest(const model::PolicyImpl& policy) {
+  RELAY_ASSIGN_OR_RETURN(model::WeightManifest m, model::weight_manifest(policy, 0));
+  return m.digest;
+}
+
 // One task prompt as an engine group: rollout.n samples, the prompt (and
 // target, for prefix guidance) tokenized; errors name the prompt.
 StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout::TaskPrompt& p,
@@ -410,8 +416,11 @@ int rollout(const RolloutArgs& args) {
   StatusOr<RolloutSetup> setup = setup_rollout(args);
   if (!setup.ok()) return fail("rollout", setup.status());
   RolloutSetup& s = *setup;
+  // Trajectories name the weights that sampled them by their manifest digest.
+  StatusOr<uint64_t> digest = weights_digest(*s.policy);
+  if (!digest.ok()) return fail("rollout", digest.status());
   StatusOr<std::unique_ptr<rollout::Engine>> engine =
-      rollout::Engine::create(s.policy, s.engine, /*version=*/0, /*digest=*/0);
+      rollout::Engine::create(s.policy, s.engine, /*version=*/0, *digest);
   if (!engine.ok()) return fail("rollout", engine.status());
 
   std::map<std::string, rollout::TaskPrompt> prompts;
@@ -650,8 +659,10 @@ int train_local(const TrainLocalArgs& args) {
   trainer::Trainer& trainer = **tr;
 
   // The engine holds its own copy of the weights, as a worker would.
+  StatusOr<uint64_t> digest = weights_digest(*trainer.policy());
+  if (!digest.ok()) return fail("train-local", digest.status());
   StatusOr<std::unique_ptr<rollout::Engine>> engine = rollout::Engine::create(
-      model::clone_policy(*trainer.policy()), s.engine, trainer.version(), /*digest=*/0);
+      model::clone_policy(*trainer.policy()), s.engine, trainer.version(), *digest);
   if (!engine.ok()) return fail("train-local", engine.status());
   // With DAPO dynamic sampling, extra generation batches refill the groups
   // dropped for equal rewards (trainer.max_extra_batches).
@@ -703,8 +714,11 @@ int train_local(const TrainLocalArgs& args) {
           static_cast<double>(batch.size()) / static_cast<double>(args.groups_per_step);
     }
     if (!m.ok()) return fail("train-local", m.status());
-    if (Status st = (*engine)->update_weights(trainer.version(), 0,
-                                              model::parameter_tensors(*trainer.policy()));
+    std::unordered_map<std::string, at::Tensor> weights =
+        model::parameter_tensors(*trainer.policy());
+    StatusOr<model::WeightManifest> manifest = model::weight_manifest(weights, trainer.version());
+    if (!manifest.ok()) return fail("train-local", manifest.status());
+    if (Status st = (*engine)->update_weights(trainer.version(), manifest->digest, weights);
         !st.ok()) {
       return fail("train-local", st);
     }

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "relay/model/checkpoint.h"
+#include "relay/model/weight_manifest.h"
 
 namespace relay {
 namespace {
@@ -179,6 +180,10 @@ TEST_F(CliTest, RolloutWritesScoredTrajectoryGroups) {
                          " rollout.prefix.min_ratio=1.0 rollout.prefix.max_ratio=1.0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("3 groups, 9 trajectories"), std::string::npos) << r.out;
+  // Every token names the weights that sampled it by their manifest digest.
+  const uint64_t digest =
+      model::weight_manifest(*model::load_policy(*model_dir_).value(), 0).value().digest;
+  ASSERT_NE(digest, 0u);
   std::ifstream in(out);
   std::string line;
   int groups = 0;
@@ -199,6 +204,7 @@ TEST_F(CliTest, RolloutWritesScoredTrajectoryGroups) {
       const double reward = t["reward"].get<double>();
       EXPECT_TRUE(reward == 0.0 || reward == 1.0);
       EXPECT_EQ(t["interrupt_policy"], "recompute");
+      EXPECT_EQ(t["version_digests"], nlohmann::json::array({nlohmann::json::array({0, digest})}));
       // Sample 0 copies the whole target ("<answer>#"), which ends in the
       // task's stop token: it is forced, stopped and correct.
       if (j == 0) {
