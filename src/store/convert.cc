@@ -76,7 +76,7 @@ void to_proto(const rollout::TrajectoryGroup& g, v1::TrajectoryGroup* out) {
   if (g.baseline) to_proto(*g.baseline, out->mutable_baseline());
 }
 
-StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in) {
+StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in, bool check) {
   rollout::Trajectory t;
   t.prompt_tokens = vec<int64_t>(in.prompt_tokens());
   t.response_tokens = vec<int64_t>(in.response_tokens());
@@ -131,15 +131,15 @@ StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in) {
   t.finished_s = in.finished_s();
   t.reward = in.reward();
   for (const auto& [name, value] : in.sub_scores()) t.sub_scores[name] = value;
-  RELAY_RETURN_IF_ERROR(rollout::check_trajectory(t));
+  if (check) RELAY_RETURN_IF_ERROR(rollout::check_trajectory(t));
   return t;
 }
 
-StatusOr<rollout::TrajectoryGroup> from_proto(const v1::TrajectoryGroup& in) {
+StatusOr<rollout::TrajectoryGroup> from_proto(const v1::TrajectoryGroup& in, bool check) {
   rollout::TrajectoryGroup g;
   g.group_id = in.group_id();
   for (int i = 0; i < in.trajectories_size(); ++i) {
-    StatusOr<rollout::Trajectory> t = from_proto(in.trajectories(i));
+    StatusOr<rollout::Trajectory> t = from_proto(in.trajectories(i), check);
     if (!t.ok()) {
       return InvalidArgumentError(absl::StrCat("group '", in.group_id(), "' trajectories[", i,
                                                "]: ", std::string(t.status().message())));
@@ -147,7 +147,7 @@ StatusOr<rollout::TrajectoryGroup> from_proto(const v1::TrajectoryGroup& in) {
     g.trajectories.push_back(*std::move(t));
   }
   if (in.has_baseline()) {
-    StatusOr<rollout::Trajectory> t = from_proto(in.baseline());
+    StatusOr<rollout::Trajectory> t = from_proto(in.baseline(), check);
     if (!t.ok()) {
       return InvalidArgumentError(absl::StrCat("group '", in.group_id(),
                                                "' baseline: ", std::string(t.status().message())));

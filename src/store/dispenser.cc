@@ -217,6 +217,15 @@ std::vector<Lease> PromptDispenser::leases() const {
   return out;
 }
 
+StatusOr<Lease> PromptDispenser::find_lease(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(id);
+  if (it == leases_.end()) {
+    return NotFoundError(absl::StrCat("lease ", id, ": unknown or no longer held"));
+  }
+  return it->second;
+}
+
 DispenserStats PromptDispenser::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   DispenserStats s = stats_;

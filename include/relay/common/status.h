@@ -29,6 +29,7 @@ using absl::InvalidArgumentError;
 using absl::NotFoundError;
 using absl::OkStatus;
 using absl::OutOfRangeError;
+using absl::UnavailableError;
 using absl::UnimplementedError;
 
 namespace internal {

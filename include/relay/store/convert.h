@@ -20,7 +20,10 @@ void to_proto(const rollout::TrajectoryGroup& in, v1::TrajectoryGroup* out);
 // Token ids are int32 on the wire (vocabularies are far below 2^31).
 // from_proto: InvalidArgument, naming the trajectory and field, for an
 // unknown enum value or per-token fields that fail rollout::check_trajectory().
-StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in);
-StatusOr<rollout::TrajectoryGroup> from_proto(const v1::TrajectoryGroup& in);
+// `check` = false skips check_trajectory (enums are still checked): for
+// input that comm::validate_submission() checks next, with its tolerance for
+// log-prob rounding.
+StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in, bool check = true);
+StatusOr<rollout::TrajectoryGroup> from_proto(const v1::TrajectoryGroup& in, bool check = true);
 
 }  // namespace relay::store

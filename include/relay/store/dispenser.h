@@ -92,7 +92,10 @@ class PromptDispenser {
   StatusOr<int64_t> expire_leases();
 
   std::vector<Lease> leases() const;
+  // The live lease `id`, or NotFound.
+  StatusOr<Lease> find_lease(uint64_t id) const;
   DispenserStats stats() const;
+  const DispenserOptions& options() const { return options_; }
 
  private:
   PromptDispenser(RolloutStore* store, DispenserOptions options, NowMs now_ms);

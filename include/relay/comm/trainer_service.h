@@ -1,0 +1,96 @@
+#pragma once
+
+// The trainer's gRPC services (proto/relay/v1/worker.proto, admin.proto):
+// worker registration and heartbeats, prompt leases from the dispenser,
+// streamed group submission (validated, durable in the store before each
+// ack), version announcements and chunked weight downloads from the
+// publisher. A shared bearer token, when configured, is checked on every
+// call; TLS is the server's (server.h).
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "relay/comm/submission.h"
+#include "relay/comm/weight_publisher.h"
+#include "relay/common/status.h"
+#include "relay/store/dispenser.h"
+#include "relay/store/rollout_store.h"
+
+namespace grpc {
+class Service;
+}
+
+namespace relay::comm {
+
+// What a leased prompt carries: the caller maps a prompt index (and the
+// lease attempt, so a re-leased prompt samples afresh) to tokens.
+struct PromptContent {
+  std::string group_id;
+  std::vector<int64_t> prompt_tokens;
+  std::vector<int64_t> target_tokens;  // empty = no prefix guidance
+  uint64_t seed = 0;
+};
+using PromptSource = std::function<StatusOr<PromptContent>(int64_t prompt_index, int attempt)>;
+
+struct TrainerServiceOptions {
+  std::string auth_token;  // empty = no check; else "authorization: Bearer <token>"
+  int64_t heartbeat_interval_ms = 2000;
+  std::string weight_sync_endpoint;  // empty = workers fetch weights
+  bool greedy_baseline = false;      // ReMax: leases ask for a greedy sample
+  int64_t max_staleness = 0;         // submissions older than version - this are refused
+  SubmissionLimits limits;
+  uint64_t default_chunk_bytes = 4 << 20;
+  int64_t watch_poll_ms = 200;  // how often a version stream checks for cancellation
+};
+
+struct WorkerInfo {
+  std::string worker_id;
+  std::string worker_name;
+  std::string device;
+  int32_t num_slots = 0;
+  bool weight_sync_group = false;
+  int64_t running_version = -1;
+  uint64_t running_digest = 0;
+  int32_t in_flight = 0;
+  int64_t last_heartbeat_unix_ms = 0;
+};
+
+class TrainerService {
+ public:
+  // The dependencies must outlive the service. `version` returns the
+  // trainer's current policy version.
+  TrainerService(TrainerServiceOptions options, store::RolloutStore* store,
+                 store::PromptDispenser* dispenser, WeightPublisher* publisher,
+                 PromptSource prompts, std::function<int64_t()> version);
+  ~TrainerService();
+
+  grpc::Service* worker_service();
+  grpc::Service* admin_service();
+
+  std::vector<WorkerInfo> workers() const;
+
+ private:
+  class WorkerImpl;
+  class AdminImpl;
+  friend class WorkerImpl;
+  friend class AdminImpl;
+
+  TrainerServiceOptions options_;
+  store::RolloutStore* store_;
+  store::PromptDispenser* dispenser_;
+  WeightPublisher* publisher_;
+  PromptSource prompts_;
+  std::function<int64_t()> version_;
+  mutable std::mutex mu_;
+  std::map<std::string, WorkerInfo> workers_;
+  int64_t next_worker_ = 1;
+  std::unique_ptr<WorkerImpl> worker_impl_;
+  std::unique_ptr<AdminImpl> admin_impl_;
+};
+
+}  // namespace relay::comm

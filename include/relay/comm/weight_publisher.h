@@ -1,0 +1,72 @@
+#pragma once
+
+// The trainer's published weights: after each optimizer step the trainer
+// publishes version v + 1 here; FetchWeights streams a snapshot to workers
+// and WatchVersions wakes on a new one. Snapshots are host copies taken at
+// publish time, so the trainer can go on updating its parameters while a
+// slow worker still downloads the previous version.
+//
+// Thread-safe: one publisher, any number of readers.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "relay/common/status.h"
+#include "relay/model/weight_manifest.h"
+
+namespace relay::comm {
+
+struct WeightSnapshot {
+  model::WeightManifest manifest;
+  std::vector<at::Tensor> tensors;  // contiguous CPU copies, in manifest order
+  uint64_t total_bytes = 0;
+};
+
+class WeightPublisher {
+ public:
+  // Keeps the latest `keep` versions for workers still fetching one.
+  explicit WeightPublisher(int keep = 2);
+
+  // Copies `tensors` to the host, computes the manifest and makes `version`
+  // the latest. InvalidArgument when version is not above the latest.
+  Status publish(int64_t version, const std::unordered_map<std::string, at::Tensor>& tensors);
+
+  // -1 before the first publish.
+  int64_t latest_version() const;
+  // The snapshot of `version` (-1 = latest); NotFound when it is not (or no
+  // longer) kept.
+  StatusOr<std::shared_ptr<const WeightSnapshot>> snapshot(int64_t version) const;
+  // Blocks until a version above `after` is published or `timeout` passes;
+  // the latest version either way.
+  int64_t wait_for_version(int64_t after, std::chrono::milliseconds timeout) const;
+
+ private:
+  const int keep_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::deque<std::shared_ptr<const WeightSnapshot>> snapshots_;  // oldest first
+};
+
+// Splits a snapshot into chunks of at most `chunk_bytes` of the
+// concatenation of its tensors' bytes, calling `emit(offset, data, size)` in
+// order; stops early when emit returns false.
+void for_each_chunk(const WeightSnapshot& snapshot, uint64_t chunk_bytes,
+                    const std::function<bool(uint64_t, const char*, uint64_t)>& emit);
+
+// Reassembles tensors from received bytes: `bytes` is the concatenation in
+// manifest order. Checks sizes and the manifest digest; DataLoss naming the
+// version and both digests on a mismatch (the caller fetches again).
+StatusOr<std::unordered_map<std::string, at::Tensor>> tensors_from_bytes(
+    const model::WeightManifest& manifest, const std::string& bytes);
+
+}  // namespace relay::comm

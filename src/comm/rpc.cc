@@ -1,0 +1,247 @@
+#include "relay/comm/rpc.h"
+
+#include <grpcpp/grpcpp.h>
+#include <xxhash.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "relay/comm/manifest_proto.h"
+#include "relay/comm/weight_publisher.h"
+#include "relay/common/file_io.h"
+#include "relay/store/convert.h"
+#include "relay/v1/admin.grpc.pb.h"
+#include "relay/v1/worker.grpc.pb.h"
+
+namespace relay::comm {
+namespace {
+
+Status from_grpc(const char* call, const grpc::Status& s) {
+  if (s.ok()) return OkStatus();
+  return Status(static_cast<absl::StatusCode>(s.error_code()),
+                absl::StrCat(call, ": ", s.error_message()));
+}
+
+StatusOr<std::string> read_pem(const std::string& path, const char* what) {
+  StatusOr<std::string> text = read_file(path);
+  if (!text.ok()) {
+    return Status(text.status().code(),
+                  absl::StrCat(what, " ", path, ": ", std::string(text.status().message())));
+  }
+  return text;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ server
+
+RpcServer::RpcServer(std::unique_ptr<grpc::Server> server, int port)
+    : server_(std::move(server)), port_(port) {}
+
+RpcServer::~RpcServer() { shutdown(0); }
+
+StatusOr<std::unique_ptr<RpcServer>> RpcServer::start(const ServerOptions& options,
+                                                      const std::vector<grpc::Service*>& services) {
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!options.tls.cert_file.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    RELAY_ASSIGN_OR_RETURN(pair.cert_chain, read_pem(options.tls.cert_file, "tls cert_file"));
+    RELAY_ASSIGN_OR_RETURN(pair.private_key, read_pem(options.tls.key_file, "tls key_file"));
+    ssl.pem_key_cert_pairs.push_back(pair);
+    if (!options.tls.client_ca_file.empty()) {
+      RELAY_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                             read_pem(options.tls.client_ca_file, "tls client_ca_file"));
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.address, creds, &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return UnavailableError(absl::StrCat("rpc server: cannot listen on ", options.address));
+  }
+  return std::unique_ptr<RpcServer>(new RpcServer(std::move(server), port));
+}
+
+void RpcServer::shutdown(int64_t grace_ms) {
+  if (!server_) return;
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+  server_->Wait();
+  server_.reset();
+}
+
+// ------------------------------------------------------------------ client
+
+class TrainerClient::Impl {
+ public:
+  Impl(ClientOptions o, std::shared_ptr<grpc::Channel> channel)
+      : options(std::move(o)),
+        worker(v1::Worker::NewStub(channel)),
+        admin(v1::Admin::NewStub(channel)) {}
+
+  // A context with the token and a deadline `ms` from now.
+  std::unique_ptr<grpc::ClientContext> context(int64_t ms) const {
+    auto c = std::make_unique<grpc::ClientContext>();
+    if (!options.auth_token.empty())
+      c->AddMetadata("authorization", "Bearer " + options.auth_token);
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
+    return c;
+  }
+
+  ClientOptions options;
+  std::unique_ptr<v1::Worker::Stub> worker;
+  std::unique_ptr<v1::Admin::Stub> admin;
+};
+
+TrainerClient::TrainerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TrainerClient::~TrainerClient() = default;
+
+StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::connect(const ClientOptions& options) {
+  if (options.address.empty()) return InvalidArgumentError("client: address is empty");
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls.root_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    RELAY_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                           read_pem(options.tls.root_ca_file, "tls root_ca_file"));
+    if (!options.tls.cert_file.empty()) {
+      RELAY_ASSIGN_OR_RETURN(ssl.pem_cert_chain, read_pem(options.tls.cert_file, "tls cert_file"));
+      RELAY_ASSIGN_OR_RETURN(ssl.pem_private_key, read_pem(options.tls.key_file, "tls key_file"));
+    }
+    creds = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  auto channel = grpc::CreateCustomChannel(options.address, creds, args);
+  return std::unique_ptr<TrainerClient>(
+      new TrainerClient(std::make_unique<Impl>(options, std::move(channel))));
+}
+
+StatusOr<v1::RegisterWorkerResponse> TrainerClient::register_worker(
+    const std::string& name, const v1::WorkerCapabilities& caps) {
+  v1::RegisterWorkerRequest req;
+  req.set_worker_name(name);
+  *req.mutable_capabilities() = caps;
+  v1::RegisterWorkerResponse resp;
+  auto c = impl_->context(impl_->options.timeout_ms);
+  RELAY_RETURN_IF_ERROR(
+      from_grpc("RegisterWorker", impl_->worker->RegisterWorker(c.get(), req, &resp)));
+  return resp;
+}
+
+StatusOr<v1::HeartbeatResponse> TrainerClient::heartbeat(const v1::HeartbeatRequest& req) {
+  v1::HeartbeatResponse resp;
+  auto c = impl_->context(impl_->options.timeout_ms);
+  RELAY_RETURN_IF_ERROR(from_grpc("Heartbeat", impl_->worker->Heartbeat(c.get(), req, &resp)));
+  return resp;
+}
+
+StatusOr<v1::LeasePromptsResponse> TrainerClient::lease_prompts(const std::string& worker_id,
+                                                                int max_prompts) {
+  v1::LeasePromptsRequest req;
+  req.set_worker_id(worker_id);
+  req.set_max_prompts(max_prompts);
+  v1::LeasePromptsResponse resp;
+  auto c = impl_->context(impl_->options.timeout_ms);
+  RELAY_RETURN_IF_ERROR(
+      from_grpc("LeasePrompts", impl_->worker->LeasePrompts(c.get(), req, &resp)));
+  return resp;
+}
+
+StatusOr<std::vector<v1::SubmitGroupAck>> TrainerClient::submit_groups(
+    const std::string& worker_id,
+    const std::vector<std::pair<uint64_t, rollout::TrajectoryGroup>>& groups) {
+  auto c = impl_->context(impl_->options.timeout_ms);
+  auto stream = impl_->worker->SubmitGroups(c.get());
+  std::vector<v1::SubmitGroupAck> acks;
+  for (const auto& [lease_id, group] : groups) {
+    v1::SubmitGroupRequest req;
+    req.set_worker_id(worker_id);
+    req.set_lease_id(lease_id);
+    store::to_proto(group, req.mutable_group());
+    if (!stream->Write(req)) break;
+    v1::SubmitGroupAck ack;
+    if (!stream->Read(&ack)) break;
+    acks.push_back(std::move(ack));
+  }
+  stream->WritesDone();
+  RELAY_RETURN_IF_ERROR(from_grpc("SubmitGroups", stream->Finish()));
+  if (acks.size() != groups.size()) {
+    return UnavailableError(absl::StrCat("SubmitGroups: the stream ended after ", acks.size(),
+                                         " of ", groups.size(), " acks"));
+  }
+  return acks;
+}
+
+StatusOr<FetchedWeights> TrainerClient::fetch_weights(const std::string& worker_id, int64_t version,
+                                                      uint64_t chunk_bytes) {
+  v1::FetchWeightsRequest req;
+  req.set_worker_id(worker_id);
+  req.set_version(version);
+  req.set_chunk_bytes(chunk_bytes);
+  auto c = impl_->context(impl_->options.timeout_ms);
+  auto reader = impl_->worker->FetchWeights(c.get(), req);
+  v1::WeightChunk chunk;
+  FetchedWeights out;
+  bool have_manifest = false;
+  std::string bytes;
+  while (reader->Read(&chunk)) {
+    if (chunk.has_manifest()) {
+      out.manifest = from_proto(chunk.manifest());
+      have_manifest = true;
+    }
+    if (!have_manifest) return DataLossError("FetchWeights: the first chunk has no manifest");
+    if (chunk.offset() != bytes.size()) {
+      c->TryCancel();
+      return DataLossError(absl::StrCat("FetchWeights: chunk at offset ", chunk.offset(), " after ",
+                                        bytes.size(), " bytes"));
+    }
+    if (XXH3_64bits(chunk.data().data(), chunk.data().size()) != chunk.chunk_digest()) {
+      c->TryCancel();
+      return DataLossError(
+          absl::StrCat("FetchWeights: chunk at offset ", chunk.offset(), " fails its digest"));
+    }
+    bytes.append(chunk.data());
+  }
+  RELAY_RETURN_IF_ERROR(from_grpc("FetchWeights", reader->Finish()));
+  if (!have_manifest) return DataLossError("FetchWeights: no manifest received");
+  RELAY_ASSIGN_OR_RETURN(out.tensors, tensors_from_bytes(out.manifest, bytes));
+  return out;
+}
+
+StatusOr<std::optional<v1::VersionAnnouncement>> TrainerClient::next_version(
+    const std::string& worker_id, int64_t after_version, int64_t wait_ms) {
+  v1::WatchVersionsRequest req;
+  req.set_worker_id(worker_id);
+  req.set_after_version(after_version);
+  auto c = impl_->context(wait_ms);
+  auto reader = impl_->worker->WatchVersions(c.get(), req);
+  v1::VersionAnnouncement a;
+  if (reader->Read(&a)) {
+    c->TryCancel();
+    reader->Finish();
+    return std::optional<v1::VersionAnnouncement>(std::move(a));
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return std::optional<v1::VersionAnnouncement>();
+  }
+  RELAY_RETURN_IF_ERROR(from_grpc("WatchVersions", s));
+  return std::optional<v1::VersionAnnouncement>();
+}
+
+StatusOr<v1::StatsResponse> TrainerClient::stats() {
+  v1::StatsRequest req;
+  v1::StatsResponse resp;
+  auto c = impl_->context(impl_->options.timeout_ms);
+  RELAY_RETURN_IF_ERROR(from_grpc("Stats", impl_->admin->Stats(c.get(), req, &resp)));
+  return resp;
+}
+
+}  // namespace relay::comm

@@ -1,0 +1,300 @@
+#include "relay/comm/trainer_service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <xxhash.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "relay/comm/manifest_proto.h"
+#include "relay/store/convert.h"
+#include "relay/v1/admin.grpc.pb.h"
+#include "relay/v1/worker.grpc.pb.h"
+
+namespace relay::comm {
+namespace {
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+grpc::Status to_grpc(const Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+// The shared bearer token, when configured, on every call.
+grpc::Status authorize(const grpc::ServerContext* context, const std::string& token) {
+  if (token.empty()) return grpc::Status::OK;
+  const auto& md = context->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: missing bearer token");
+  }
+  const std::string got(it->second.data(), it->second.size());
+  if (got != "Bearer " + token) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: wrong bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+class TrainerService::WorkerImpl final : public v1::Worker::Service {
+ public:
+  explicit WorkerImpl(TrainerService* s) : s_(s) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context, const v1::RegisterWorkerRequest* req,
+                              v1::RegisterWorkerResponse* resp) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    if (req->worker_name().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_name: empty");
+    }
+    WorkerInfo w;
+    w.worker_name = req->worker_name();
+    w.device = req->capabilities().device();
+    w.num_slots = req->capabilities().num_slots();
+    w.weight_sync_group = req->capabilities().weight_sync_group();
+    w.last_heartbeat_unix_ms = now_ms();
+    {
+      std::lock_guard<std::mutex> lock(s_->mu_);
+      w.worker_id = absl::StrCat("w", s_->next_worker_++, "-", req->worker_name());
+      s_->workers_[w.worker_id] = w;
+    }
+    resp->set_worker_id(w.worker_id);
+    resp->set_version(s_->version_());
+    if (auto snap = s_->publisher_->snapshot(-1); snap.ok()) {
+      to_proto((*snap)->manifest, resp->mutable_manifest());
+    }
+    resp->set_weight_sync_endpoint(s_->options_.weight_sync_endpoint);
+    resp->set_heartbeat_interval_ms(s_->options_.heartbeat_interval_ms);
+    resp->set_lease_timeout_ms(s_->dispenser_->options().lease_timeout_ms);
+    resp->set_k(s_->dispenser_->options().k);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    resp->set_latest_version(s_->version_());
+    std::lock_guard<std::mutex> lock(s_->mu_);
+    auto it = s_->workers_.find(req->worker_id());
+    if (it == s_->workers_.end()) {
+      resp->set_reregister(true);
+      return grpc::Status::OK;
+    }
+    it->second.running_version = req->running_version();
+    it->second.running_digest = req->running_digest();
+    it->second.in_flight = req->in_flight();
+    it->second.last_heartbeat_unix_ms = now_ms();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status LeasePrompts(grpc::ServerContext* context, const v1::LeasePromptsRequest* req,
+                            v1::LeasePromptsResponse* resp) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    if (grpc::Status k = known(req->worker_id()); !k.ok()) return k;
+    if (req->max_prompts() < 1) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("max_prompts: must be >= 1, got ", req->max_prompts()));
+    }
+    const int64_t version = s_->version_();
+    StatusOr<std::vector<store::Lease>> leases =
+        s_->dispenser_->lease(req->worker_id(), req->max_prompts(), version);
+    if (!leases.ok()) return to_grpc(leases.status());
+    for (const store::Lease& l : *leases) {
+      StatusOr<PromptContent> p = s_->prompts_(l.prompt_index, l.attempt);
+      if (!p.ok()) {
+        // The lease stays recorded and expires; say which prompt failed.
+        return grpc::Status(
+            grpc::StatusCode::INTERNAL,
+            absl::StrCat("prompt ", l.prompt_index, ": ", std::string(p.status().message())));
+      }
+      v1::PromptLease* out = resp->add_leases();
+      out->set_lease_id(l.id);
+      out->set_group_id(p->group_id);
+      out->set_prompt_index(l.prompt_index);
+      out->mutable_prompt_tokens()->Add(p->prompt_tokens.begin(), p->prompt_tokens.end());
+      out->mutable_target_tokens()->Add(p->target_tokens.begin(), p->target_tokens.end());
+      out->set_k(l.k);
+      out->set_seed(p->seed);
+      out->set_greedy_baseline(s_->options_.greedy_baseline);
+      out->set_leased_version(l.leased_version);
+      out->set_deadline_unix_ms(l.deadline_unix_ms);
+    }
+    if (leases->empty()) resp->set_wait_for_version(version + 1);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status SubmitGroups(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::SubmitGroupAck, v1::SubmitGroupRequest>* stream) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    v1::SubmitGroupRequest req;
+    while (stream->Read(&req)) {
+      v1::SubmitGroupAck ack;
+      ack.set_lease_id(req.lease_id());
+      Status st = accept(req, &ack);
+      if (!st.ok()) {
+        ack.set_accepted(false);
+        ack.set_error_code(static_cast<int32_t>(st.code()));
+        ack.set_error_message(std::string(st.message()));
+      }
+      if (!stream->Write(ack)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchVersions(grpc::ServerContext* context, const v1::WatchVersionsRequest* req,
+                             grpc::ServerWriter<v1::VersionAnnouncement>* writer) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    int64_t after = req->after_version();
+    while (!context->IsCancelled()) {
+      const int64_t v = s_->publisher_->wait_for_version(
+          after, std::chrono::milliseconds(s_->options_.watch_poll_ms));
+      if (v <= after) continue;
+      StatusOr<std::shared_ptr<const WeightSnapshot>> snap = s_->publisher_->snapshot(v);
+      if (!snap.ok()) continue;
+      v1::VersionAnnouncement a;
+      a.set_version(v);
+      to_proto((*snap)->manifest, a.mutable_manifest());
+      a.set_broadcast(!s_->options_.weight_sync_endpoint.empty());
+      if (!writer->Write(a)) break;
+      after = v;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FetchWeights(grpc::ServerContext* context, const v1::FetchWeightsRequest* req,
+                            grpc::ServerWriter<v1::WeightChunk>* writer) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    StatusOr<std::shared_ptr<const WeightSnapshot>> snap = s_->publisher_->snapshot(req->version());
+    if (!snap.ok()) return to_grpc(snap.status());
+    const uint64_t chunk =
+        req->chunk_bytes() > 0 ? req->chunk_bytes() : s_->options_.default_chunk_bytes;
+    bool first = true, ok = true;
+    for_each_chunk(**snap, chunk, [&](uint64_t offset, const char* data, uint64_t size) {
+      v1::WeightChunk c;
+      if (first) to_proto((*snap)->manifest, c.mutable_manifest());
+      first = false;
+      c.set_offset(offset);
+      c.set_data(data, size);
+      c.set_chunk_digest(XXH3_64bits(data, size));
+      ok = !context->IsCancelled() && writer->Write(c);
+      return ok;
+    });
+    if (first) {  // no bytes at all: still send the manifest
+      v1::WeightChunk c;
+      to_proto((*snap)->manifest, c.mutable_manifest());
+      writer->Write(c);
+    }
+    if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled");
+    return grpc::Status::OK;
+  }
+
+ private:
+  grpc::Status known(const std::string& worker_id) const {
+    std::lock_guard<std::mutex> lock(s_->mu_);
+    if (s_->workers_.count(worker_id) > 0) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("worker_id '", worker_id, "': unknown; register first"));
+  }
+
+  // Validates, stores and acknowledges one group; the error otherwise.
+  Status accept(const v1::SubmitGroupRequest& req, v1::SubmitGroupAck* ack) {
+    if (grpc::Status k = known(req.worker_id()); !k.ok()) {
+      return FailedPreconditionError(k.error_message());
+    }
+    StatusOr<store::Lease> lease = s_->dispenser_->find_lease(req.lease_id());
+    if (!lease.ok()) {
+      // An expired lease was re-leased to another worker: the group is late.
+      return FailedPreconditionError(std::string(lease.status().message()));
+    }
+    StatusOr<rollout::TrajectoryGroup> group = store::from_proto(req.group(), /*check=*/false);
+    if (!group.ok()) return group.status();
+    const int64_t version = s_->version_();
+    SubmissionContext c;
+    c.k = lease->k;
+    c.trainer_version = version;
+    c.oldest_version = std::max<int64_t>(0, version - s_->options_.max_staleness);
+    RELAY_RETURN_IF_ERROR(validate_submission(*group, c, s_->options_.limits));
+    normalize_submission(*group, s_->options_.limits);
+    RELAY_ASSIGN_OR_RETURN(uint64_t seq, s_->dispenser_->submit(req.lease_id(), *group, version));
+    ack->set_accepted(true);
+    ack->set_store_seq(seq);
+    return OkStatus();
+  }
+
+  TrainerService* s_;
+};
+
+class TrainerService::AdminImpl final : public v1::Admin::Service {
+ public:
+  explicit AdminImpl(TrainerService* s) : s_(s) {}
+
+  grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest*,
+                      v1::HealthResponse* resp) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    resp->set_serving(true);
+    resp->set_version(s_->version_());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest*,
+                     v1::StatsResponse* resp) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    const int64_t version = s_->version_();
+    resp->set_version(version);
+    StatusOr<store::StoreStats> st = s_->store_->stats();
+    if (!st.ok()) return to_grpc(st.status());
+    resp->set_store_ready(st->ready);
+    resp->set_store_consumed(st->consumed);
+    resp->set_store_expired(st->expired);
+    const store::DispenserStats d = s_->dispenser_->stats();
+    resp->set_accepted(d.accepted);
+    resp->set_in_flight(d.in_flight);
+    resp->set_retry_queue(d.retry_queue);
+    resp->set_capacity(s_->dispenser_->capacity(version));
+    for (const WorkerInfo& w : s_->workers()) {
+      v1::WorkerState* out = resp->add_workers();
+      out->set_worker_id(w.worker_id);
+      out->set_worker_name(w.worker_name);
+      out->set_running_version(w.running_version);
+      out->set_running_digest(w.running_digest);
+      out->set_in_flight(w.in_flight);
+      out->set_last_heartbeat_unix_ms(w.last_heartbeat_unix_ms);
+      out->set_in_weight_sync_group(w.weight_sync_group);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  TrainerService* s_;
+};
+
+TrainerService::TrainerService(TrainerServiceOptions options, store::RolloutStore* store,
+                               store::PromptDispenser* dispenser, WeightPublisher* publisher,
+                               PromptSource prompts, std::function<int64_t()> version)
+    : options_(std::move(options)),
+      store_(store),
+      dispenser_(dispenser),
+      publisher_(publisher),
+      prompts_(std::move(prompts)),
+      version_(std::move(version)),
+      worker_impl_(std::make_unique<WorkerImpl>(this)),
+      admin_impl_(std::make_unique<AdminImpl>(this)) {}
+
+TrainerService::~TrainerService() = default;
+
+grpc::Service* TrainerService::worker_service() { return worker_impl_.get(); }
+grpc::Service* TrainerService::admin_service() { return admin_impl_.get(); }
+
+std::vector<WorkerInfo> TrainerService::workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerInfo> out;
+  for (const auto& [id, w] : workers_) out.push_back(w);
+  return out;
+}
+
+}  // namespace relay::comm

@@ -1,0 +1,118 @@
+#include "relay/comm/weight_publisher.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "relay/model/safetensors.h"
+
+namespace relay::comm {
+
+WeightPublisher::WeightPublisher(int keep) : keep_(std::max(1, keep)) {}
+
+Status WeightPublisher::publish(int64_t version,
+                                const std::unordered_map<std::string, at::Tensor>& tensors) {
+  const int64_t latest = latest_version();
+  if (version <= latest) {
+    return InvalidArgumentError(absl::StrCat("publish: version ", version,
+                                             " is not above the latest published (", latest, ")"));
+  }
+  auto snap = std::make_shared<WeightSnapshot>();
+  std::unordered_map<std::string, at::Tensor> host;
+  for (const auto& [name, t] : tensors) {
+    host.emplace(name, t.detach().to(torch::kCPU).contiguous().clone());
+  }
+  RELAY_ASSIGN_OR_RETURN(snap->manifest, model::weight_manifest(host, version));
+  for (const model::TensorSpec& spec : snap->manifest.tensors) {
+    snap->tensors.push_back(host.at(spec.name));
+    snap->total_bytes += spec.num_bytes;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshots_.push_back(std::move(snap));
+    while (static_cast<int>(snapshots_.size()) > keep_) snapshots_.pop_front();
+  }
+  cv_.notify_all();
+  return OkStatus();
+}
+
+int64_t WeightPublisher::latest_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshots_.empty() ? -1 : snapshots_.back()->manifest.version;
+}
+
+StatusOr<std::shared_ptr<const WeightSnapshot>> WeightPublisher::snapshot(int64_t version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (snapshots_.empty()) return NotFoundError("weights: nothing published yet");
+  if (version < 0) return snapshots_.back();
+  for (const auto& s : snapshots_) {
+    if (s->manifest.version == version) return s;
+  }
+  return NotFoundError(absl::StrCat("weights: version ", version, " is not kept (latest ",
+                                    snapshots_.back()->manifest.version, ")"));
+}
+
+int64_t WeightPublisher::wait_for_version(int64_t after, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto latest = [this] { return snapshots_.empty() ? -1 : snapshots_.back()->manifest.version; };
+  cv_.wait_for(lock, timeout, [&] { return latest() > after; });
+  return latest();
+}
+
+void for_each_chunk(const WeightSnapshot& snapshot, uint64_t chunk_bytes,
+                    const std::function<bool(uint64_t, const char*, uint64_t)>& emit) {
+  chunk_bytes = std::max<uint64_t>(1, chunk_bytes);
+  std::string buffer;
+  uint64_t offset = 0;  // of buffer's first byte
+  for (size_t i = 0; i < snapshot.tensors.size(); ++i) {
+    const char* data = static_cast<const char*>(snapshot.tensors[i].data_ptr());
+    uint64_t left = snapshot.manifest.tensors[i].num_bytes;
+    while (left > 0) {
+      const uint64_t take = std::min<uint64_t>(left, chunk_bytes - buffer.size());
+      buffer.append(data, take);
+      data += take;
+      left -= take;
+      if (buffer.size() == chunk_bytes) {
+        if (!emit(offset, buffer.data(), buffer.size())) return;
+        offset += buffer.size();
+        buffer.clear();
+      }
+    }
+  }
+  if (!buffer.empty()) emit(offset, buffer.data(), buffer.size());
+}
+
+StatusOr<std::unordered_map<std::string, at::Tensor>> tensors_from_bytes(
+    const model::WeightManifest& manifest, const std::string& bytes) {
+  uint64_t total = 0;
+  for (const model::TensorSpec& spec : manifest.tensors) total += spec.num_bytes;
+  if (bytes.size() != total) {
+    return DataLossError(absl::StrCat("weights version ", manifest.version, ": received ",
+                                      bytes.size(), " bytes, the manifest says ", total));
+  }
+  std::unordered_map<std::string, at::Tensor> out;
+  uint64_t offset = 0;
+  for (const model::TensorSpec& spec : manifest.tensors) {
+    RELAY_ASSIGN_OR_RETURN(model::DType dtype, model::parse_dtype(spec.dtype));
+    at::Tensor t =
+        torch::empty(spec.shape, torch::TensorOptions().dtype(model::to_scalar_type(dtype)));
+    if (static_cast<uint64_t>(t.numel()) * t.element_size() != spec.num_bytes) {
+      return DataLossError(absl::StrCat("weights version ", manifest.version, ": ", spec.name, ": ",
+                                        spec.num_bytes, " bytes do not fit shape and dtype"));
+    }
+    std::memcpy(t.data_ptr(), bytes.data() + offset, spec.num_bytes);
+    offset += spec.num_bytes;
+    out.emplace(spec.name, std::move(t));
+  }
+  RELAY_ASSIGN_OR_RETURN(model::WeightManifest check,
+                         model::weight_manifest(out, manifest.version));
+  if (check.digest != manifest.digest) {
+    return DataLossError(absl::StrCat("weights version ", manifest.version, ": digest ",
+                                      check.digest, " of the received bytes is not the published ",
+                                      manifest.digest));
+  }
+  return out;
+}
+
+}  // namespace relay::comm

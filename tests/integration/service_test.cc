@@ -1,0 +1,234 @@
+// The trainer's gRPC services end to end on loopback: a real server with a
+// RocksDB store, the prompt dispenser and the weight publisher, and the
+// worker-side client.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "relay/comm/rpc.h"
+#include "relay/comm/trainer_service.h"
+#include "relay/model/policy.h"
+#include "relay/v1/admin.pb.h"
+#include "relay/v1/worker.pb.h"
+#include "testing/tensor_testing.h"
+
+namespace relay::comm {
+namespace {
+
+// A scored group of k one-token samples of `version`, as a worker sends it.
+rollout::TrajectoryGroup make_group(const std::string& id, int k, int64_t version,
+                                    const std::vector<int64_t>& prompt) {
+  rollout::TrajectoryGroup g;
+  g.group_id = id;
+  for (int j = 0; j < k; ++j) {
+    rollout::Trajectory t;
+    t.prompt_tokens = prompt;
+    t.response_tokens = {5 + j, 6};
+    t.behavior_logprobs = {-0.5f, -0.25f};
+    t.token_versions = {version, version};
+    t.proximal_logprobs = {NAN, NAN};
+    t.proximal_versions = {-1, -1};
+    t.offpolicy_mask = {0, 0};
+    t.version_digests = {{version, 77}};
+    t.reward = j;
+    g.trajectories.push_back(t);
+  }
+  return g;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/relay_service_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+           std::to_string(::getpid());
+    std::filesystem::remove_all(dir_);
+    store::StoreOptions so;
+    so.path = dir_;
+    store_ = store::RolloutStore::open(so).value();
+    store::DispenserOptions d;
+    d.groups_per_step = 2;
+    d.k = 2;
+    d.lease_timeout_ms = 60000;
+    dispenser_ = store::PromptDispenser::open(store_.get(), d).value();
+    policy_ = model::Policy(testing::TinyConfig());
+    model::init_weights(*policy_, 5);
+    ASSERT_TRUE(publisher_.publish(0, model::parameter_tensors(*policy_)).ok());
+    TrainerServiceOptions o;
+    o.auth_token = "secret";
+    o.limits.vocab_size = 37;
+    o.watch_poll_ms = 20;
+    service_ = std::make_unique<TrainerService>(
+        o, store_.get(), dispenser_.get(), &publisher_,
+        [](int64_t index, int attempt) -> StatusOr<PromptContent> {
+          PromptContent p;
+          p.group_id = "prompt/" + std::to_string(index);
+          p.prompt_tokens = {1, 2, 3 + index % 10};
+          p.seed = 1000 * index + attempt;
+          return p;
+        },
+        [this] { return version_.load(); });
+    server_ =
+        RpcServer::start(ServerOptions{}, {service_->worker_service(), service_->admin_service()})
+            .value();
+    client_ = connect("secret");
+  }
+  void TearDown() override { server_->shutdown(); }
+
+  std::unique_ptr<TrainerClient> connect(const std::string& token) {
+    ClientOptions c;
+    c.address = "127.0.0.1:" + std::to_string(server_->port());
+    c.auth_token = token;
+    c.timeout_ms = 5000;
+    return TrainerClient::connect(c).value();
+  }
+
+  std::string register_worker() {
+    v1::WorkerCapabilities caps;
+    caps.set_device("cpu");
+    caps.set_num_slots(8);
+    auto r = client_->register_worker("test", caps);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->worker_id();
+  }
+
+  std::string dir_;
+  std::unique_ptr<store::RolloutStore> store_;
+  std::unique_ptr<store::PromptDispenser> dispenser_;
+  WeightPublisher publisher_;
+  model::Policy policy_{nullptr};
+  std::atomic<int64_t> version_{0};
+  std::unique_ptr<TrainerService> service_;
+  std::unique_ptr<RpcServer> server_;
+  std::unique_ptr<TrainerClient> client_;
+};
+
+TEST_F(ServiceTest, RegisterLeaseSubmitAndStats) {
+  v1::WorkerCapabilities caps;
+  auto reg = client_->register_worker("gpu-node-3", caps);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(reg->version(), 0);
+  EXPECT_EQ(reg->k(), 2);
+  EXPECT_EQ(reg->manifest().digest(), model::weight_manifest(*policy_, 0).value().digest);
+  const std::string id = reg->worker_id();
+
+  auto lease = client_->lease_prompts(id, 5);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_EQ(lease->leases_size(), 2) << "staleness capacity: (0 + 0 + 1) x 2";
+  const v1::PromptLease& l0 = lease->leases(0);
+  EXPECT_EQ(l0.group_id(), "prompt/0");
+  EXPECT_EQ(l0.k(), 2);
+  EXPECT_EQ(l0.prompt_tokens_size(), 3);
+  auto none = client_->lease_prompts(id, 1);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->leases_size(), 0);
+  EXPECT_EQ(none->wait_for_version(), 1);
+
+  std::vector<int64_t> prompt(l0.prompt_tokens().begin(), l0.prompt_tokens().end());
+  std::vector<int64_t> prompt1(lease->leases(1).prompt_tokens().begin(),
+                               lease->leases(1).prompt_tokens().end());
+  // One stream: a group with a bad log-prob is refused by name, the good one
+  // after it is accepted, and a made-up lease is refused as a precondition.
+  rollout::TrajectoryGroup bad = make_group("prompt/0", 2, 0, prompt);
+  bad.trajectories[1].behavior_logprobs[0] = INFINITY;
+  // Rounding within the tolerance (another sampler's log_softmax) passes and
+  // is stored clamped to 0.
+  rollout::TrajectoryGroup rounded = make_group("prompt/1", 2, 0, prompt1);
+  rounded.trajectories[0].behavior_logprobs[1] = 2e-7f;
+  auto acks = client_->submit_groups(
+      id, {{l0.lease_id(), bad},
+           {lease->leases(1).lease_id(), rounded},
+           {999, make_group("prompt/9", 2, 0, prompt)}});
+  ASSERT_TRUE(acks.ok()) << acks.status();
+  ASSERT_EQ(acks->size(), 3u);
+  EXPECT_FALSE((*acks)[0].accepted());
+  EXPECT_EQ((*acks)[0].error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ((*acks)[0].error_message(),
+            "group 'prompt/0' trajectories[1].behavior_logprobs[0]: +inf is not a log-prob "
+            "(send NaN if missing)");
+  EXPECT_TRUE((*acks)[1].accepted());
+  EXPECT_EQ((*acks)[1].store_seq(), 1u);
+  EXPECT_FALSE((*acks)[2].accepted());
+  EXPECT_EQ((*acks)[2].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+
+  // The refused group's lease is still held: a corrected resubmission works.
+  auto again = client_->submit_groups(id, {{l0.lease_id(), make_group("prompt/0", 2, 0, prompt)}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)[0].accepted());
+  // Durable in the store, in arrival order.
+  auto ready = store_->take_ready(10, -1, 0).value();
+  ASSERT_EQ(ready.size(), 2u);
+  EXPECT_EQ(ready[0].group.group_id, "prompt/1");
+  EXPECT_EQ(ready[1].group.trajectories[0].prompt_tokens, prompt);
+  EXPECT_EQ(ready[0].group.trajectories[0].behavior_logprobs[1], 0.0f);
+
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(id);
+  hb.set_running_version(0);
+  hb.set_running_digest(reg->manifest().digest());
+  ASSERT_TRUE(client_->heartbeat(hb).ok());
+  hb.set_worker_id("nobody");
+  EXPECT_TRUE(client_->heartbeat(hb)->reregister());
+
+  auto stats = client_->stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->accepted(), 2);
+  EXPECT_EQ(stats->store_consumed(), 2);
+  EXPECT_EQ(stats->in_flight(), 0);
+  ASSERT_EQ(stats->workers_size(), 1);
+  EXPECT_EQ(stats->workers(0).running_digest(), reg->manifest().digest());
+}
+
+TEST_F(ServiceTest, FetchedWeightsAreBitIdenticalAtAnyChunkSize) {
+  const std::string id = register_worker();
+  for (uint64_t chunk : {uint64_t{1000}, uint64_t{1} << 20}) {
+    auto w = client_->fetch_weights(id, -1, chunk);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(w->manifest.version, 0);
+    auto mine = model::parameter_tensors(*policy_);
+    ASSERT_EQ(w->tensors.size(), mine.size());
+    for (const auto& [name, t] : mine) EXPECT_TRUE(torch::equal(t, w->tensors.at(name))) << name;
+  }
+  EXPECT_EQ(client_->fetch_weights(id, 5).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, WatchAnnouncesANewVersion) {
+  const std::string id = register_worker();
+  auto nothing = client_->next_version(id, 0, 150);
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_FALSE(nothing->has_value());
+  std::thread publish([this] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    torch::NoGradGuard g;
+    policy_->named_parameters()["model.norm.weight"].add_(0.5);
+    ASSERT_TRUE(publisher_.publish(1, model::parameter_tensors(*policy_)).ok());
+    version_ = 1;
+  });
+  auto next = client_->next_version(id, 0, 5000);
+  publish.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(next->has_value());
+  EXPECT_EQ((*next)->version(), 1);
+  EXPECT_EQ((*next)->manifest().digest(), model::weight_manifest(*policy_, 1).value().digest);
+}
+
+TEST_F(ServiceTest, EveryCallNeedsTheToken) {
+  auto wrong = connect("guess");
+  v1::WorkerCapabilities caps;
+  auto r = wrong->register_worker("x", caps);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(wrong->stats().status().code(), absl::StatusCode::kUnauthenticated);
+  auto none = connect("");
+  EXPECT_EQ(none->lease_prompts("w", 1).status().code(), absl::StatusCode::kUnauthenticated);
+  // Unknown workers cannot lease.
+  EXPECT_EQ(client_->lease_prompts("w999-ghost", 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace relay::comm

@@ -1,0 +1,91 @@
+#include "relay/comm/weight_publisher.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+namespace relay::comm {
+namespace {
+
+std::unordered_map<std::string, at::Tensor> weights(float base) {
+  return {{"a", torch::full({3}, base)}, {"b", torch::arange(5, torch::kFloat32) + base}};
+}
+
+TEST(WeightPublisherTest, VersionsIncreaseAndOnlyTheLatestAreKept) {
+  WeightPublisher p(/*keep=*/2);
+  EXPECT_EQ(p.latest_version(), -1);
+  EXPECT_EQ(p.snapshot(-1).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(p.publish(0, weights(0)).ok());
+  ASSERT_TRUE(p.publish(1, weights(1)).ok());
+  EXPECT_EQ(p.publish(1, weights(2)).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p.publish(3, weights(3)).ok());
+  EXPECT_EQ(p.latest_version(), 3);
+  EXPECT_EQ(p.snapshot(0).status().code(), absl::StatusCode::kNotFound) << "keep = 2";
+  auto s1 = p.snapshot(1).value();
+  EXPECT_EQ(s1->manifest.version, 1);
+  EXPECT_EQ(s1->total_bytes, 32u);  // (3 + 5) fp32
+  EXPECT_EQ(s1->manifest.tensors[0].name, "a");
+  EXPECT_TRUE(torch::equal(s1->tensors[1], torch::arange(5, torch::kFloat32) + 1));
+}
+
+TEST(WeightPublisherTest, SnapshotIsACopyTakenAtPublish) {
+  WeightPublisher p;
+  auto w = weights(0);
+  ASSERT_TRUE(p.publish(0, w).ok());
+  w["a"].add_(7);  // the trainer keeps training
+  EXPECT_TRUE(torch::equal(p.snapshot(0).value()->tensors[0], torch::zeros({3})));
+}
+
+// Chunks cut across tensor boundaries, in order, and reassemble exactly.
+TEST(WeightPublisherTest, ChunksReassembleAndTheDigestIsChecked) {
+  WeightPublisher p;
+  ASSERT_TRUE(p.publish(4, weights(2)).ok());
+  auto snap = p.snapshot(4).value();
+  for (uint64_t chunk : {1u, 5u, 12u, 32u, 1000u}) {
+    std::string bytes;
+    std::vector<uint64_t> offsets;
+    for_each_chunk(*snap, chunk, [&](uint64_t offset, const char* data, uint64_t size) {
+      offsets.push_back(offset);
+      EXPECT_LE(size, chunk);
+      bytes.append(data, size);
+      return true;
+    });
+    EXPECT_EQ(offsets.size(), (32 + chunk - 1) / chunk) << chunk;
+    auto back = tensors_from_bytes(snap->manifest, bytes);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(torch::equal(back->at("b"), torch::arange(5, torch::kFloat32) + 2));
+  }
+  std::string bytes;
+  for_each_chunk(*snap, 8, [&](uint64_t, const char* data, uint64_t size) {
+    bytes.append(data, size);
+    return true;
+  });
+  std::string flipped = bytes;
+  flipped[13] ^= 1;
+  auto bad = tensors_from_bytes(snap->manifest, flipped);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(std::string(bad.status().message()).find("weights version 4: digest"),
+            std::string::npos);
+  EXPECT_EQ(tensors_from_bytes(snap->manifest, bytes.substr(1)).status().code(),
+            absl::StatusCode::kDataLoss);
+  // An emit that returns false stops the walk.
+  int calls = 0;
+  for_each_chunk(*snap, 4, [&](uint64_t, const char*, uint64_t) { return ++calls < 3; });
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(WeightPublisherTest, WaitWakesOnPublishOrTimesOut) {
+  WeightPublisher p;
+  ASSERT_TRUE(p.publish(0, weights(0)).ok());
+  EXPECT_EQ(p.wait_for_version(0, std::chrono::milliseconds(20)), 0);
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ASSERT_TRUE(p.publish(1, weights(1)).ok());
+  });
+  EXPECT_EQ(p.wait_for_version(0, std::chrono::seconds(10)), 1);
+  t.join();
+}
+
+}  // namespace
+}  // namespace relay::comm
