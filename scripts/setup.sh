@@ -20,8 +20,8 @@ packages=(
   libxxhash-dev libpcre2-dev
   # the rollout store
   librocksdb-dev
-  # tests
-  libgtest-dev libgmock-dev
+  # tests (openssl makes throwaway TLS certificates for the service tests)
+  libgtest-dev libgmock-dev openssl
 )
 
 missing=()

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -140,10 +141,9 @@ TEST_F(ServiceTest, RegisterLeaseSubmitAndStats) {
   // is stored clamped to 0.
   rollout::TrajectoryGroup rounded = make_group("prompt/1", 2, 0, prompt1);
   rounded.trajectories[0].behavior_logprobs[1] = 2e-7f;
-  auto acks = client_->submit_groups(
-      id, {{l0.lease_id(), bad},
-           {lease->leases(1).lease_id(), rounded},
-           {999, make_group("prompt/9", 2, 0, prompt)}});
+  auto acks = client_->submit_groups(id, {{l0.lease_id(), bad},
+                                          {lease->leases(1).lease_id(), rounded},
+                                          {999, make_group("prompt/9", 2, 0, prompt)}});
   ASSERT_TRUE(acks.ok()) << acks.status();
   ASSERT_EQ(acks->size(), 3u);
   EXPECT_FALSE((*acks)[0].accepted());
@@ -228,6 +228,62 @@ TEST_F(ServiceTest, EveryCallNeedsTheToken) {
   // Unknown workers cannot lease.
   EXPECT_EQ(client_->lease_prompts("w999-ghost", 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// TLS: a CA and a server certificate for 127.0.0.1 made here with openssl;
+// a client that trusts the CA connects, a plaintext client does not.
+TEST(ServiceTlsTest, ClientsThatTrustTheCaConnectPlaintextOnesDoNot) {
+  const std::string dir = ::testing::TempDir() + "/relay_tls_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cmd =
+      "cd " + dir +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=relay-test-ca"
+      " -keyout ca.key -out ca.pem"
+      " && openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key"
+      " -out server.csr"
+      " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext"
+      " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1"
+      " -extfile san.ext -out server.pem) > openssl.log 2>&1";
+  ASSERT_EQ(std::system(("(" + cmd).c_str()), 0) << "openssl failed; see " << dir << "/openssl.log";
+
+  WeightPublisher publisher;
+  std::unordered_map<std::string, at::Tensor> w = {{"x", torch::ones({2})}};
+  ASSERT_TRUE(publisher.publish(0, w).ok());
+  store::StoreOptions so;
+  so.path = dir + "/store";
+  auto store = store::RolloutStore::open(so).value();
+  auto dispenser = store::PromptDispenser::open(store.get(), store::DispenserOptions{}).value();
+  TrainerService service(
+      TrainerServiceOptions{}, store.get(), dispenser.get(), &publisher,
+      [](int64_t, int) -> StatusOr<PromptContent> { return PromptContent{}; }, [] { return 0; });
+  ServerOptions o;
+  o.tls.cert_file = dir + "/server.pem";
+  o.tls.key_file = dir + "/server.key";
+  auto server = RpcServer::start(o, {service.worker_service(), service.admin_service()}).value();
+
+  ClientOptions c;
+  c.address = "127.0.0.1:" + std::to_string(server->port());
+  c.timeout_ms = 5000;
+  c.tls.root_ca_file = dir + "/ca.pem";
+  auto tls = TrainerClient::connect(c).value();
+  auto fetched = tls->fetch_weights("anyone", -1);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(torch::equal(fetched->tensors.at("x"), torch::ones({2})));
+
+  c.tls.root_ca_file.clear();
+  c.timeout_ms = 1000;
+  auto plain = TrainerClient::connect(c).value();
+  EXPECT_FALSE(plain->stats().ok()) << "a plaintext client must not get through";
+
+  ServerOptions missing;
+  missing.tls.cert_file = dir + "/nope.pem";
+  auto bad = RpcServer::start(missing, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("tls cert_file " + dir + "/nope.pem"),
+            std::string::npos)
+      << bad.status();
+  server->shutdown();
 }
 
 }  // namespace
