@@ -11,9 +11,13 @@
 #include <filesystem>
 #include <thread>
 
+#include "relay/comm/rollout_worker.h"
 #include "relay/comm/rpc.h"
 #include "relay/comm/trainer_service.h"
+#include "relay/common/config.h"
 #include "relay/model/policy.h"
+#include "relay/model/tokenizer.h"
+#include "relay/rollout/task.h"
 #include "relay/v1/admin.pb.h"
 #include "relay/v1/worker.pb.h"
 #include "testing/tensor_testing.h"
@@ -228,6 +232,111 @@ TEST_F(ServiceTest, EveryCallNeedsTheToken) {
   // Unknown workers cannot lease.
   EXPECT_EQ(client_->lease_prompts("w999-ghost", 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A rollout worker (real engine, arithmetic task, char tokenizer) against
+// the real services: groups arrive durable and scored, and a version
+// published mid-run reaches the worker, which samples with it and names it by
+// its digest.
+TEST(RolloutWorkerTest, GeneratesScoresSubmitsAndFollowsNewVersions) {
+  const std::string dir = ::testing::TempDir() + "/relay_worker_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto tokenizer =
+      std::make_shared<const model::CharTokenizer>(model::CharTokenizer::create().value());
+  std::shared_ptr<const rollout::Task> task(
+      rollout::make_task(TaskConfig{}, /*seed=*/3).value().release());
+
+  model::PolicyConfig cfg = testing::TinyConfig();
+  cfg.vocab_size = tokenizer->vocab_size();
+  model::Policy trainer_policy(cfg);
+  model::init_weights(*trainer_policy, 11, 0.3);
+  WeightPublisher publisher;
+  ASSERT_TRUE(publisher.publish(0, model::parameter_tensors(*trainer_policy)).ok());
+  std::atomic<int64_t> version{0};
+  store::StoreOptions so;
+  so.path = dir;
+  auto store = store::RolloutStore::open(so).value();
+  store::DispenserOptions d;
+  d.groups_per_step = 4;
+  d.max_staleness = 1;
+  d.k = 3;
+  auto dispenser = store::PromptDispenser::open(store.get(), d).value();
+  TrainerServiceOptions o;
+  o.max_staleness = 1;
+  o.limits.vocab_size = tokenizer->vocab_size();
+  TrainerService service(
+      o, store.get(), dispenser.get(), &publisher,
+      [&](int64_t index, int attempt) -> StatusOr<PromptContent> {
+        RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, task->prompt(index));
+        PromptContent c;
+        c.group_id = p.id;
+        RELAY_ASSIGN_OR_RETURN(c.prompt_tokens, tokenizer->encode(p.prompt));
+        c.seed = static_cast<uint64_t>(index * 1000 + attempt);
+        return c;
+      },
+      [&] { return version.load(); });
+  auto server = RpcServer::start(ServerOptions{}, {service.worker_service()}).value();
+
+  ClientOptions c;
+  c.address = "127.0.0.1:" + std::to_string(server->port());
+  rollout::EngineOptions eo;
+  eo.num_slots = 8;
+  eo.max_new_tokens = 6;
+  eo.stop_tokens = {tokenizer->eos_id(), *tokenizer->token_id("#")};
+  RolloutWorkerOptions wo;
+  wo.heartbeat_ms = 20;
+  wo.idle_wait_ms = 20;
+  // The worker starts from other weights: it must take the trainer's.
+  model::Policy worker_policy(cfg);
+  model::init_weights(*worker_policy, 99);
+  RolloutWorker worker(TrainerClient::connect(c).value(), worker_policy, eo, task, tokenizer,
+                       std::chrono::milliseconds(1000), wo);
+  ASSERT_TRUE(worker.start().ok());
+  EXPECT_TRUE(torch::equal(worker_policy->lm_head->weight, trainer_policy->lm_head->weight));
+
+  std::atomic<bool> stop{false};
+  Status result;
+  std::thread t([&] { result = worker.run([&] { return stop.load(); }); });
+  auto wait_for = [&](const std::function<bool()>& done) {
+    for (int i = 0; i < 1000 && !done(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return done();
+  };
+  // Capacity at version 0: (1 + 0 + 1) x 4 = 8 groups, then the worker waits.
+  EXPECT_TRUE(wait_for([&] { return store->appended() >= 8; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(store->appended(), 8u) << "the staleness bound holds the worker back";
+  {
+    torch::NoGradGuard g;
+    trainer_policy->lm_head->weight.mul_(1.5);
+  }
+  ASSERT_TRUE(publisher.publish(1, model::parameter_tensors(*trainer_policy)).ok());
+  version = 1;
+  const uint64_t digest1 = publisher.snapshot(1).value()->manifest.digest;
+  EXPECT_TRUE(wait_for([&] { return store->appended() >= 12; }));
+  stop = true;
+  t.join();
+  ASSERT_TRUE(result.ok()) << result;
+  EXPECT_GE(worker.stats().versions_applied, 1);
+  EXPECT_EQ(worker.stats().groups_refused, 0);
+  EXPECT_EQ(worker.stats().decode_errors, 0);
+
+  bool saw_version1 = false;
+  const std::vector<store::StoredGroup> all = store->scan().value();
+  for (const store::StoredGroup& g : all) {
+    ASSERT_EQ(g.group.trajectories.size(), 3u);
+    for (const rollout::Trajectory& tr : g.group.trajectories) {
+      EXPECT_TRUE(tr.reward == 0.0 || tr.reward == 1.0) << g.group.group_id;
+      for (const auto& [v, dg] : tr.version_digests) {
+        if (v == 1) {
+          EXPECT_EQ(dg, digest1);
+          saw_version1 = true;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(saw_version1) << "no group was sampled with the published version 1";
+  server->shutdown();
 }
 
 // TLS: a CA and a server certificate for 127.0.0.1 made here with openssl;
