@@ -64,6 +64,24 @@ struct RolloutArgs {
 // rollout engine, scores them with the task's verifier and writes them out.
 int rollout(const RolloutArgs& args);
 
+struct RunArgs {
+  std::string config_file;
+  std::vector<std::string> overrides;
+  std::string model_dir;  // default: model.path
+  std::string store;      // default: <run.output_dir>/<run.name>/store
+  int workers = 1;
+  int groups_in_flight = 16;
+  int64_t steps = 10;
+  int64_t groups_per_step = 8;
+  int64_t eval_prompts = 0;
+  int64_t eval_every = 0;
+  std::string metrics_out;
+  std::string save;
+};
+// relay-trainer and `workers` relay-rollout processes on this machine,
+// supervised; returns the trainer's exit code.
+int run(const RunArgs& args);
+
 struct StoreInspectArgs {
   std::string path;
   bool json = false;

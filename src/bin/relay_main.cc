@@ -68,6 +68,22 @@ int main(int argc, char** argv) {
   rollout->add_option("--out", roll.out, "Write trajectory groups as JSONL here");
   rollout->add_option("--store", roll.store, "Append the groups to this rollout store");
 
+  relay::cli::RunArgs run_args;
+  auto* run = app.add_subcommand(
+      "run", "Train asynchronously: relay-trainer and rollout workers as child processes");
+  run->add_option("config", run_args.config_file, "YAML experiment config")->required();
+  run->add_option("overrides", run_args.overrides, "key.path=value overrides");
+  run->add_option("--model", run_args.model_dir, "Starting model directory (default: model.path)");
+  run->add_option("--store", run_args.store, "Rollout store (default: <run dir>/store)");
+  run->add_option("--workers", run_args.workers, "Rollout worker processes");
+  run->add_option("--groups-in-flight", run_args.groups_in_flight, "Leases per worker");
+  run->add_option("--steps", run_args.steps, "Optimizer steps");
+  run->add_option("--groups-per-step", run_args.groups_per_step, "Prompt groups per step");
+  run->add_option("--eval-prompts", run_args.eval_prompts, "Held-out prompts for accuracy");
+  run->add_option("--eval-every", run_args.eval_every, "Evaluate every N steps (0 = ends only)");
+  run->add_option("--metrics-out", run_args.metrics_out, "Each step's metrics as JSONL");
+  run->add_option("--save", run_args.save, "Write the trained model here");
+
   relay::cli::StoreInspectArgs inspect_args;
   auto* store = app.add_subcommand("store", "The rollout store");
   store->require_subcommand(1);
@@ -107,5 +123,6 @@ int main(int argc, char** argv) {
   if (*rollout) return relay::cli::rollout(roll);
   if (*train) return relay::cli::train_local(tl);
   if (*inspect) return relay::cli::store_inspect(inspect_args);
+  if (*run) return relay::cli::run(run_args);
   return 2;
 }

@@ -41,9 +41,10 @@ Status check_versions(const std::vector<int64_t>& versions, const std::string& w
           absl::StrCat("version ", v, " is in the future (trainer at ", c.trainer_version, ")"));
     }
     if (v < c.oldest_version) {
-      return bad(
-          absl::StrCat(where, ".", field, "[", j, "]"),
-          absl::StrCat("version ", v, " is older than the oldest kept (", c.oldest_version, ")"));
+      // Stale, not malformed: the trainer moved on while it was generated.
+      return FailedPreconditionError(absl::StrCat(where, ".", field, "[", j, "]: version ", v,
+                                                  " is older than the staleness bound (",
+                                                  c.oldest_version, ")"));
     }
   }
   return OkStatus();

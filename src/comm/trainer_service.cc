@@ -212,18 +212,37 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
       return FailedPreconditionError(std::string(lease.status().message()));
     }
     StatusOr<rollout::TrajectoryGroup> group = store::from_proto(req.group(), /*check=*/false);
-    if (!group.ok()) return group.status();
+    if (!group.ok()) return refuse(req.lease_id(), group.status());
     const int64_t version = s_->version_();
     SubmissionContext c;
     c.k = lease->k;
     c.trainer_version = version;
     c.oldest_version = std::max<int64_t>(0, version - s_->options_.max_staleness);
-    RELAY_RETURN_IF_ERROR(validate_submission(*group, c, s_->options_.limits));
+    if (Status v = validate_submission(*group, c, s_->options_.limits); !v.ok()) {
+      return refuse(req.lease_id(), v);
+    }
     normalize_submission(*group, s_->options_.limits);
-    RELAY_ASSIGN_OR_RETURN(uint64_t seq, s_->dispenser_->submit(req.lease_id(), *group, version));
+    StatusOr<uint64_t> seq = s_->dispenser_->submit(req.lease_id(), *group, version);
+    if (!seq.ok()) {
+      if (seq.status().code() == absl::StatusCode::kInvalidArgument) {
+        return refuse(req.lease_id(), seq.status());
+      }
+      return seq.status();
+    }
     ack->set_accepted(true);
-    ack->set_store_seq(seq);
+    ack->set_store_seq(*seq);
     return OkStatus();
+  }
+
+  // A refused group's lease is released and its prompt leased again: the
+  // worker does not resubmit, and a held lease would block the staleness
+  // capacity until its deadline.
+  Status refuse(uint64_t lease_id, const Status& why) {
+    if (Status r = s_->dispenser_->release(lease_id); !r.ok()) {
+      return Status(why.code(), absl::StrCat(why.message(), " (and releasing lease ", lease_id,
+                                             " failed: ", r.message(), ")"));
+    }
+    return why;
   }
 
   TrainerService* s_;

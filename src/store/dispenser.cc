@@ -210,6 +210,26 @@ StatusOr<uint64_t> PromptDispenser::submit(uint64_t lease_id, const rollout::Tra
   return seq;
 }
 
+Status PromptDispenser::release(uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return NotFoundError(absl::StrCat("lease ", lease_id, ": unknown or no longer held"));
+  }
+  std::map<uint64_t, Lease> after = leases_;
+  Lease again = it->second;
+  ++again.attempt;
+  after.erase(lease_id);
+  std::deque<Lease> retry = retry_;
+  retry.push_back(again);
+  RELAY_RETURN_IF_ERROR(
+      store_->put_side_record(encode_state(stats_.next_prompt, next_lease_id_, after, retry)));
+  leases_ = std::move(after);
+  retry_ = std::move(retry);
+  ++stats_.released;
+  return OkStatus();
+}
+
 std::vector<Lease> PromptDispenser::leases() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Lease> out;

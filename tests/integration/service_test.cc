@@ -160,10 +160,21 @@ TEST_F(ServiceTest, RegisterLeaseSubmitAndStats) {
   EXPECT_FALSE((*acks)[2].accepted());
   EXPECT_EQ((*acks)[2].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
 
-  // The refused group's lease is still held: a corrected resubmission works.
+  // The refused group's lease was released: resubmitting on it is refused,
+  // and its prompt is leased again (second attempt) instead of being lost.
   auto again = client_->submit_groups(id, {{l0.lease_id(), make_group("prompt/0", 2, 0, prompt)}});
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE((*again)[0].accepted());
+  EXPECT_FALSE((*again)[0].accepted());
+  EXPECT_EQ((*again)[0].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  auto retry = client_->lease_prompts(id, 1);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  ASSERT_EQ(retry->leases_size(), 1);
+  EXPECT_EQ(retry->leases(0).prompt_index(), 0);
+  EXPECT_EQ(retry->leases(0).seed(), 1u) << "attempt 1 samples afresh";
+  auto retried = client_->submit_groups(
+      id, {{retry->leases(0).lease_id(), make_group("prompt/0", 2, 0, prompt)}});
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_TRUE((*retried)[0].accepted());
   // Durable in the store, in arrival order.
   auto ready = store_->take_ready(10, -1, 0).value();
   ASSERT_EQ(ready.size(), 2u);
@@ -184,6 +195,7 @@ TEST_F(ServiceTest, RegisterLeaseSubmitAndStats) {
   EXPECT_EQ(stats->accepted(), 2);
   EXPECT_EQ(stats->store_consumed(), 2);
   EXPECT_EQ(stats->in_flight(), 0);
+  EXPECT_EQ(stats->retry_queue(), 0);
   ASSERT_EQ(stats->workers_size(), 1);
   EXPECT_EQ(stats->workers(0).running_digest(), reg->manifest().digest());
 }
@@ -353,7 +365,8 @@ TEST(ServiceTlsTest, ClientsThatTrustTheCaConnectPlaintextOnesDoNot) {
       " -out server.csr"
       " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext"
       " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1"
-      " -extfile san.ext -out server.pem) > openssl.log 2>&1";
+      " -extfile san.ext -out server.pem) > " +
+      dir + "/openssl.log 2>&1";
   ASSERT_EQ(std::system(("(" + cmd).c_str()), 0) << "openssl failed; see " << dir << "/openssl.log";
 
   WeightPublisher publisher;

@@ -25,10 +25,11 @@ struct SubmissionLimits {
 struct SubmissionContext {
   int k = 1;                    // the lease's samples per prompt
   int64_t trainer_version = 0;  // no token may come from a later version
-  int64_t oldest_version = 0;   // nor from an older one than the store keeps
+  int64_t oldest_version = 0;   // nor from one older than the staleness bound
 };
 
-// OK, or InvalidArgument naming the first problem, e.g.
+// OK, or InvalidArgument naming the first problem (FailedPrecondition for
+// versions older than oldest_version: a stale group, not a malformed one), e.g.
 //   "group 'arith/7' trajectories[2].behavior_logprobs[5]: +inf is not a log-prob"
 //   "group 'arith/7': 3 trajectories for a lease of k = 4"
 // Checks: k trajectories; non-empty prompt and response; the same prompt in

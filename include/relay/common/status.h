@@ -22,7 +22,9 @@ template <typename T>
 using StatusOr = absl::StatusOr<T>;
 
 using absl::AlreadyExistsError;
+using absl::CancelledError;
 using absl::DataLossError;
+using absl::DeadlineExceededError;
 using absl::FailedPreconditionError;
 using absl::InternalError;
 using absl::InvalidArgumentError;
@@ -42,10 +44,10 @@ namespace internal {
 #define RELAY_STATUS_CONCAT_(a, b) RELAY_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define RELAY_RETURN_IF_ERROR(expr)                  \
-  do {                                               \
-    ::relay::Status relay_status_ = (expr);          \
-    if (!relay_status_.ok()) return relay_status_;   \
+#define RELAY_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::relay::Status relay_status_ = (expr);        \
+    if (!relay_status_.ok()) return relay_status_; \
   } while (0)
 
 // `lhs` = value of `rexpr` (a StatusOr<T>), or returns its error.
@@ -57,7 +59,7 @@ namespace internal {
   lhs = std::move(tmp).value()
 
 // A broken invariant is a bug: log and abort. Not for validating input.
-#define RELAY_CHECK(cond, msg)                                               \
-  do {                                                                       \
+#define RELAY_CHECK(cond, msg)                                                      \
+  do {                                                                              \
     if (!(cond)) ::relay::internal::check_failed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

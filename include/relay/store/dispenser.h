@@ -61,6 +61,7 @@ struct DispenserStats {
   int64_t retry_queue = 0;
   int64_t expired_leases = 0;  // since this dispenser opened
   int64_t rejected_late = 0;   // submissions for unknown or expired leases
+  int64_t released = 0;        // leases retired because their group was refused
   int64_t next_prompt = 0;     // cursor
 };
 
@@ -87,6 +88,12 @@ class PromptDispenser {
   // or fails the store's checks. Nothing changes on error.
   StatusOr<uint64_t> submit(uint64_t lease_id, const rollout::TrajectoryGroup& group,
                             int64_t trainer_version);
+
+  // Retires lease `lease_id` without a group (its group was refused) and
+  // queues its prompt to be leased again (attempt + 1), so a refused group
+  // neither holds capacity until the deadline nor loses its prompt.
+  // NotFound for an unknown lease.
+  Status release(uint64_t lease_id);
 
   // Re-queues the prompts of leases past their deadline; how many.
   StatusOr<int64_t> expire_leases();

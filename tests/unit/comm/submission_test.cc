@@ -72,9 +72,6 @@ TEST(SubmissionTest, EachProblemIsNamed) {
       {"future", [](auto& g, auto& c) { c.trainer_version = 4; },
        "group 'arith/7' trajectories[0].proximal_versions[0]: version 5 is in the future "
        "(trainer at 4)"},
-      {"too old", [](auto&, auto& c) { c.oldest_version = 5; },
-       "group 'arith/7' trajectories[0].token_versions[0]: version 4 is older than the oldest "
-       "kept (5)"},
       {"vocab", [](auto& g, auto&) { g.trajectories[1].response_tokens[0] = 99; },
        "group 'arith/7' trajectories[1].response_tokens[0]: token id 99 is outside the "
        "vocabulary [0, 37)"},
@@ -113,6 +110,17 @@ TEST(SubmissionTest, EachProblemIsNamed) {
 
 // Another sampler's log_softmax may round a near-certain token to a tiny
 // positive value: within the tolerance it passes and is clamped to 0.
+// A group older than the staleness bound is stale, not malformed.
+TEST(SubmissionTest, StaleVersionsAreAPreconditionFailure) {
+  SubmissionContext c = context();
+  c.oldest_version = 5;
+  Status s = validate_submission(good_group(), c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(s.message()),
+            "group 'arith/7' trajectories[0].token_versions[0]: version 4 is older than the "
+            "staleness bound (5)");
+}
+
 TEST(SubmissionTest, RoundingWithinTheToleranceIsClampedNotRefused) {
   rollout::TrajectoryGroup g = good_group();
   g.trajectories[0].behavior_logprobs[1] = 3e-7f;

@@ -152,6 +152,31 @@ TEST_F(DispenserTest, ReopenedDispenserRestoresLeasesCursorAndAcceptedCount) {
   EXPECT_EQ(prompts(d->lease("w", 9, 0).value()), (std::vector<int64_t>{4, 5}));
 }
 
+// A refused group's lease is released at once: capacity comes back and the
+// prompt is leased again, even across a restart.
+TEST_F(DispenserTest, ReleasedLeaseFreesCapacityAndRequeuesThePrompt) {
+  DispenserOptions o;
+  o.groups_per_step = 2;
+  std::vector<Lease> held;
+  {
+    auto d = open(o);
+    held = d->lease("w", 2, 0).value();
+    EXPECT_EQ(d->capacity(0), 0);
+    ASSERT_TRUE(d->release(held[1].id).ok());
+    EXPECT_EQ(d->capacity(0), 1);
+    EXPECT_EQ(d->release(held[1].id).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(d->submit(held[1].id, make_group("late", 1), 0).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(d->stats().released, 1);
+  }
+  reopen_store();
+  auto d = open(o);
+  auto again = d->lease("w2", 5, 0).value();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].prompt_index, held[1].prompt_index);
+  EXPECT_EQ(again[0].attempt, 1);
+}
+
 TEST_F(DispenserTest, FiniteTasksWrapAround) {
   DispenserOptions o;
   o.groups_per_step = 8;

@@ -1,0 +1,54 @@
+#pragma once
+
+// The trainer's side of asynchronous training (what `relay-trainer` runs
+// between its gRPC services): wait until the store holds a step's worth of
+// groups inside the staleness bound, take them, run Trainer::step, and
+// publish the new version for the workers. Workers keep generating with the
+// previous version meanwhile; the trainer never waits for them to apply it.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+
+#include "relay/comm/weight_publisher.h"
+#include "relay/common/status.h"
+#include "relay/store/rollout_store.h"
+#include "relay/trainer/trainer.h"
+
+namespace relay::comm {
+
+struct TrainerHostOptions {
+  int64_t groups_per_step = 1;
+  int64_t max_staleness = 0;       // groups with tokens older than version - this expire
+  int64_t group_wait_ms = 600000;  // no full batch in this long: DeadlineExceeded
+  int64_t poll_ms = 5;
+  int compact_every = 10;  // store compaction every N steps; 0 = never
+};
+
+class TrainerHost {
+ public:
+  // The dependencies must outlive the host.
+  TrainerHost(trainer::Trainer* trainer, store::RolloutStore* store, WeightPublisher* publisher,
+              TrainerHostOptions options);
+
+  // Publishes the trainer's current weights as its current version.
+  Status publish_current();
+
+  // One asynchronous step. Returns the step's metrics plus store/* ones
+  // (seconds waited for groups, groups expired by the bound). Cancelled when
+  // `stop` turns true while waiting; DeadlineExceeded after group_wait_ms.
+  StatusOr<trainer::StepMetrics> step(const std::function<bool()>& stop);
+
+  // The published version (safe from any thread: what the services report).
+  int64_t version() const { return version_.load(); }
+
+ private:
+  trainer::Trainer* trainer_;
+  store::RolloutStore* store_;
+  WeightPublisher* publisher_;
+  TrainerHostOptions options_;
+  std::atomic<int64_t> version_{-1};
+  int64_t steps_ = 0;
+};
+
+}  // namespace relay::comm
