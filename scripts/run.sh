@@ -38,3 +38,14 @@ echo "== relay train-local: warm start, then RL on arithmetic; held-out accuracy
 "$relay" train-local "$config" --model "$model_dir" --sft-steps 60 --sft-lr 3e-3 --steps 40 \
   --groups-per-step 16 --eval-prompts 128 --eval-every 20 \
   trainer.lr=1e-4 rollout.n=8 task.arithmetic.max_operands=2 | grep -E '^(eval|step (1|20|40):)'
+echo "== relay run: the same from the warm start, asynchronously: relay-trainer and two"
+echo "   relay-rollout workers over gRPC and the rollout store (max_staleness 1)"
+"$relay" train-local "$config" --model "$model_dir" --sft-steps 60 --sft-lr 3e-3 --steps 0 \
+  --groups-per-step 16 --eval-prompts 128 --save runs/demo/warm \
+  rollout.n=8 task.arithmetic.max_operands=2 > /dev/null
+rm -rf runs/demo/tiny
+"$relay" run "$config" --model runs/demo/warm --workers 2 --steps 40 --groups-per-step 16 \
+  --eval-prompts 128 run.output_dir=runs/demo trainer.lr=1e-4 trainer.max_staleness=1 \
+  rollout.n=8 task.arithmetic.max_operands=2 2>/dev/null | grep -E '^(eval|step (1|20|40):|worker .* submitted)'
+echo "== relay store inspect: what the trainer consumed, and how stale it was"
+"$relay" store inspect runs/demo/tiny/store | head -12

@@ -73,9 +73,17 @@ Status RolloutWorker::start() {
 Status RolloutWorker::fill_leases() {
   const int want = options_.max_groups_in_flight - static_cast<int>(in_flight_.size());
   if (want <= 0) return OkStatus();
-  if (wait_for_version_ >= 0 && latest_known_ < wait_for_version_) return OkStatus();
+  // After an empty answer, ask again when the version the trainer named
+  // arrives, or after idle_wait_ms anyway: capacity also comes back within a
+  // version (a refused group's lease is released), and waiting only for the
+  // next version could then wait forever.
+  if (wait_for_version_ >= 0 && latest_known_ < wait_for_version_ &&
+      now_ms() < retry_lease_at_ms_) {
+    return OkStatus();
+  }
   RELAY_ASSIGN_OR_RETURN(v1::LeasePromptsResponse resp, client_->lease_prompts(worker_id_, want));
   wait_for_version_ = resp.leases_size() == 0 ? resp.wait_for_version() : -1;
+  retry_lease_at_ms_ = now_ms() + options_.idle_wait_ms;
   for (const v1::PromptLease& l : resp.leases()) {
     RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt prompt, task_->prompt(l.prompt_index()));
     rollout::PromptGroup g;

@@ -24,6 +24,9 @@ StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& st
   const int64_t min_version = v - options_.max_staleness;
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + std::chrono::milliseconds(options_.group_wait_ms);
+  // Groups that fell out of the bound when the version moved give their
+  // place back now; new submissions are checked against the bound on arrival.
+  RELAY_ASSIGN_OR_RETURN(int64_t expired_now, store_->expire_stale(min_version, v));
   for (;;) {
     RELAY_ASSIGN_OR_RETURN(int64_t ready, store_->count_ready(min_version));
     if (ready >= options_.groups_per_step) break;
@@ -48,7 +51,7 @@ StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& st
   }
   RELAY_ASSIGN_OR_RETURN(trainer::StepMetrics m, trainer_->step(groups));
   m["store/wait_s"] = waited;
-  m["store/expired"] = static_cast<double>(expired);
+  m["store/expired"] = static_cast<double>(expired + expired_now);
   m["store/wait_versions_mean"] = taken.empty() ? 0.0 : wait_versions / taken.size();
   RELAY_RETURN_IF_ERROR(publish_current());
   ++steps_;

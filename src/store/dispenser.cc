@@ -77,10 +77,19 @@ StatusOr<std::unique_ptr<PromptDispenser>> PromptDispenser::open(RolloutStore* s
   return d;
 }
 
+int64_t PromptDispenser::room_locked(int64_t version) const {
+  // Accepted groups that expired in the store were never trained on: they
+  // give their place back (AReaL counts them as rejected). Without this, every
+  // group that arrives after its batch is full would shrink the bound for
+  // good, and a synchronous run (max_staleness 0) would stall.
+  const int64_t live = stats_.accepted - static_cast<int64_t>(store_->expired_total());
+  const int64_t bound = (options_.max_staleness + version + 1) * options_.groups_per_step;
+  return std::max<int64_t>(0, bound - live - static_cast<int64_t>(leases_.size()));
+}
+
 int64_t PromptDispenser::capacity(int64_t version) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t bound = (options_.max_staleness + version + 1) * options_.groups_per_step;
-  return std::max<int64_t>(0, bound - stats_.accepted - static_cast<int64_t>(leases_.size()));
+  return room_locked(version);
 }
 
 namespace {
@@ -142,9 +151,7 @@ StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id
   const uint64_t saved_next_id = next_lease_id_;
   const int64_t now = now_ms_();
   const int64_t expired = expire_locked(now);
-  const int64_t bound = (options_.max_staleness + version + 1) * options_.groups_per_step;
-  const int64_t room =
-      std::max<int64_t>(0, bound - stats_.accepted - static_cast<int64_t>(leases_.size()));
+  const int64_t room = room_locked(version);
   std::vector<Lease> out;
   for (int64_t i = 0; i < std::min(n, room); ++i) {
     Lease l;

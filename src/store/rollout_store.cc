@@ -46,6 +46,7 @@ std::string version_key(int64_t min_version, uint64_t seq) {
 }
 const char kNextSeqKey[] = "m/next_seq";
 const char kSideRecordKey[] = "m/dispenser";
+const char kExpiredKey[] = "m/expired_total";
 
 Status rocks_error(const std::string& what, const rocksdb::Status& s) {
   return InternalError(absl::StrCat("rollout store: ", what, ": ", s.ToString()));
@@ -164,7 +165,16 @@ StatusOr<std::unique_ptr<RolloutStore>> RolloutStore::open(const StoreOptions& o
   } else if (!s.IsNotFound()) {
     return rocks_error(absl::StrCat("read ", kNextSeqKey), s);
   }
-  return std::unique_ptr<RolloutStore>(new RolloutStore(options, std::move(db), next_seq));
+  uint64_t expired_total = 0;
+  s = db->Get(rocksdb::ReadOptions(), kExpiredKey, &value);
+  if (s.ok() && value.size() == 8) {
+    expired_total = get_u64(value, 0);
+  } else if (!s.ok() && !s.IsNotFound()) {
+    return rocks_error(absl::StrCat("read ", kExpiredKey), s);
+  }
+  auto store = std::unique_ptr<RolloutStore>(new RolloutStore(options, std::move(db), next_seq));
+  store->expired_total_ = expired_total;
+  return store;
 }
 
 Status RolloutStore::check_writable() const {
@@ -246,12 +256,51 @@ StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, 
     }
   }
   if (!it->status().ok()) return rocks_error("scan ready groups", it->status());
+  if (n_expired > 0) {
+    std::string total;
+    put_u64(&total, expired_total_ + static_cast<uint64_t>(n_expired));
+    batch.Put(kExpiredKey, total);
+  }
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(write_options(options_), &batch);
     if (!s.ok()) return rocks_error("mark groups consumed", s);
   }
+  expired_total_ += static_cast<uint64_t>(n_expired);
   if (expired != nullptr) *expired = n_expired;
   return out;
+}
+
+StatusOr<int64_t> RolloutStore::expire_stale(int64_t min_version, int64_t trainer_version) {
+  RELAY_RETURN_IF_ERROR(check_writable());
+  std::lock_guard<std::mutex> lock(mu_);
+  rocksdb::WriteBatch batch;
+  int64_t n = 0;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
+    const uint64_t seq = get_u64(it->key(), 2);
+    std::string bytes;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
+    if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
+    v1::StoredGroup rec;
+    if (!rec.ParseFromString(bytes)) {
+      return DataLossError(absl::StrCat("rollout store: group ", seq, ": record does not parse"));
+    }
+    if (rec.min_version() >= min_version) continue;
+    rec.set_state(v1::GROUP_STATE_EXPIRED);
+    rec.set_consumed_version(trainer_version);
+    batch.Put(group_key(seq), rec.SerializeAsString());
+    batch.Delete(ready_key(seq));
+    ++n;
+  }
+  if (!it->status().ok()) return rocks_error("scan ready groups", it->status());
+  if (n == 0) return n;
+  std::string total;
+  put_u64(&total, expired_total_ + static_cast<uint64_t>(n));
+  batch.Put(kExpiredKey, total);
+  rocksdb::Status s = db_->Write(write_options(options_), &batch);
+  if (!s.ok()) return rocks_error("expire stale groups", s);
+  expired_total_ += static_cast<uint64_t>(n);
+  return n;
 }
 
 StatusOr<int64_t> RolloutStore::count_ready(int64_t min_version) const {
@@ -306,6 +355,11 @@ StatusOr<int64_t> RolloutStore::compact(int64_t current_version) {
     db_->CompactRange(rocksdb::CompactRangeOptions(), &begin, &end);
   }
   return n;
+}
+
+uint64_t RolloutStore::expired_total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return expired_total_;
 }
 
 uint64_t RolloutStore::appended() const {

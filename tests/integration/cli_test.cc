@@ -385,5 +385,32 @@ TEST_F(CliTest, RunTrainsAsynchronouslyWithTwoWorkers) {
   fs::remove_all(base);
 }
 
+// max_staleness 0 through the services is synchronous RL: every step trains
+// only on tokens of its own version, with two workers racing for leases (a
+// run that once stalled when refused groups' leases held the bound).
+TEST_F(CliTest, RunWithMaxStalenessZeroIsSynchronous) {
+  const std::string base = ::testing::TempDir() + "/run_sync_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  const std::string metrics = base + "/metrics.jsonl";
+  CliResult r =
+      RelayCli("run " + kTinyConfig + " --model " + *model_dir_ +
+               " --workers 2 --steps 12 --groups-per-step 8 --groups-in-flight 8"
+               " --metrics-out " +
+               metrics + " run.output_dir=" + base + " trainer.max_staleness=0 rollout.n=4");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  std::ifstream in(metrics);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] != "rl") continue;
+    ++steps;
+    EXPECT_EQ(j["staleness/max"].get<double>(), 0.0) << line;
+    EXPECT_EQ(j["batch/trajectories"].get<double>(), 32.0);
+  }
+  EXPECT_EQ(steps, 12);
+  fs::remove_all(base);
+}
+
 }  // namespace
 }  // namespace relay

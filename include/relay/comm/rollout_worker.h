@@ -81,6 +81,7 @@ class RolloutWorker {
   int64_t staged_version_ = -1;  // newest version given to the engine
   uint64_t running_digest_ = 0;
   int64_t wait_for_version_ = -1;  // the bound said wait; lease again at this version
+  int64_t retry_lease_at_ms_ = 0;  // ... or at this time
   struct Leased {
     uint64_t lease_id;
     rollout::TaskPrompt prompt;

@@ -6,8 +6,9 @@
 //
 // Staleness capacity (as AReaL's staleness manager): with B groups per
 // optimizer step and trainer version v, at most (max_staleness + v + 1) x B
-// groups may ever have been accepted or be in flight; a worker asking for more
-// gets fewer (or none: it waits for the next version). With max_staleness 0
+// groups may have been accepted (less those that expired in the store
+// untrained) or be in flight; a worker asking for more gets fewer (or none:
+// it waits for the next version). With max_staleness 0
 // this is synchronous RL: a step's groups are all leased under its version.
 //
 // Leases are durable (in the rollout store's RocksDB): a prompt leased to a
@@ -108,6 +109,8 @@ class PromptDispenser {
   PromptDispenser(RolloutStore* store, DispenserOptions options, NowMs now_ms);
   // Moves leases past their deadline to the retry queue; how many. REQUIRES mu_.
   int64_t expire_locked(int64_t now);
+  // Groups the staleness bound still allows at `version`. REQUIRES mu_.
+  int64_t room_locked(int64_t version) const;
 
   RolloutStore* store_;
   DispenserOptions options_;

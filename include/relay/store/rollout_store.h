@@ -96,6 +96,8 @@ class RolloutStore {
 
   // Groups ever appended (arrival numbers handed out), compaction or not.
   uint64_t appended() const;
+  // Groups ever marked EXPIRED (never trained on), compaction or not.
+  uint64_t expired_total() const;
   // The prompt dispenser's persisted state (an opaque record); empty string
   // when none was written.
   Status put_side_record(const std::string& record);
@@ -108,6 +110,12 @@ class RolloutStore {
   StatusOr<std::vector<StoredGroup>> take_ready(int64_t max_groups, int64_t min_version,
                                                 int64_t trainer_version,
                                                 int64_t* expired = nullptr);
+
+  // Marks every READY group whose oldest token is older than `min_version`
+  // EXPIRED (consumed_version = trainer_version); how many. The trainer calls
+  // it when its version moves, so stale groups give their place in the
+  // staleness bound back at once instead of when a scan passes them.
+  StatusOr<int64_t> expire_stale(int64_t min_version, int64_t trainer_version);
 
   // READY groups a trainer could take now (within min_version), without
   // changing anything.
@@ -132,6 +140,7 @@ class RolloutStore {
   std::unique_ptr<rocksdb::DB> db_;
   mutable std::mutex mu_;
   uint64_t next_seq_;
+  uint64_t expired_total_ = 0;
 };
 
 }  // namespace relay::store

@@ -177,6 +177,25 @@ TEST_F(DispenserTest, ReleasedLeaseFreesCapacityAndRequeuesThePrompt) {
   EXPECT_EQ(again[0].attempt, 1);
 }
 
+// A group accepted after its step's batch was full expires in the store
+// untrained; its place in the bound comes back (else a synchronous run stalls).
+TEST_F(DispenserTest, ExpiredGroupsGiveTheirPlaceBack) {
+  DispenserOptions o;
+  o.groups_per_step = 2;
+  auto d = open(o);
+  auto l = d->lease("w", 2, 0).value();
+  ASSERT_TRUE(d->submit(l[0].id, make_group("a", 1, 0), 0).ok());
+  ASSERT_TRUE(d->submit(l[1].id, make_group("b", 1, 0), 0).ok());
+  // The trainer (version 1 now) finds both too old: they expire.
+  int64_t expired = 0;
+  EXPECT_TRUE(store_->take_ready(2, /*min_version=*/1, /*trainer_version=*/1, &expired)->empty());
+  EXPECT_EQ(expired, 2);
+  EXPECT_EQ(store_->expired_total(), 2u);
+  EXPECT_EQ(d->capacity(1), 4) << "(0 + 1 + 1) x 2 - (2 accepted - 2 expired)";
+  reopen_store();
+  EXPECT_EQ(store_->expired_total(), 2u) << "the count survives a restart";
+}
+
 TEST_F(DispenserTest, FiniteTasksWrapAround) {
   DispenserOptions o;
   o.groups_per_step = 8;

@@ -98,6 +98,20 @@ TEST(RolloutStoreTest, StaleGroupsExpireInsteadOfBeingTrainedOn) {
   EXPECT_EQ(st.expired, 1);
 }
 
+TEST(RolloutStoreTest, ExpireStaleMarksOnlyReadyGroupsBelowTheBound) {
+  auto store = open_store(fresh_dir("expire_stale"));
+  ASSERT_TRUE(store->append(make_group("v0", 0), 0).ok());
+  ASSERT_TRUE(store->append(make_group("v1", 1), 1).ok());
+  ASSERT_TRUE(store->append(make_group("v2", 2), 2).ok());
+  EXPECT_EQ(store->expire_stale(/*min_version=*/2, /*trainer_version=*/2).value(), 2);
+  EXPECT_EQ(store->expired_total(), 2u);
+  EXPECT_EQ(store->get(1).value().state, GroupState::kExpired);
+  EXPECT_EQ(store->get(2).value().consumed_version, 2);
+  EXPECT_EQ(store->get(3).value().state, GroupState::kReady);
+  EXPECT_EQ(store->expire_stale(2, 2).value(), 0) << "idempotent";
+  EXPECT_EQ(ids(store->take_ready(5, 2, 2).value()), (std::vector<std::string>{"v2"}));
+}
+
 // Invariant 7: what was acknowledged survives a restart, in the state it had.
 TEST(RolloutStoreTest, ReopenedStoreHoldsEveryAcknowledgedGroup) {
   const std::string dir = fresh_dir("reopen");
