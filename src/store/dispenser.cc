@@ -123,32 +123,36 @@ int64_t PromptDispenser::expire_locked(int64_t now) {
   return n;
 }
 
-StatusOr<int64_t> PromptDispenser::expire_leases() {
-  std::lock_guard<std::mutex> lock(mu_);
-  // Work on copies so that a failed write leaves the state as it was.
-  const auto leases = leases_;
-  const auto retry = retry_;
-  const DispenserStats stats = stats_;
-  const int64_t n = expire_locked(now_ms_());
-  if (n == 0) return n;
+PromptDispenser::Snapshot PromptDispenser::snapshot_locked() const {
+  return Snapshot{leases_, retry_, stats_, next_lease_id_};
+}
+
+Status PromptDispenser::persist_or_restore_locked(Snapshot saved) {
   Status st =
       store_->put_side_record(encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_));
   if (!st.ok()) {
-    leases_ = leases;
-    retry_ = retry;
-    stats_ = stats;
-    return st;
+    // A failed write leaves the state as it was before the call.
+    leases_ = std::move(saved.leases);
+    retry_ = std::move(saved.retry);
+    stats_ = saved.stats;
+    next_lease_id_ = saved.next_lease_id;
   }
+  return st;
+}
+
+StatusOr<int64_t> PromptDispenser::expire_leases() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Snapshot saved = snapshot_locked();
+  const int64_t n = expire_locked(now_ms_());
+  if (n == 0) return n;
+  RELAY_RETURN_IF_ERROR(persist_or_restore_locked(std::move(saved)));
   return n;
 }
 
 StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id, int64_t n,
                                                     int64_t version) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto saved_leases = leases_;
-  const auto saved_retry = retry_;
-  const DispenserStats saved_stats = stats_;
-  const uint64_t saved_next_id = next_lease_id_;
+  Snapshot saved = snapshot_locked();
   const int64_t now = now_ms_();
   const int64_t expired = expire_locked(now);
   const int64_t room = room_locked(version);
@@ -172,15 +176,7 @@ StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id
     out.push_back(l);
   }
   if (out.empty() && expired == 0) return out;
-  Status st =
-      store_->put_side_record(encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_));
-  if (!st.ok()) {
-    leases_ = saved_leases;
-    retry_ = saved_retry;
-    stats_ = saved_stats;
-    next_lease_id_ = saved_next_id;
-    return st;
-  }
+  RELAY_RETURN_IF_ERROR(persist_or_restore_locked(std::move(saved)));
   return out;
 }
 
@@ -223,18 +219,13 @@ Status PromptDispenser::release(uint64_t lease_id) {
   if (it == leases_.end()) {
     return NotFoundError(absl::StrCat("lease ", lease_id, ": unknown or no longer held"));
   }
-  std::map<uint64_t, Lease> after = leases_;
+  Snapshot saved = snapshot_locked();
   Lease again = it->second;
   ++again.attempt;
-  after.erase(lease_id);
-  std::deque<Lease> retry = retry_;
-  retry.push_back(again);
-  RELAY_RETURN_IF_ERROR(
-      store_->put_side_record(encode_state(stats_.next_prompt, next_lease_id_, after, retry)));
-  leases_ = std::move(after);
-  retry_ = std::move(retry);
+  leases_.erase(it);
+  retry_.push_back(again);
   ++stats_.released;
-  return OkStatus();
+  return persist_or_restore_locked(std::move(saved));
 }
 
 std::vector<Lease> PromptDispenser::leases() const {

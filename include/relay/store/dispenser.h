@@ -111,6 +111,16 @@ class PromptDispenser {
   int64_t expire_locked(int64_t now);
   // Groups the staleness bound still allows at `version`. REQUIRES mu_.
   int64_t room_locked(int64_t version) const;
+  // The mutable state, to roll back to when its write fails.
+  struct Snapshot {
+    std::map<uint64_t, Lease> leases;
+    std::deque<Lease> retry;
+    DispenserStats stats;
+    uint64_t next_lease_id = 0;
+  };
+  Snapshot snapshot_locked() const;
+  // Writes the state to the store; restores `saved` when that fails.
+  Status persist_or_restore_locked(Snapshot saved);
 
   RolloutStore* store_;
   DispenserOptions options_;

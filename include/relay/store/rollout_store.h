@@ -7,7 +7,8 @@
 // Layout (one column family, prefixed keys, big-endian numbers so RocksDB's
 // byte order is numeric order):
 //   g/<seq>              StoredGroup record (proto/relay/v1/store.proto)
-//   r/<seq>              index: groups READY for the trainer, FIFO by arrival
+//   r/<seq>              index: groups READY for the trainer, FIFO by arrival; the
+//                        value is the group's oldest token version
 //   v/<min_version><seq> index: every group by its oldest token version
 //   m/next_seq           the next arrival number
 // Each change is one WriteBatch, so a record and its indexes never disagree,
