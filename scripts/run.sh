@@ -45,7 +45,7 @@ echo "   relay-rollout workers over gRPC and the rollout store (max_staleness 1)
   rollout.n=8 task.arithmetic.max_operands=2 > /dev/null
 rm -rf runs/demo/tiny
 "$relay" run "$config" --model runs/demo/warm --workers 2 --steps 40 --groups-per-step 16 \
-  --eval-prompts 128 run.output_dir=runs/demo trainer.lr=1e-4 trainer.max_staleness=1 \
-  rollout.n=8 task.arithmetic.max_operands=2 2>/dev/null | grep -E '^(eval|step (1|20|40):|worker .* submitted)'
+  --eval-prompts 128 experiment.output_dir=runs/demo trainer.lr=1e-4 trainer.max_staleness=1 \
+  rollout.n=8 task.arithmetic.max_operands=2 2>/dev/null | grep -E '^(eval|step (1|20|40)/|worker .* submitted)'
 echo "== relay store inspect: what the trainer consumed, and how stale it was"
 "$relay" store inspect runs/demo/tiny/store | head -12

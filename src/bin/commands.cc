@@ -386,32 +386,6 @@ int rollout(const RolloutArgs& args) {
 
 namespace {
 
-// A demonstration: the task's target solution as the response.
-StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t index,
-                                                 int64_t version) {
-  RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(index));
-  if (!p.target) {
-    return FailedPreconditionError(absl::StrCat(p.id,
-                                                ": --sft-steps needs target solutions; task '",
-                                                s.task->name(), "' gave none for this prompt"));
-  }
-  rollout::Trajectory t;
-  RELAY_ASSIGN_OR_RETURN(t.prompt_tokens, s.tokenizer->encode(p.prompt));
-  RELAY_ASSIGN_OR_RETURN(t.response_tokens, s.tokenizer->encode(*p.target));
-  const size_t n = t.response_tokens.size();
-  t.behavior_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
-  t.token_versions.assign(n, version);
-  t.proximal_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
-  t.proximal_versions.assign(n, -1);
-  t.offpolicy_mask.assign(n, 1);
-  t.version_digests = {{version, 0}};
-  t.reward = 1.0;
-  rollout::TrajectoryGroup g;
-  g.group_id = p.id;
-  g.trajectories.push_back(std::move(t));
-  return g;
-}
-
 std::string format_metrics(const trainer::StepMetrics& m, const std::vector<std::string>& keys) {
   std::string out;
   for (const std::string& k : keys) {
@@ -466,32 +440,22 @@ int train_local(const TrainLocalArgs& args) {
   // from supervised steps are no guide for the RL objective.
   int64_t version = 0;
   if (args.sft_steps > 0) {
-    trainer::TrainerOptions sft_options = *to;
-    if (args.sft_lr > 0) sft_options.optimizer.lr = args.sft_lr;
-    StatusOr<std::unique_ptr<trainer::Trainer>> sft_trainer =
-        trainer::Trainer::create(s.policy, sft_options, version);
-    if (!sft_trainer.ok()) return fail("train-local", sft_trainer.status());
-    trainer::Trainer& sft = **sft_trainer;
-    for (int64_t k = 0; k < args.sft_steps; ++k) {
-      std::vector<rollout::TrajectoryGroup> demos;
-      for (int64_t i = 0; i < args.groups_per_step * s.config.rollout.n; ++i) {
-        StatusOr<rollout::TrajectoryGroup> d = demonstration(
-            s, split.train_index(k * args.groups_per_step * s.config.rollout.n + i), sft.version());
-        if (!d.ok()) return fail("train-local", d.status());
-        d->group_id = absl::StrCat(d->group_id, "#", i);
-        demos.push_back(std::move(*d));
-      }
-      StatusOr<trainer::StepMetrics> m = sft.sft_step(demos);
-      if (!m.ok()) return fail("train-local", m.status());
-      std::printf("sft %lld:%s\n", static_cast<long long>(k + 1),
-                  format_metrics(*m, {"sft_loss", "grad_norm"}).c_str());
-      record("sft", k + 1, *m);
-    }
+    WarmStart ws;
+    ws.steps = args.sft_steps;
+    ws.lr = args.sft_lr > 0 ? args.sft_lr : to->optimizer.lr;
+    ws.batch = args.groups_per_step * s.config.rollout.n;
+    StatusOr<int64_t> after =
+        warm_start(s, *to, split, version, ws, [&](int64_t k, const trainer::StepMetrics& m) {
+          std::printf("sft %lld:%s\n", static_cast<long long>(k),
+                      format_metrics(m, {"sft_loss", "grad_norm"}).c_str());
+          record("sft", k, m);
+        });
+    if (!after.ok()) return fail("train-local", after.status());
     acc = evaluate(s, s.policy, split, verifier);
     if (!acc.ok()) return fail("train-local", acc.status());
     std::printf("eval after warm start: accuracy %.3f\n", *acc);
     record("eval", 0, {{"accuracy", *acc}});
-    version = sft.version();
+    version = *after;
   }
   model::Policy reference{nullptr};
   if (!s.config.trainer.reference.empty() && to->needs_reference()) {

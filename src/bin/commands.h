@@ -6,6 +6,7 @@
 // Results go to stdout; logs go to stderr.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,18 +69,16 @@ struct RunArgs {
   std::string config_file;
   std::vector<std::string> overrides;
   std::string model_dir;  // default: model.path
-  std::string store;      // default: <run.output_dir>/<run.name>/store
-  int workers = 1;
-  int groups_in_flight = 16;
-  int64_t steps = 10;
-  int64_t groups_per_step = 8;
-  int64_t eval_prompts = 0;
-  int64_t eval_every = 0;
-  std::string metrics_out;
+  std::string store;      // default: <experiment.output_dir>/<experiment.name>/store
+  // Shorthands for config overrides (rollout.workers, experiment.steps, ...).
+  std::optional<int64_t> workers, groups_in_flight, steps, groups_per_step, eval_prompts,
+      eval_every;
+  std::string metrics_out;  // default: <run dir>/metrics.jsonl
   std::string save;
 };
-// relay-trainer and `workers` relay-rollout processes on this machine,
-// supervised; returns the trainer's exit code.
+// relay-trainer and rollout.workers relay-rollout processes on this machine,
+// supervised (a worker that dies is restarted); returns the trainer's exit
+// code.
 int run(const RunArgs& args);
 
 struct StoreInspectArgs {

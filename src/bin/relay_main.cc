@@ -75,13 +75,18 @@ int main(int argc, char** argv) {
   run->add_option("overrides", run_args.overrides, "key.path=value overrides");
   run->add_option("--model", run_args.model_dir, "Starting model directory (default: model.path)");
   run->add_option("--store", run_args.store, "Rollout store (default: <run dir>/store)");
-  run->add_option("--workers", run_args.workers, "Rollout worker processes");
-  run->add_option("--groups-in-flight", run_args.groups_in_flight, "Leases per worker");
-  run->add_option("--steps", run_args.steps, "Optimizer steps");
-  run->add_option("--groups-per-step", run_args.groups_per_step, "Prompt groups per step");
-  run->add_option("--eval-prompts", run_args.eval_prompts, "Held-out prompts for accuracy");
-  run->add_option("--eval-every", run_args.eval_every, "Evaluate every N steps (0 = ends only)");
-  run->add_option("--metrics-out", run_args.metrics_out, "Each step's metrics as JSONL");
+  run->add_option("--workers", run_args.workers, "Rollout worker processes (rollout.workers)");
+  run->add_option("--groups-in-flight", run_args.groups_in_flight,
+                  "Leases per worker (rollout.groups_in_flight)");
+  run->add_option("--steps", run_args.steps, "RL steps (experiment.steps)");
+  run->add_option("--groups-per-step", run_args.groups_per_step,
+                  "Prompt groups per step (experiment.groups_per_step)");
+  run->add_option("--eval-prompts", run_args.eval_prompts,
+                  "Held-out prompts for accuracy (experiment.eval_prompts)");
+  run->add_option("--eval-every", run_args.eval_every,
+                  "Evaluate every N steps (experiment.eval_every)");
+  run->add_option("--metrics-out", run_args.metrics_out,
+                  "Each step's metrics as JSONL (default <run dir>/metrics.jsonl)");
   run->add_option("--save", run_args.save, "Write the trained model here");
 
   relay::cli::StoreInspectArgs inspect_args;

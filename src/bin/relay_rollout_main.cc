@@ -5,7 +5,11 @@
 // trainer goes away.
 //
 //   relay-rollout CONFIG [key=value ...] --trainer HOST:PORT [--model DIR] [--name N]
-//       [--token T] [--groups-in-flight G] [--tls-ca F [--tls-cert F --tls-key F]]
+//       [--token T] [--groups-in-flight G]
+//
+// TLS, the token file, call deadlines and weight sync come from the config's
+// services section. On SIGTERM the worker stops generating and gives its
+// open leases back, so their prompts are leased again at once.
 
 #include <CLI/CLI.hpp>
 
@@ -14,6 +18,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -34,8 +39,8 @@ int main(int argc, char** argv) {
   cli::RolloutArgs ra;
   comm::ClientOptions co;
   comm::RolloutWorkerOptions wo;
-  std::string log_level = "warn";
-  int64_t timeout_ms = 30000;
+  std::string log_level = "warn", token_flag;
+  std::optional<int64_t> groups_in_flight;
   app.add_option("config", ra.config_file, "YAML experiment config (the trainer's)")->required();
   app.add_option("overrides", ra.overrides, "key.path=value overrides");
   app.add_option("--model", ra.model_dir,
@@ -43,12 +48,10 @@ int main(int argc, char** argv) {
                  "the weights come from the trainer");
   app.add_option("--trainer", co.address, "relay-trainer's gRPC address host:port")->required();
   app.add_option("--name", wo.name, "Worker name shown in the trainer's stats");
-  app.add_option("--token", co.auth_token, "Shared bearer token (default: $RELAY_TOKEN)");
-  app.add_option("--groups-in-flight", wo.max_groups_in_flight, "Leases held at once");
-  app.add_option("--tls-ca", co.tls.root_ca_file, "CA of the trainer's certificate (TLS)");
-  app.add_option("--tls-cert", co.tls.cert_file, "Client certificate (mutual TLS)");
-  app.add_option("--tls-key", co.tls.key_file, "Client key (mutual TLS)");
-  app.add_option("--timeout-ms", timeout_ms, "Deadline of each call to the trainer");
+  app.add_option("--token", token_flag,
+                 "Shared bearer token (default services.token_file, then $RELAY_TOKEN)");
+  app.add_option("--groups-in-flight", groups_in_flight,
+                 "Leases held at once (default rollout.groups_in_flight)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
   try {
     app.parse(argc, argv);
@@ -59,15 +62,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "relay-rollout: %s\n", std::string(s.message()).c_str());
     return 1;
   };
-  if (Status s = init_logging(log_level); !s.ok()) return fail(s);
-  if (co.auth_token.empty() && std::getenv("RELAY_TOKEN") != nullptr) {
-    co.auth_token = std::getenv("RELAY_TOKEN");
+  if (Status s = init_logging(log_level, "rollout " + wo.name); !s.ok()) return fail(s);
+  if (groups_in_flight) {
+    ra.overrides.push_back("rollout.groups_in_flight=" + std::to_string(*groups_in_flight));
   }
-  co.timeout_ms = timeout_ms;
   ra.prompts = 1;
   StatusOr<cli::RolloutSetup> setup = cli::setup_rollout(ra);
   if (!setup.ok()) return fail(setup.status());
   cli::RolloutSetup& s = *setup;
+  const ServicesConfig& sv = s.config.services;
+  StatusOr<std::string> token = cli::auth_token(sv, token_flag);
+  if (!token.ok()) return fail(token.status());
+  co.auth_token = *token;
+  co.timeout_ms = static_cast<int64_t>(std::ceil(sv.rpc_timeout_s * 1000));
+  // With TLS on, the worker checks the trainer's certificate against tls.ca
+  // and, for mutual TLS, presents tls.cert/key signed by the same CA.
+  if (!sv.tls.cert.empty()) {
+    co.tls.root_ca_file = sv.tls.ca;
+    if (sv.tls.mutual) {
+      co.tls.cert_file = sv.tls.cert;
+      co.tls.key_file = sv.tls.key;
+    }
+  }
+  wo.max_groups_in_flight = s.config.rollout.groups_in_flight;
   StatusOr<std::unique_ptr<comm::TrainerClient>> client = comm::TrainerClient::connect(co);
   if (!client.ok()) return fail(client.status());
   comm::RolloutWorker worker(*std::move(client), s.policy, s.engine, s.task, s.tokenizer,
@@ -89,6 +106,16 @@ int main(int argc, char** argv) {
               static_cast<long long>(worker.version()));
   std::fflush(stdout);
   Status result = worker.run([] { return g_stop.load(); });
+  if (result.ok() && g_stop) {
+    StatusOr<int32_t> released = worker.drain();
+    if (released.ok()) {
+      std::printf("worker %s: stopping; gave back %d leases\n", worker.worker_id().c_str(),
+                  *released);
+    } else {
+      std::printf("worker %s: stopping; could not give leases back (%s); they expire\n",
+                  worker.worker_id().c_str(), std::string(released.status().message()).c_str());
+    }
+  }
   const comm::RolloutWorkerStats& st = worker.stats();
   std::printf(
       "worker %s: %lld groups submitted, %lld accepted, %lld refused, %lld versions applied\n",

@@ -2,18 +2,27 @@
 // services over the rollout store and prompt dispenser, trains on groups as
 // they arrive (within the staleness bound), and publishes each new version.
 //
-//   relay-trainer CONFIG [key=value ...] --store DIR [--model DIR] [--listen ADDR]
-//       [--port-file F] [--steps N] [--groups-per-step G] [--eval-prompts E]
-//       [--eval-every K] [--metrics-out F] [--save DIR] [--token T]
-//       [--tls-cert F --tls-key F [--tls-client-ca F]]
+//   relay-trainer CONFIG [key=value ...] [--run-dir DIR] [--model DIR] [--store DIR]
+//       [--listen ADDR] [--port-file F] [--steps N] [--groups-per-step G]
+//       [--eval-prompts E] [--eval-every K] [--metrics-out F] [--save DIR] [--token T]
+//
+// Everything else comes from the config (experiment.*, services.*). The run
+// directory (default <experiment.output_dir>/<experiment.name>) holds
+// config.yaml, metrics.jsonl, checkpoints/ and store/. Started again on the
+// same run directory, the trainer resumes from its newest checkpoint with the
+// store's acknowledged groups and the dispenser's leases (docs/services.md).
 
 #include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -27,84 +36,231 @@
 #include "relay/model/checkpoint.h"
 #include "relay/store/dispenser.h"
 #include "relay/trainer/options.h"
+#include "relay/trainer/run_checkpoint.h"
 
 namespace {
+
+namespace fs = std::filesystem;
+using namespace relay;
 
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
 
-int fail(const relay::Status& s) {
+int fail(const Status& s) {
   std::fprintf(stderr, "relay-trainer: %s\n", std::string(s.message()).c_str());
   return 1;
 }
 
+int64_t ms(double seconds) { return static_cast<int64_t>(std::ceil(seconds * 1000)); }
+
+// The files a checkpoint needs besides the weights: the tokenizer.
+model::SaveOptions save_options(const cli::RolloutSetup& s) {
+  model::SaveOptions o;
+  o.overwrite = true;
+  if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
+    o.extra_files[model::kCharTokenizerFile] = ct->to_json();
+  }
+  return o;
+}
+
+// Appends one JSON line per record and flushes it, so metrics.jsonl is
+// complete up to the last step if the process dies.
+class MetricsLog {
+ public:
+  Status open(const std::string& path) {
+    out_.open(path, std::ios::app);
+    if (!out_) return InternalError(absl::StrCat("cannot open ", path, " for appending"));
+    path_ = path;
+    return OkStatus();
+  }
+  void record(const std::string& phase, int64_t step, const trainer::StepMetrics& m) {
+    nlohmann::json j = {{"phase", phase}, {"step", step}};
+    for (const auto& [k, v] : m) j[k] = v;
+    out_ << j.dump() << "\n";
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+  std::string path_;
+};
+
+// The trainer, resumed from the newest checkpoint under `root` when there is
+// one, else freshly built over s.policy (after the warm start).
+struct Resumed {
+  std::unique_ptr<trainer::Trainer> trainer;
+  int64_t rl_step = 0;
+  int64_t rl_start_version = 0;
+  bool resumed = false;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace relay;
   CLI::App app{"relay-trainer: the learner; serves rollout workers over gRPC"};
   cli::RolloutArgs ra;
-  std::string store_dir, listen = "127.0.0.1:0", port_file, metrics_out, save, token,
-                         log_level = "warn";
-  comm::TlsOptions tls;
-  int64_t steps = 10, groups_per_step = 8, eval_prompts = 0, eval_every = 0,
-          lease_timeout_ms = 600000;
-  int64_t group_wait_ms = 600000;
+  std::string run_dir, store_dir, listen, port_file, metrics_out, save, token_flag,
+      log_level = "warn";
+  std::optional<int64_t> steps, groups_per_step, eval_prompts, eval_every;
   app.add_option("config", ra.config_file, "YAML experiment config")->required();
   app.add_option("overrides", ra.overrides, "key.path=value overrides");
+  app.add_option("--run-dir", run_dir,
+                 "Run directory (default <experiment.output_dir>/<experiment.name>)");
   app.add_option("--model", ra.model_dir, "Starting model directory (default: model.path)");
-  app.add_option("--store", store_dir, "Rollout store directory (created when missing)")
-      ->required();
-  app.add_option("--listen", listen, "gRPC address (port 0 = any free port)");
+  app.add_option("--store", store_dir, "Rollout store directory (default <run dir>/store)");
+  app.add_option("--listen", listen, "gRPC address (default services.listen)");
   app.add_option("--port-file", port_file, "Write the bound port here once serving");
-  app.add_option("--steps", steps, "Optimizer steps to run");
-  app.add_option("--groups-per-step", groups_per_step, "Prompt groups per step");
-  app.add_option("--eval-prompts", eval_prompts, "Held-out prompts for greedy accuracy");
-  app.add_option("--eval-every", eval_every, "Evaluate every N steps (0 = ends only)");
-  app.add_option("--metrics-out", metrics_out, "Write each step's metrics as JSONL here");
-  app.add_option("--save", save, "Write the trained model here");
-  app.add_option("--token", token, "Shared bearer token workers must send (default: $RELAY_TOKEN)");
-  app.add_option("--tls-cert", tls.cert_file, "Serve TLS with this certificate chain (PEM)");
-  app.add_option("--tls-key", tls.key_file, "... and this private key");
-  app.add_option("--tls-client-ca", tls.client_ca_file, "Require client certificates from this CA");
-  app.add_option("--lease-timeout-ms", lease_timeout_ms, "Lease deadline");
-  app.add_option("--group-wait-ms", group_wait_ms, "Give up when no full batch arrives this long");
+  app.add_option("--steps", steps, "RL steps (default experiment.steps)");
+  app.add_option("--groups-per-step", groups_per_step, "Groups per step (experiment.*)");
+  app.add_option("--eval-prompts", eval_prompts, "Held-out prompts (experiment.*)");
+  app.add_option("--eval-every", eval_every, "Evaluate every N steps (experiment.*)");
+  app.add_option("--metrics-out", metrics_out, "Metrics JSONL (default <run dir>/metrics.jsonl)");
+  app.add_option("--save", save, "Also write the trained model here");
+  app.add_option("--token", token_flag,
+                 "Shared bearer token (default services.token_file, then $RELAY_TOKEN)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (Status s = init_logging(log_level); !s.ok()) return fail(s);
-  if (token.empty() && std::getenv("RELAY_TOKEN") != nullptr) token = std::getenv("RELAY_TOKEN");
-  if (steps < 0 || groups_per_step < 1 || eval_prompts < 0) {
-    return fail(
-        InvalidArgumentError("--steps and --eval-prompts must be >= 0, --groups-per-step >= 1"));
+  if (Status s = init_logging(log_level, "trainer"); !s.ok()) return fail(s);
+  // Flags are shorthands for experiment.* overrides, applied last.
+  if (steps) ra.overrides.push_back(absl::StrCat("experiment.steps=", *steps));
+  if (groups_per_step) {
+    ra.overrides.push_back(absl::StrCat("experiment.groups_per_step=", *groups_per_step));
   }
+  if (eval_prompts) ra.overrides.push_back(absl::StrCat("experiment.eval_prompts=", *eval_prompts));
+  if (eval_every) ra.overrides.push_back(absl::StrCat("experiment.eval_every=", *eval_every));
+  if (!listen.empty()) ra.overrides.push_back(absl::StrCat("services.listen=", listen));
 
   ra.prompts = 1;
   StatusOr<cli::RolloutSetup> setup = cli::setup_rollout(ra);
   if (!setup.ok()) return fail(setup.status());
   cli::RolloutSetup& s = *setup;
-  cli::PromptSplit split{s.task->size(), eval_prompts};
+  const ExperimentSection& ex = s.config.experiment;
+  const ServicesConfig& sv = s.config.services;
+  StatusOr<std::string> token = cli::auth_token(sv, token_flag);
+  if (!token.ok()) return fail(token.status());
+
+  if (run_dir.empty()) run_dir = (fs::path(ex.output_dir) / ex.name).string();
+  if (store_dir.empty()) store_dir = run_dir + "/store";
+  if (metrics_out.empty()) metrics_out = run_dir + "/metrics.jsonl";
+  const std::string checkpoints = run_dir + "/checkpoints";
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) return fail(InternalError(absl::StrCat("cannot create ", run_dir, ": ", ec.message())));
+  if (Status st = write_file_atomic(run_dir + "/config.yaml", to_yaml(s.config)); !st.ok()) {
+    return fail(st);
+  }
+  MetricsLog metrics;
+  if (Status st = metrics.open(metrics_out); !st.ok()) return fail(st);
+
+  cli::PromptSplit split{s.task->size(), ex.eval_prompts};
   if (split.size >= 0 && split.size - split.eval < 1) {
-    return fail(InvalidArgumentError("--eval-prompts: leaves no prompt to train on"));
+    return fail(InvalidArgumentError("experiment.eval_prompts: leaves no prompt to train on"));
   }
   StatusOr<trainer::TrainerOptions> to = trainer::trainer_options(s.config);
   if (!to.ok()) return fail(to.status());
   to->pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
-  StatusOr<std::unique_ptr<trainer::Trainer>> tr = trainer::Trainer::create(s.policy, *to, 0);
-  if (!tr.ok()) return fail(tr.status());
+  rollout::SafeVerifier verifier(s.task,
+                                 std::chrono::milliseconds(ms(s.config.task.verifier_timeout_s)));
+  double last_accuracy = std::nan("");
+  auto eval = [&](int64_t step, const std::string& label, const model::Policy& policy) -> Status {
+    if (split.eval == 0) return OkStatus();
+    RELAY_ASSIGN_OR_RETURN(double acc, cli::evaluate(s, policy, split, verifier));
+    std::printf("eval %s: accuracy %.3f on %lld held-out prompts\n", label.c_str(), acc,
+                static_cast<long long>(split.eval));
+    std::fflush(stdout);
+    metrics.record("eval", step, {{"accuracy", acc}});
+    last_accuracy = acc;
+    return OkStatus();
+  };
+
+  // Resume, or warm-start and write checkpoint zero so that a restart never
+  // repeats the warm start.
+  Resumed r;
+  StatusOr<std::optional<trainer::CheckpointInfo>> latest = trainer::latest_checkpoint(checkpoints);
+  if (!latest.ok()) return fail(latest.status());
+  const std::string reference_dir = checkpoints + "/reference";
+  model::Policy reference{nullptr};
+  if (to->needs_reference()) {
+    const std::string dir = !s.config.trainer.reference.empty() ? s.config.trainer.reference
+                            : *latest                           ? reference_dir
+                                                                : "";
+    if (!dir.empty()) {
+      StatusOr<model::Policy> ref =
+          model::load_policy(dir, {s.policy->parameters()[0].scalar_type()});
+      if (!ref.ok()) return fail(ref.status());
+      reference = *ref;
+    }
+  }
+  if (*latest) {
+    const trainer::CheckpointInfo& info = **latest;
+    model::LoadOptions lo;
+    lo.dtype = s.policy->parameters()[0].scalar_type();
+    StatusOr<model::Policy> policy = model::load_policy(info.dir, lo);
+    if (!policy.ok()) return fail(policy.status());
+    s.policy = *policy;
+    StatusOr<std::unique_ptr<trainer::Trainer>> tr =
+        trainer::Trainer::create(s.policy, *to, info.version, reference);
+    if (!tr.ok()) return fail(tr.status());
+    if (Status st = trainer::restore_checkpoint(info, **tr); !st.ok()) return fail(st);
+    r = {*std::move(tr), info.rl_step, info.rl_start_version, true};
+    std::printf("resumed from %s: version %lld, step %lld of %d\n", info.dir.c_str(),
+                static_cast<long long>(info.version), static_cast<long long>(info.rl_step),
+                ex.steps);
+  } else {
+    if (Status st = eval(0, "before", s.policy); !st.ok()) return fail(st);
+    int64_t version = 0;
+    if (ex.warm_start.sft_steps > 0) {
+      cli::WarmStart ws{ex.warm_start.sft_steps, ex.warm_start.sft_lr, ex.warm_start.batch};
+      StatusOr<int64_t> after = cli::warm_start(
+          s, *to, split, version, ws, [&](int64_t k, const trainer::StepMetrics& m) {
+            metrics.record("sft", k, m);
+            if (k == ws.steps || k % 20 == 0) {
+              std::printf("warm start %lld/%lld: sft_loss %.4f\n", static_cast<long long>(k),
+                          static_cast<long long>(ws.steps), m.at("sft_loss"));
+              std::fflush(stdout);
+            }
+          });
+      if (!after.ok()) return fail(after.status());
+      version = *after;
+      if (Status st = eval(0, "after warm start", s.policy); !st.ok()) return fail(st);
+    }
+    StatusOr<std::unique_ptr<trainer::Trainer>> tr =
+        trainer::Trainer::create(s.policy, *to, version, reference);
+    if (!tr.ok()) return fail(tr.status());
+    r = {*std::move(tr), 0, version, false};
+    if (to->needs_reference() && s.config.trainer.reference.empty()) {
+      // The KL reference is the policy RL starts from; a resumed run needs it.
+      if (Status st = model::save_policy(*s.policy, reference_dir, save_options(s)); !st.ok()) {
+        return fail(st);
+      }
+    }
+    StatusOr<trainer::CheckpointInfo> c = trainer::write_checkpoint(
+        checkpoints, *r.trainer, 0, version, save_options(s), ex.keep_checkpoints);
+    if (!c.ok()) return fail(c.status());
+  }
+  trainer::Trainer& tr = *r.trainer;
 
   store::StoreOptions so;
   so.path = store_dir;
   StatusOr<std::unique_ptr<store::RolloutStore>> store = store::RolloutStore::open(so);
   if (!store.ok()) return fail(store.status());
+  // Tokens of versions after the checkpoint came from weights that died with
+  // the previous process: no staleness bound applies to them.
+  StatusOr<int64_t> lost = (*store)->expire_newer_than(tr.version());
+  if (!lost.ok()) return fail(lost.status());
+  if (*lost > 0) {
+    std::printf("expired %lld stored groups with versions after %lld (not checkpointed)\n",
+                static_cast<long long>(*lost), static_cast<long long>(tr.version()));
+  }
   store::DispenserOptions dopt;
-  dopt.groups_per_step = groups_per_step;
+  dopt.groups_per_step = ex.groups_per_step;
   dopt.max_staleness = s.config.trainer.max_staleness;
   dopt.k = s.config.rollout.n;
-  dopt.lease_timeout_ms = lease_timeout_ms;
+  dopt.lease_timeout_ms = ms(sv.lease_timeout_s);
   dopt.num_prompts = split.size >= 0 ? split.size - split.eval : -1;
   StatusOr<std::unique_ptr<store::PromptDispenser>> dispenser =
       store::PromptDispenser::open(store->get(), dopt);
@@ -112,14 +268,14 @@ int main(int argc, char** argv) {
 
   comm::WeightPublisher publisher;
   comm::TrainerHostOptions ho;
-  ho.groups_per_step = groups_per_step;
+  ho.groups_per_step = ex.groups_per_step;
   ho.max_staleness = s.config.trainer.max_staleness;
-  ho.group_wait_ms = group_wait_ms;
-  comm::TrainerHost host(tr->get(), store->get(), &publisher, ho);
+  ho.group_wait_ms = ms(sv.group_wait_s);
+  comm::TrainerHost host(&tr, store->get(), &publisher, ho);
   if (Status st = host.publish_current(); !st.ok()) return fail(st);
 
   comm::TrainerServiceOptions sopt;
-  sopt.auth_token = token;
+  sopt.auth_token = *token;
   sopt.max_staleness = s.config.trainer.max_staleness;
   sopt.greedy_baseline = s.config.trainer.advantage.estimator == "remax";
   sopt.limits.vocab_size = s.policy->config().vocab_size;
@@ -142,8 +298,10 @@ int main(int argc, char** argv) {
       },
       [&host] { return host.version(); });
   comm::ServerOptions server_options;
-  server_options.address = listen;
-  server_options.tls = tls;
+  server_options.address = sv.listen;
+  server_options.tls.cert_file = sv.tls.cert;
+  server_options.tls.key_file = sv.tls.key;
+  if (sv.tls.mutual) server_options.tls.client_ca_file = sv.tls.ca;
   StatusOr<std::unique_ptr<comm::RpcServer>> server =
       comm::RpcServer::start(server_options, {service.worker_service(), service.admin_service()});
   if (!server.ok()) return fail(server.status());
@@ -153,65 +311,71 @@ int main(int argc, char** argv) {
       return fail(st);
     }
   }
-  std::printf("serving on port %d; store %s\n", (*server)->port(), store_dir.c_str());
+  std::printf("serving on port %d; run directory %s; version %lld\n", (*server)->port(),
+              run_dir.c_str(), static_cast<long long>(tr.version()));
   std::fflush(stdout);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
 
-  rollout::SafeVerifier verifier(s.task, std::chrono::milliseconds(static_cast<int64_t>(
-                                             std::ceil(s.config.task.verifier_timeout_s * 1000))));
-  std::string metrics_lines;
-  auto record = [&](const std::string& phase, int64_t step, const trainer::StepMetrics& m) {
-    nlohmann::json j = {{"phase", phase}, {"step", step}};
-    for (const auto& [k, v] : m) j[k] = v;
-    absl::StrAppend(&metrics_lines, j.dump(), "\n");
+  auto checkpoint = [&]() -> Status {
+    return trainer::write_checkpoint(checkpoints, tr, r.rl_step, r.rl_start_version,
+                                     save_options(s), ex.keep_checkpoints)
+        .status();
   };
-  auto eval = [&](int64_t step, const char* label) -> Status {
-    if (split.eval == 0) return OkStatus();
-    RELAY_ASSIGN_OR_RETURN(double acc, cli::evaluate(s, (*tr)->policy(), split, verifier));
-    std::printf("eval %s: accuracy %.3f\n", label, acc);
-    record("eval", step, {{"accuracy", acc}});
-    return OkStatus();
-  };
-  if (Status st = eval(0, "before"); !st.ok()) return fail(st);
   const auto t0 = std::chrono::steady_clock::now();
   Status result = OkStatus();
-  for (int64_t step = 0; step < steps && !g_stop; ++step) {
+  while (r.rl_step < ex.steps && !g_stop) {
+    const auto step_start = std::chrono::steady_clock::now();
     StatusOr<trainer::StepMetrics> m = host.step([] { return g_stop.load(); });
     if (!m.ok()) {
-      result = m.status();
+      // SIGTERM while waiting for groups is a clean stop, not a failure.
+      if (!(g_stop && m.status().code() == absl::StatusCode::kCancelled)) result = m.status();
       break;
     }
-    (*m)["time/elapsed_s"] =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++r.rl_step;
+    const auto now = std::chrono::steady_clock::now();
+    const double step_s = std::chrono::duration<double>(now - step_start).count();
+    (*m)["time/elapsed_s"] = std::chrono::duration<double>(now - t0).count();
+    (*m)["time/step_s"] = step_s;
+    (*m)["throughput/samples_per_s"] = step_s > 0 ? m->at("batch/trajectories") / step_s : 0.0;
+    metrics.record("rl", r.rl_step, *m);
+    if (ex.eval_every > 0 && r.rl_step % ex.eval_every == 0 && r.rl_step < ex.steps) {
+      if (Status st = eval(r.rl_step, absl::StrCat("at step ", r.rl_step), tr.policy()); !st.ok()) {
+        result = st;
+        break;
+      }
+    }
+    // One progress line per step.
     std::printf(
-        "step %lld: reward/mean=%.4g staleness/mean=%.3g store/wait_s=%.3g mismatch/k3=%.3g\n",
-        static_cast<long long>(step + 1), m->at("reward/mean"), m->at("staleness/mean"),
+        "step %lld/%d  v%lld  reward %.3f  accuracy %s  staleness %.2f (max %.0f)  %.0f samples/s"
+        "  waited %.2fs  mismatch %.1e\n",
+        static_cast<long long>(r.rl_step), ex.steps, static_cast<long long>(tr.version()),
+        m->at("reward/mean"),
+        std::isnan(last_accuracy) ? "-" : absl::StrFormat("%.3f", last_accuracy).c_str(),
+        m->at("staleness/mean"), m->at("staleness/max"), m->at("throughput/samples_per_s"),
         m->at("store/wait_s"), m->at("mismatch/k3"));
     std::fflush(stdout);
-    record("rl", step + 1, *m);
-    if (eval_every > 0 && (step + 1) % eval_every == 0 && step + 1 < steps) {
-      if (Status st = eval(step + 1, absl::StrCat("at step ", step + 1).c_str()); !st.ok()) {
+    if (ex.checkpoint_every > 0 && r.rl_step % ex.checkpoint_every == 0 && r.rl_step < ex.steps) {
+      if (Status st = checkpoint(); !st.ok()) {
         result = st;
         break;
       }
     }
   }
-  if (result.ok()) result = eval(steps, "after");
+  const bool finished = result.ok() && r.rl_step >= ex.steps;
+  if (finished) result = eval(r.rl_step, "after", tr.policy());
+  // Stop serving before the final write: workers see the trainer go and stop.
   (*server)->shutdown(2000);
-  if (!metrics_out.empty()) {
-    if (Status st = write_file_atomic(metrics_out, metrics_lines); !st.ok() && result.ok())
-      result = st;
+  if (result.ok() || g_stop) {
+    // A drained stop (SIGTERM) checkpoints too, so a restart loses nothing.
+    if (Status st = checkpoint(); !st.ok() && result.ok()) result = st;
   }
-  if (result.ok() && !save.empty()) {
-    model::SaveOptions save_options;
-    save_options.overwrite = true;
-    if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
-      save_options.extra_files[model::kCharTokenizerFile] = ct->to_json();
-    }
-    result = model::save_policy(*(*tr)->policy(), save, save_options);
+  if (result.ok() && finished && !save.empty()) {
+    model::SaveOptions o = save_options(s);
+    result = model::save_policy(*tr.policy(), save, o);
   }
   if (!result.ok()) return fail(result);
-  std::printf("done: version %lld\n", static_cast<long long>(host.version()));
+  std::printf("%s: version %lld, step %lld of %d\n", finished ? "done" : "stopped",
+              static_cast<long long>(host.version()), static_cast<long long>(r.rl_step), ex.steps);
   return 0;
 }

@@ -1,12 +1,16 @@
-// relay run: relay-trainer and W relay-rollout workers on this machine as
-// child processes, supervised: the trainer's port is handed to the workers,
-// the workers are stopped when the trainer ends, and Ctrl-C stops them all.
+// relay run: relay-trainer and rollout.workers relay-rollout workers on this
+// machine as child processes, supervised: the trainer's port is handed to the
+// workers, a worker that dies is restarted, the cores are split between the
+// processes, the workers are stopped when the trainer ends, and Ctrl-C (or
+// SIGTERM) drains them all: workers give their leases back, the trainer
+// checkpoints.
 
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -80,13 +84,34 @@ int fail(const Status& s) {
 
 }  // namespace
 
+// Threads for each process when run.threads is 0: the cores split between
+// the trainer and the workers, so W + 1 processes do not each start a pool
+// the size of the machine. The trainer idles while workers generate and the
+// workers idle while it trains, so each gets an equal share, at least 1.
+namespace {
+int threads_per_process(int cores, int workers) { return std::max(1, cores / (workers + 1)); }
+}  // namespace
+
 int run(const RunArgs& args) {
-  if (args.workers < 1) return fail(InvalidArgumentError("--workers: must be >= 1"));
-  StatusOr<ExperimentConfig> config = load_config(args.config_file, args.overrides);
+  std::vector<std::string> overrides = args.overrides;
+  auto shorthand = [&](const std::optional<int64_t>& v, const char* key) {
+    if (v) overrides.push_back(absl::StrCat(key, "=", *v));
+  };
+  shorthand(args.workers, "rollout.workers");
+  shorthand(args.groups_in_flight, "rollout.groups_in_flight");
+  shorthand(args.steps, "experiment.steps");
+  shorthand(args.groups_per_step, "experiment.groups_per_step");
+  shorthand(args.eval_prompts, "experiment.eval_prompts");
+  shorthand(args.eval_every, "experiment.eval_every");
+  StatusOr<ExperimentConfig> config = load_config(args.config_file, overrides);
   if (!config.ok()) return fail(config.status());
+  const int workers = config->rollout.workers;
+  if (config->run.threads == 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    overrides.push_back(absl::StrCat("run.threads=", threads_per_process(cores, workers)));
+  }
   const std::string run_dir =
-      (std::filesystem::path(config->run.output_dir) / config->run.name).string();
-  const std::string store = args.store.empty() ? run_dir + "/store" : args.store;
+      (std::filesystem::path(config->experiment.output_dir) / config->experiment.name).string();
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
   if (ec) return fail(InternalError(absl::StrCat("cannot create ", run_dir, ": ", ec.message())));
@@ -95,33 +120,29 @@ int run(const RunArgs& args) {
 
   const std::string dir = own_dir();
   std::vector<std::string> common = {args.config_file};
-  for (const std::string& o : args.overrides) common.push_back(o);
+  for (const std::string& o : overrides) common.push_back(o);
   if (!args.model_dir.empty()) {
     common.push_back("--model");
     common.push_back(args.model_dir);
   }
   std::vector<std::string> trainer = {dir + "/relay-trainer"};
   trainer.insert(trainer.end(), common.begin(), common.end());
-  for (const std::string& a : std::vector<std::string>{
-           "--store", store, "--port-file", port_file, "--steps", std::to_string(args.steps),
-           "--groups-per-step", std::to_string(args.groups_per_step), "--eval-prompts",
-           std::to_string(args.eval_prompts), "--eval-every", std::to_string(args.eval_every)}) {
+  for (const std::string& a :
+       std::vector<std::string>{"--run-dir", run_dir, "--port-file", port_file}) {
     trainer.push_back(a);
   }
-  if (!args.metrics_out.empty()) {
-    trainer.push_back("--metrics-out");
-    trainer.push_back(args.metrics_out);
-  }
-  if (!args.save.empty()) {
-    trainer.push_back("--save");
-    trainer.push_back(args.save);
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--store", args.store}, {"--metrics-out", args.metrics_out}, {"--save", args.save}}) {
+    if (value.empty()) continue;
+    trainer.push_back(flag);
+    trainer.push_back(value);
   }
   ::signal(SIGINT, on_signal);
   ::signal(SIGTERM, on_signal);
   StatusOr<pid_t> trainer_pid = spawn(trainer);
   if (!trainer_pid.ok()) return fail(trainer_pid.status());
 
-  // The trainer writes its port once it serves.
+  // The trainer writes its port once it serves (after any warm start).
   std::string port;
   while (port.empty()) {
     if (std::ifstream in(port_file); in) std::getline(in, port);
@@ -130,38 +151,87 @@ int run(const RunArgs& args) {
       return fail(
           InternalError(absl::StrCat("relay-trainer exited with ", code, " before serving")));
     }
-    if (g_interrupted) return stop_child(*trainer_pid, std::chrono::seconds(5));
+    if (g_interrupted) return stop_child(*trainer_pid, std::chrono::seconds(30));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::filesystem::remove(port_file, ec);
 
-  std::vector<pid_t> workers;
-  for (int i = 0; i < args.workers; ++i) {
+  auto worker_args = [&](int i) {
     std::vector<std::string> w = {dir + "/relay-rollout"};
     w.insert(w.end(), common.begin(), common.end());
-    for (const std::string& a : std::vector<std::string>{
-             "--trainer", "127.0.0.1:" + port, "--name", absl::StrCat("local", i),
-             "--groups-in-flight", std::to_string(args.groups_in_flight)}) {
+    for (const std::string& a : std::vector<std::string>{"--trainer", "127.0.0.1:" + port, "--name",
+                                                         absl::StrCat("local", i)}) {
       w.push_back(a);
     }
-    StatusOr<pid_t> pid = spawn(w);
+    return w;
+  };
+  struct Worker {
+    pid_t pid = -1;
+    int restarts = 0;
+    std::chrono::steady_clock::time_point restart_at;
+  };
+  std::vector<Worker> pool(workers);
+  auto stop_all = [&] {
+    for (Worker& w : pool) {
+      if (w.pid > 0) stop_child(w.pid, std::chrono::seconds(10));
+      w.pid = -1;
+    }
+  };
+  for (int i = 0; i < workers; ++i) {
+    StatusOr<pid_t> pid = spawn(worker_args(i));
     if (!pid.ok()) {
-      for (pid_t p : workers) stop_child(p, std::chrono::seconds(5));
-      stop_child(*trainer_pid, std::chrono::seconds(5));
+      stop_all();
+      stop_child(*trainer_pid, std::chrono::seconds(30));
       return fail(pid.status());
     }
-    workers.push_back(*pid);
+    pool[i].pid = *pid;
   }
 
+  // Supervise: a worker that exits while the trainer runs is started again
+  // (its leases expire and are re-leased by the trainer); restarts back off
+  // 1, 2, 4, ... 30 s so a worker that cannot start does not spin.
+  constexpr int kMaxRestarts = 20;
   int trainer_code = -1;
   while ((trainer_code = poll_exit(*trainer_pid)) < 0) {
     if (g_interrupted) {
-      trainer_code = stop_child(*trainer_pid, std::chrono::seconds(10));
+      // Workers first (they give their leases back), then the trainer
+      // (it checkpoints and flushes the store).
+      stop_all();
+      trainer_code = stop_child(*trainer_pid, std::chrono::seconds(60));
       break;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    for (int i = 0; i < workers; ++i) {
+      Worker& w = pool[i];
+      if (w.pid > 0) {
+        const int code = poll_exit(w.pid);
+        if (code < 0) continue;
+        w.pid = -1;
+        if (w.restarts >= kMaxRestarts) {
+          std::fprintf(stderr,
+                       "relay run: worker local%d exited with %d; not restarting (%d restarts)\n",
+                       i, code, w.restarts);
+          w.restarts = kMaxRestarts + 1;  // given up
+          continue;
+        }
+        const int backoff_s = std::min(30, 1 << std::min(w.restarts, 5));
+        std::fprintf(stderr, "relay run: worker local%d exited with %d; restarting in %d s\n", i,
+                     code, backoff_s);
+        w.restart_at = now + std::chrono::seconds(backoff_s);
+        ++w.restarts;
+      } else if (w.restarts > 0 && w.restarts <= kMaxRestarts && now >= w.restart_at) {
+        StatusOr<pid_t> pid = spawn(worker_args(i));
+        if (pid.ok()) {
+          w.pid = *pid;
+        } else {
+          std::fprintf(stderr, "relay run: %s\n", std::string(pid.status().message()).c_str());
+          w.restart_at = now + std::chrono::seconds(30);
+        }
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  for (pid_t p : workers) stop_child(p, std::chrono::seconds(5));
+  stop_all();
   if (trainer_code != 0) {
     std::fprintf(stderr, "relay run: relay-trainer exited with %d\n", trainer_code);
   }

@@ -2,7 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
+#include "relay/common/file_io.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/threads.h"
 #include "relay/model/weight_manifest.h"
@@ -133,6 +137,73 @@ StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
     total += verifier.score(task_prompts[i], text).reward;
   }
   return total / static_cast<double>(out.size());
+}
+
+// A demonstration: the task's target solution as the response.
+StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t index,
+                                                 int64_t version) {
+  RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(index));
+  if (!p.target) {
+    return FailedPreconditionError(absl::StrCat(p.id,
+                                                ": a warm start needs target solutions; task '",
+                                                s.task->name(), "' gave none for this prompt"));
+  }
+  rollout::Trajectory t;
+  RELAY_ASSIGN_OR_RETURN(t.prompt_tokens, s.tokenizer->encode(p.prompt));
+  RELAY_ASSIGN_OR_RETURN(t.response_tokens, s.tokenizer->encode(*p.target));
+  const size_t n = t.response_tokens.size();
+  t.behavior_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
+  t.token_versions.assign(n, version);
+  t.proximal_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
+  t.proximal_versions.assign(n, -1);
+  t.offpolicy_mask.assign(n, 1);
+  t.version_digests = {{version, 0}};
+  t.reward = 1.0;
+  rollout::TrajectoryGroup g;
+  g.group_id = p.id;
+  g.trajectories.push_back(std::move(t));
+  return g;
+}
+
+StatusOr<int64_t> warm_start(
+    const RolloutSetup& s, const trainer::TrainerOptions& options, const PromptSplit& split,
+    int64_t version, const WarmStart& ws,
+    const std::function<void(int64_t, const trainer::StepMetrics&)>& on_step) {
+  trainer::TrainerOptions sft_options = options;
+  sft_options.optimizer.lr = ws.lr;
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<trainer::Trainer> sft,
+                         trainer::Trainer::create(s.policy, sft_options, version));
+  for (int64_t k = 0; k < ws.steps; ++k) {
+    std::vector<rollout::TrajectoryGroup> demos;
+    for (int64_t i = 0; i < ws.batch; ++i) {
+      RELAY_ASSIGN_OR_RETURN(rollout::TrajectoryGroup d,
+                             demonstration(s, split.train_index(k * ws.batch + i), sft->version()));
+      d.group_id = absl::StrCat(d.group_id, "#", i);
+      demos.push_back(std::move(d));
+    }
+    RELAY_ASSIGN_OR_RETURN(trainer::StepMetrics m, sft->sft_step(demos));
+    if (on_step) on_step(k + 1, m);
+  }
+  return sft->version();
+}
+
+StatusOr<std::string> auth_token(const ServicesConfig& services, const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (!services.token_file.empty()) {
+    StatusOr<std::string> text = read_file(services.token_file);
+    if (!text.ok()) {
+      return InvalidArgumentError(
+          absl::StrCat("services.token_file: ", std::string(text.status().message())));
+    }
+    const std::string token = text->substr(0, text->find_first_of("\r\n"));
+    if (token.empty()) {
+      return InvalidArgumentError(
+          absl::StrCat("services.token_file: ", services.token_file, " has an empty first line"));
+    }
+    return token;
+  }
+  const char* env = std::getenv("RELAY_TOKEN");
+  return std::string(env != nullptr ? env : "");
 }
 
 }  // namespace relay::cli

@@ -18,6 +18,7 @@
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/engine.h"
 #include "relay/rollout/task.h"
+#include "relay/trainer/trainer.h"
 
 namespace relay::cli {
 
@@ -73,5 +74,28 @@ Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
 // Greedy accuracy (mean reward) on the held-out prompts.
 StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
                           const PromptSplit& split, rollout::SafeVerifier& verifier);
+
+// A demonstration for supervised steps: the task's target solution as the
+// response (FailedPrecondition naming the prompt when the task has none).
+StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t index,
+                                                 int64_t version);
+
+struct WarmStart {
+  int64_t steps = 0;
+  double lr = 1e-3;
+  int64_t batch = 32;  // demonstrations per step
+};
+// Supervised warm start of s.policy from `version`: `ws.steps` SFT steps on
+// the training prompts' targets, with an optimizer of its own (Adam's
+// moments from supervised steps are no guide for the RL objective). Returns
+// the version after it; `on_step(k, metrics)` sees each step.
+StatusOr<int64_t> warm_start(
+    const RolloutSetup& s, const trainer::TrainerOptions& options, const PromptSplit& split,
+    int64_t version, const WarmStart& ws,
+    const std::function<void(int64_t, const trainer::StepMetrics&)>& on_step);
+
+// The shared bearer token: `flag` when given, else services.token_file's
+// first line, else $RELAY_TOKEN, else none (empty). Errors name the field.
+StatusOr<std::string> auth_token(const ServicesConfig& services, const std::string& flag);
 
 }  // namespace relay::cli

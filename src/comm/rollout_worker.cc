@@ -187,6 +187,15 @@ Status RolloutWorker::heartbeat_if_due() {
   return maybe_update_weights(resp.latest_version());
 }
 
+StatusOr<int32_t> RolloutWorker::drain() {
+  if (engine_) engine_->abort();
+  std::vector<uint64_t> ids;
+  for (const auto& [group_id, leased] : in_flight_) ids.push_back(leased.lease_id);
+  in_flight_.clear();
+  if (ids.empty()) return 0;
+  return client_->release_leases(worker_id_, ids);
+}
+
 Status RolloutWorker::run(const std::function<bool()>& stop) {
   if (!engine_) return FailedPreconditionError("worker: run() before start()");
   while (!stop()) {

@@ -154,6 +154,18 @@ StatusOr<v1::LeasePromptsResponse> TrainerClient::lease_prompts(const std::strin
   return resp;
 }
 
+StatusOr<int32_t> TrainerClient::release_leases(const std::string& worker_id,
+                                                const std::vector<uint64_t>& lease_ids) {
+  v1::ReleaseLeasesRequest req;
+  req.set_worker_id(worker_id);
+  req.mutable_lease_ids()->Add(lease_ids.begin(), lease_ids.end());
+  v1::ReleaseLeasesResponse resp;
+  auto c = impl_->context(impl_->options.timeout_ms);
+  RELAY_RETURN_IF_ERROR(
+      from_grpc("ReleaseLeases", impl_->worker->ReleaseLeases(c.get(), req, &resp)));
+  return resp.released();
+}
+
 StatusOr<std::vector<v1::SubmitGroupAck>> TrainerClient::submit_groups(
     const std::string& worker_id,
     const std::vector<std::pair<uint64_t, rollout::TrajectoryGroup>>& groups) {

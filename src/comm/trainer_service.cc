@@ -127,6 +127,22 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status ReleaseLeases(grpc::ServerContext* context, const v1::ReleaseLeasesRequest* req,
+                             v1::ReleaseLeasesResponse* resp) override {
+    if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    if (grpc::Status k = known(req->worker_id()); !k.ok()) return k;
+    int32_t released = 0;
+    for (uint64_t id : req->lease_ids()) {
+      // Only the holder may give a lease back; one already retired (submitted,
+      // expired) is skipped, not an error: the worker cannot know.
+      StatusOr<store::Lease> l = s_->dispenser_->find_lease(id);
+      if (!l.ok() || l->worker_id != req->worker_id()) continue;
+      if (s_->dispenser_->release(id).ok()) ++released;
+    }
+    resp->set_released(released);
+    return grpc::Status::OK;
+  }
+
   grpc::Status SubmitGroups(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::SubmitGroupAck, v1::SubmitGroupRequest>* stream) override {

@@ -33,9 +33,49 @@ namespace {
 // YAML). A new field added here is read, checked for typos and printed.
 
 template <class V>
-void visit_fields(V& v, RunConfig& c) {
+void visit_fields(V& v, WarmStartConfig& c) {
+  v.field("sft_steps", c.sft_steps);
+  v.field("sft_lr", c.sft_lr);
+  v.field("batch", c.batch);
+}
+
+template <class V>
+void visit_fields(V& v, ExperimentSection& c) {
   v.field("name", c.name);
   v.field("output_dir", c.output_dir);
+  v.field("steps", c.steps);
+  v.field("groups_per_step", c.groups_per_step);
+  v.field("eval_prompts", c.eval_prompts);
+  v.field("eval_every", c.eval_every);
+  v.field("checkpoint_every", c.checkpoint_every);
+  v.field("keep_checkpoints", c.keep_checkpoints);
+  v.section("warm_start", c.warm_start);
+}
+
+template <class V>
+void visit_fields(V& v, TlsConfig& c) {
+  v.field("cert", c.cert);
+  v.field("key", c.key);
+  v.field("ca", c.ca);
+  v.field("mutual", c.mutual);
+}
+
+template <class V>
+void visit_fields(V& v, ServicesConfig& c) {
+  v.field("listen", c.listen);
+  v.field("token_file", c.token_file);
+  v.section("tls", c.tls);
+  v.field("lease_timeout_s", c.lease_timeout_s);
+  v.field("group_wait_s", c.group_wait_s);
+  v.field("rpc_timeout_s", c.rpc_timeout_s);
+  v.field("weight_sync", c.weight_sync);
+  v.field("weight_sync_port", c.weight_sync_port);
+  v.field("weight_sync_bucket_mb", c.weight_sync_bucket_mb);
+  v.field("weight_sync_timeout_s", c.weight_sync_timeout_s);
+}
+
+template <class V>
+void visit_fields(V& v, RunConfig& c) {
   v.field("seed", c.seed);
   v.field("threads", c.threads);
   v.field("log_level", c.log_level);
@@ -75,6 +115,8 @@ void visit_fields(V& v, RolloutConfig& c) {
   v.field("record_raw_logprobs", c.record_raw_logprobs);
   v.field("num_slots", c.num_slots);
   v.field("interrupt", c.interrupt);
+  v.field("workers", c.workers);
+  v.field("groups_in_flight", c.groups_in_flight);
   v.section("prefix", c.prefix);
 }
 
@@ -279,11 +321,13 @@ void visit_fields(V& v, TrainerConfig& c) {
 
 template <class V>
 void visit_fields(V& v, ExperimentConfig& c) {
+  v.section("experiment", c.experiment);
   v.section("run", c.run);
   v.section("model", c.model);
   v.section("rollout", c.rollout);
   v.section("task", c.task);
   v.section("trainer", c.trainer);
+  v.section("services", c.services);
 }
 
 // ---------------------------------------------------------------------------
@@ -662,15 +706,53 @@ bool is_run_name_char(char ch) {
 
 std::vector<Problem> find_problems(const ExperimentConfig& config) {
   ProblemList p;
-  const RunConfig& run = config.run;
-  if (run.name.empty()) {
-    p.add_string("run.name", "must be non-empty", run.name);
-  } else if (!std::all_of(run.name.begin(), run.name.end(), is_run_name_char)) {
-    p.add_string("run.name", "must contain only [A-Za-z0-9._-]", run.name);
-  } else if (run.name == "." || run.name == "..") {
+  const ExperimentSection& ex = config.experiment;
+  if (ex.name.empty()) {
+    p.add_string("experiment.name", "must be non-empty", ex.name);
+  } else if (!std::all_of(ex.name.begin(), ex.name.end(), is_run_name_char)) {
+    p.add_string("experiment.name", "must contain only [A-Za-z0-9._-]", ex.name);
+  } else if (ex.name == "." || ex.name == "..") {
     // The run directory is <output_dir>/<name>; these would escape it.
-    p.add_string("run.name", "must not be '.' or '..'", run.name);
+    p.add_string("experiment.name", "must not be '.' or '..'", ex.name);
   }
+  if (ex.output_dir.empty()) p.add_string("experiment.output_dir", "must be non-empty", "");
+  p.at_least("experiment.steps", ex.steps, 0);
+  p.at_least("experiment.groups_per_step", ex.groups_per_step, 1);
+  p.at_least("experiment.eval_prompts", ex.eval_prompts, 0);
+  p.at_least("experiment.eval_every", ex.eval_every, 0);
+  p.at_least("experiment.checkpoint_every", ex.checkpoint_every, 0);
+  p.at_least("experiment.keep_checkpoints", ex.keep_checkpoints, 1);
+  p.at_least("experiment.warm_start.sft_steps", ex.warm_start.sft_steps, 0);
+  p.positive("experiment.warm_start.sft_lr", ex.warm_start.sft_lr);
+  p.at_least("experiment.warm_start.batch", ex.warm_start.batch, 1);
+
+  const ServicesConfig& sv = config.services;
+  if (sv.listen.empty() || sv.listen.rfind(':') == std::string::npos) {
+    p.add_string("services.listen", "must be host:port", sv.listen);
+  }
+  p.positive("services.lease_timeout_s", sv.lease_timeout_s);
+  p.positive("services.group_wait_s", sv.group_wait_s);
+  p.positive("services.rpc_timeout_s", sv.rpc_timeout_s);
+  p.one_of("services.weight_sync", sv.weight_sync, {"fetch", "broadcast", "auto"});
+  if (sv.weight_sync_port < 0 || sv.weight_sync_port > 65535) {
+    p.add("services.weight_sync_port", "must be in [0, 65535]", sv.weight_sync_port);
+  }
+  p.at_least("services.weight_sync_bucket_mb", sv.weight_sync_bucket_mb, 1);
+  p.positive("services.weight_sync_timeout_s", sv.weight_sync_timeout_s);
+  if (sv.tls.cert.empty() != sv.tls.key.empty()) {
+    p.add_string(sv.tls.cert.empty() ? "services.tls.cert" : "services.tls.key",
+                 "services.tls.cert and services.tls.key go together", "");
+  }
+  if (!sv.tls.cert.empty() && sv.tls.ca.empty()) {
+    p.add_string(
+        "services.tls.ca",
+        "must name the CA that signed services.tls.cert (workers verify the trainer with it)", "");
+  }
+  if (sv.tls.mutual && (sv.tls.ca.empty() || sv.tls.cert.empty())) {
+    p.add_string("services.tls.mutual", "needs services.tls.ca, cert and key", "true");
+  }
+
+  const RunConfig& run = config.run;
   p.at_least("run.threads", run.threads, 0);
   p.one_of("run.log_level", run.log_level, {"trace", "debug", "info", "warn", "error", "off"});
 
@@ -710,6 +792,8 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   }
 
   p.at_least("rollout.num_slots", rollout.num_slots, 1);
+  p.at_least("rollout.workers", rollout.workers, 1);
+  p.at_least("rollout.groups_in_flight", rollout.groups_in_flight, 1);
   p.one_of("rollout.interrupt", rollout.interrupt, {"recompute", "keep", "finish", "restart"});
   for (size_t i = 0; i < rollout.stop.size(); ++i) {
     if (rollout.stop[i].empty())

@@ -5,7 +5,7 @@
 
 namespace relay {
 
-Status init_logging(const std::string& level) {
+Status init_logging(const std::string& level, const std::string& role) {
   spdlog::level::level_enum lvl = spdlog::level::from_str(level);
   // from_str maps unknown names to "off"; only accept "off" when asked for.
   if (lvl == spdlog::level::off && level != "off") {
@@ -15,9 +15,17 @@ Status init_logging(const std::string& level) {
   static bool installed = false;
   if (!installed) {
     spdlog::set_default_logger(spdlog::stderr_color_mt("relay"));
-    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%L%$ %v");
     installed = true;
   }
+  // "%P" is the process id; the role is fixed text in the pattern (with
+  // spdlog's flag character escaped).
+  std::string tag;
+  for (char c : role) {
+    tag += c;
+    if (c == '%') tag += '%';
+  }
+  spdlog::set_pattern(role.empty() ? "%Y-%m-%d %H:%M:%S.%e %^%L%$ %v"
+                                   : absl::StrCat("%Y-%m-%d %H:%M:%S.%e %^%L%$ [", tag, " %P] %v"));
   spdlog::set_level(lvl);
   return OkStatus();
 }

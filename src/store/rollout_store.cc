@@ -287,6 +287,22 @@ StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, 
 }
 
 StatusOr<int64_t> RolloutStore::expire_stale(int64_t min_version, int64_t trainer_version) {
+  return expire_where(
+      [min_version](int64_t oldest, const v1::StoredGroup*) { return oldest < min_version; },
+      trainer_version);
+}
+
+StatusOr<int64_t> RolloutStore::expire_newer_than(int64_t version) {
+  return expire_where(
+      [version](int64_t, const v1::StoredGroup* rec) {
+        return rec != nullptr && rec->max_version() > version;
+      },
+      version, /*needs_record=*/true);
+}
+
+StatusOr<int64_t> RolloutStore::expire_where(
+    const std::function<bool(int64_t, const v1::StoredGroup*)>& expire, int64_t trainer_version,
+    bool needs_record) {
   RELAY_RETURN_IF_ERROR(check_writable());
   std::lock_guard<std::mutex> lock(mu_);
   rocksdb::WriteBatch batch;
@@ -295,7 +311,7 @@ StatusOr<int64_t> RolloutStore::expire_stale(int64_t min_version, int64_t traine
   for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
     const uint64_t seq = get_u64(it->key(), 2);
     RELAY_ASSIGN_OR_RETURN(int64_t v, ready_min_version(it->value(), seq));
-    if (v >= min_version) continue;
+    if (!needs_record && !expire(v, nullptr)) continue;
     std::string bytes;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
     if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
@@ -303,6 +319,7 @@ StatusOr<int64_t> RolloutStore::expire_stale(int64_t min_version, int64_t traine
     if (!rec.ParseFromString(bytes)) {
       return DataLossError(absl::StrCat("rollout store: group ", seq, ": record does not parse"));
     }
+    if (needs_record && !expire(v, &rec)) continue;
     rec.set_state(v1::GROUP_STATE_EXPIRED);
     rec.set_consumed_version(trainer_version);
     batch.Put(group_key(seq), rec.SerializeAsString());
@@ -315,7 +332,7 @@ StatusOr<int64_t> RolloutStore::expire_stale(int64_t min_version, int64_t traine
   put_u64(&total, expired_total_ + static_cast<uint64_t>(n));
   batch.Put(kExpiredKey, total);
   rocksdb::Status s = db_->Write(write_options(options_), &batch);
-  if (!s.ok()) return rocks_error("expire stale groups", s);
+  if (!s.ok()) return rocks_error("expire groups", s);
   expired_total_ += static_cast<uint64_t>(n);
   return n;
 }

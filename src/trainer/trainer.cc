@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <numeric>
+#include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "relay/trainer/batch.h"
 #include "relay/trainer/rollout_correction.h"
@@ -151,6 +153,96 @@ Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
 }
 
 Trainer::~Trainer() = default;
+
+namespace {
+at::Tensor scalar_tensor(double x) { return torch::tensor({x}, torch::kFloat64); }
+}  // namespace
+
+StatusOr<std::string> Trainer::save_state() const {
+  std::ostringstream out;
+  try {
+    torch::serialize::OutputArchive archive;
+    archive.write("format", scalar_tensor(1));
+    archive.write("version", torch::tensor({version_}, torch::kInt64));
+    archive.write("optimizer_steps", torch::tensor({optimizer_steps_}, torch::kInt64));
+    archive.write("reward_kl_coef", scalar_tensor(reward_kl_->value()));
+    archive.write("entropy_coef", scalar_tensor(entropy_->value()));
+    archive.write("num_master", torch::tensor({static_cast<int64_t>(master_.size())}));
+    for (size_t i = 0; i < master_.size(); ++i) {
+      archive.write("master/" + std::to_string(i), master_[i].detach().cpu());
+    }
+    torch::serialize::OutputArchive opt;
+    optimizer_->save(opt);
+    archive.write("optimizer", opt);
+    archive.save_to(out);
+  } catch (const std::exception& e) {
+    return InternalError(absl::StrCat("cannot serialize the trainer state: ", e.what()));
+  }
+  return out.str();
+}
+
+Status Trainer::restore_state(const std::string& bytes, const std::string& path) {
+  torch::serialize::InputArchive archive;
+  at::Tensor format, version, steps, kl_coef, entropy_coef, num_master;
+  std::vector<at::Tensor> master;
+  try {
+    std::istringstream in(bytes);
+    archive.load_from(in);
+    archive.read("format", format);
+    archive.read("version", version);
+    archive.read("optimizer_steps", steps);
+    archive.read("reward_kl_coef", kl_coef);
+    archive.read("entropy_coef", entropy_coef);
+    archive.read("num_master", num_master);
+    for (int64_t i = 0; i < num_master.item<int64_t>(); ++i) {
+      at::Tensor t;
+      archive.read("master/" + std::to_string(i), t);
+      master.push_back(t);
+    }
+  } catch (const std::exception& e) {
+    return DataLossError(absl::StrCat("cannot read trainer state ", path, ": ", e.what()));
+  }
+  if (format.item<double>() != 1) {
+    return DataLossError(
+        absl::StrCat(path, ": unknown trainer state format ", format.item<double>()));
+  }
+  if (master.size() != master_.size()) {
+    return InvalidArgumentError(absl::StrCat(
+        path, ": holds ", master.size(), " fp32 master weights, this trainer has ", master_.size(),
+        " (optimizer.fp32_master_weights or the model's dtype changed)"));
+  }
+  for (size_t i = 0; i < master.size(); ++i) {
+    if (!master[i].sizes().equals(master_[i].sizes())) {
+      return InvalidArgumentError(absl::StrCat(path, ": master weight ", i, " has shape ",
+                                               torch::str(master[i].sizes()), ", expected ",
+                                               torch::str(master_[i].sizes())));
+    }
+  }
+  // The optimizer's state is read into a scratch optimizer over copies first,
+  // so a mismatch leaves this trainer untouched.
+  std::vector<at::Tensor> scratch;
+  for (const at::Tensor& p : params_) scratch.push_back(p.detach().clone());
+  const OptimizerOptions& o = options_.optimizer;
+  torch::optim::AdamW probe(scratch, torch::optim::AdamWOptions(o.lr));
+  try {
+    torch::serialize::InputArchive opt;
+    archive.read("optimizer", opt);
+    probe.load(opt);
+    torch::serialize::InputArchive again;
+    archive.read("optimizer", again);
+    optimizer_->load(again);
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(
+        absl::StrCat(path, ": optimizer state does not fit this model: ", e.what()));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < master.size(); ++i) master_[i].copy_(master[i]);
+  version_ = version.item<int64_t>();
+  optimizer_steps_ = steps.item<int64_t>();
+  reward_kl_->set_value(kl_coef.item<double>());
+  entropy_->set_value(entropy_coef.item<double>());
+  return OkStatus();
+}
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, TrainerOptions options,
                                                    int64_t version, model::Policy reference) {

@@ -353,7 +353,7 @@ TEST_F(CliTest, RunTrainsAsynchronouslyWithTwoWorkers) {
   const std::string metrics = base + "/metrics.jsonl";
   CliResult r = RelayCli("run " + kTinyConfig + " --model " + base + "/warm --workers 2" +
                          " --steps 40 --groups-per-step 16 --eval-prompts 128 --metrics-out " +
-                         metrics + " --save " + base + "/trained run.output_dir=" + base +
+                         metrics + " --save " + base + "/trained experiment.output_dir=" + base +
                          " trainer.lr=1e-4 trainer.max_staleness=1" + args);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   std::ifstream in(metrics);
@@ -396,7 +396,7 @@ TEST_F(CliTest, RunWithMaxStalenessZeroIsSynchronous) {
       RelayCli("run " + kTinyConfig + " --model " + *model_dir_ +
                " --workers 2 --steps 12 --groups-per-step 8 --groups-in-flight 8"
                " --metrics-out " +
-               metrics + " run.output_dir=" + base + " trainer.max_staleness=0 rollout.n=4");
+               metrics + " experiment.output_dir=" + base + " trainer.max_staleness=0 rollout.n=4");
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   std::ifstream in(metrics);
   std::string line;

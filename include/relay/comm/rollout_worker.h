@@ -57,6 +57,10 @@ class RolloutWorker {
   // error the loop cannot go on from (the trainer unreachable past the
   // client's deadline, a version that fails its digest twice).
   Status run(const std::function<bool()>& stop);
+  // After run() returned: stops generating and gives every open lease back
+  // to the trainer, so its prompt is leased again at once; how many the
+  // trainer released.
+  StatusOr<int32_t> drain();
 
   const RolloutWorkerStats& stats() const { return stats_; }
   const std::string& worker_id() const { return worker_id_; }

@@ -91,6 +91,9 @@ class TrainerClient {
                                                        const v1::WorkerCapabilities& caps);
   StatusOr<v1::HeartbeatResponse> heartbeat(const v1::HeartbeatRequest& request);
   StatusOr<v1::LeasePromptsResponse> lease_prompts(const std::string& worker_id, int max_prompts);
+  // How many of `lease_ids` were still this worker's open leases.
+  StatusOr<int32_t> release_leases(const std::string& worker_id,
+                                   const std::vector<uint64_t>& lease_ids);
   // One stream: every group sent, one ack read back per group, in order.
   StatusOr<std::vector<v1::SubmitGroupAck>> submit_groups(
       const std::string& worker_id,

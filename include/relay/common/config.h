@@ -16,9 +16,8 @@
 
 namespace relay {
 
+// Per-process settings.
 struct RunConfig {
-  std::string name = "default";  // run directory is <output_dir>/<name>
-  std::string output_dir = "runs";
   uint64_t seed = 0;               // seeds model init, sampling and data order
   int threads = 0;                 // intra-op threads for this process; 0 = all cores
   std::string log_level = "info";  // trace | debug | info | warn | error | off
@@ -72,6 +71,8 @@ struct RolloutConfig {
   int num_slots = 64;                // KV-cache slots: sequences decoding at once
   // What a weight update does to sequences in flight: recompute | keep | finish | restart.
   std::string interrupt = "recompute";
+  int workers = 1;           // relay-rollout processes `relay run` starts on this machine
+  int groups_in_flight = 16;  // prompt leases one worker holds at once
   PrefixConfig prefix;
 };
 
@@ -267,12 +268,61 @@ struct TrainerConfig {
   OptimizerConfig optimizer;
 };
 
+// A supervised warm start before RL: SFT on the task's target solutions.
+struct WarmStartConfig {
+  int sft_steps = 0;  // optimizer steps; 0 = none
+  double sft_lr = 1e-3;
+  int batch = 32;  // demonstrations per step
+};
+
+// The experiment as a job: where its outputs go and how long it trains.
+// `relay run` and `relay-trainer` read it; command-line flags override it.
+struct ExperimentSection {
+  std::string name = "default";  // run directory is <output_dir>/<name>
+  std::string output_dir = "runs";
+  int steps = 100;            // RL optimizer steps (versions published)
+  int groups_per_step = 8;    // prompt groups in one step's batch
+  int eval_prompts = 0;       // held-out prompts for greedy accuracy; 0 = no evaluation
+  int eval_every = 0;         // evaluate every N steps too; 0 = only before and after
+  int checkpoint_every = 10;  // write a resumable checkpoint every N steps (and at the end)
+  int keep_checkpoints = 2;   // newest checkpoints kept; older ones are deleted
+  WarmStartConfig warm_start;
+};
+
+// How the trainer and its workers talk (docs/services.md).
+struct TlsConfig {
+  std::string cert;     // PEM certificate chain: the trainer's (and, with mutual, each worker's)
+  std::string key;      // its private key
+  std::string ca;       // CA that signed the certificates the other side presents
+  bool mutual = false;  // the trainer also requires a client certificate signed by `ca`
+};
+
+struct ServicesConfig {
+  std::string listen = "127.0.0.1:0";  // relay-trainer's gRPC address; port 0 = any free port
+  // File holding the shared bearer token (first line); empty = $RELAY_TOKEN,
+  // and no token at all when that is unset too.
+  std::string token_file;
+  TlsConfig tls;                 // off when tls.cert is empty
+  double lease_timeout_s = 600;  // a leased prompt not submitted by then is re-leased
+  double group_wait_s = 600;     // the trainer gives up when no full batch arrives this long
+  double rpc_timeout_s = 30;     // deadline of each worker call
+  // fetch: every worker downloads each version over gRPC; broadcast: workers
+  // join the trainer's c10d group and receive versions by broadcast (fetching
+  // only to join or recover); auto: broadcast when the worker can join, else fetch.
+  std::string weight_sync = "fetch";
+  int weight_sync_port = 0;           // the trainer's c10d TCPStore; 0 = any free port
+  int weight_sync_bucket_mb = 64;     // flattened broadcast bucket size
+  double weight_sync_timeout_s = 30;  // every collective and rendezvous
+};
+
 struct ExperimentConfig {
+  ExperimentSection experiment;
   RunConfig run;
   ModelConfig model;
   RolloutConfig rollout;
   TaskConfig task;
   TrainerConfig trainer;
+  ServicesConfig services;
 };
 
 // Loads `path`, applies `overrides` ("key.path=value", YAML-typed value, e.g.

@@ -26,6 +26,7 @@
 // interleave; each public call is atomic.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,9 @@
 
 namespace rocksdb {
 class DB;
+}
+namespace relay::v1 {
+class StoredGroup;
 }
 
 namespace relay::store {
@@ -118,6 +122,12 @@ class RolloutStore {
   // staleness bound back at once instead of when a scan passes them.
   StatusOr<int64_t> expire_stale(int64_t min_version, int64_t trainer_version);
 
+  // Marks every READY group with a token newer than `version` EXPIRED; how
+  // many. A trainer resumed from a checkpoint at `version` calls it: those
+  // tokens came from versions whose weights were lost with the old process,
+  // so no staleness bound can be applied to them.
+  StatusOr<int64_t> expire_newer_than(int64_t version);
+
   // READY groups a trainer could take now (within min_version), without
   // changing anything.
   StatusOr<int64_t> count_ready(int64_t min_version) const;
@@ -136,6 +146,10 @@ class RolloutStore {
  private:
   RolloutStore(StoreOptions options, std::unique_ptr<rocksdb::DB> db, uint64_t next_seq);
   Status check_writable() const;
+  // Marks READY groups EXPIRED where expire(oldest version, record) holds;
+  // the record is parsed (and passed) only when `needs_record`.
+  StatusOr<int64_t> expire_where(const std::function<bool(int64_t, const v1::StoredGroup*)>& expire,
+                                 int64_t trainer_version, bool needs_record = false);
 
   StoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;

@@ -69,6 +69,8 @@ class KlController {
   explicit KlController(const KlControllerOptions& options);
 
   double value() const { return value_; }
+  // Restores a value saved with a checkpoint.
+  void set_value(double value) { value_ = value; }
   // `current_kl`: the measured KL of the batch just trained on; `n_steps`:
   // samples (verl: batch size) since the last update. No-op when fixed.
   void update(double current_kl, int64_t n_steps);

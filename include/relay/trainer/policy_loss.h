@@ -403,6 +403,7 @@ class EntropyController {
   // After the step: move the coefficient toward holding `entropy` at target.
   void update(double entropy);
   double value() const { return value_; }
+  void set_value(double value) { value_ = value; }  // from a checkpoint
 
  private:
   EntropyControlOptions options_;

@@ -142,6 +142,17 @@ class Trainer {
   // log-probs are ignored). Counts as a version, like step().
   StatusOr<StepMetrics> sft_step(const std::vector<rollout::TrajectoryGroup>& groups);
 
+  // Resumable state beyond the policy's weights, as the bytes of one torch
+  // archive: the version, the optimizer's step count and AdamW moments, the
+  // fp32 master weights and the KL/entropy controllers' coefficients. The
+  // reuse counter is not kept (the rollout store marks consumed groups).
+  StatusOr<std::string> save_state() const;
+  // Restores what save_state wrote (`path` names it in errors), for a
+  // trainer built with the same options over the policy the checkpoint's
+  // weights were loaded into. Checks counts and shapes; on error nothing
+  // is changed.
+  Status restore_state(const std::string& bytes, const std::string& path);
+
   int64_t version() const { return version_; }
   // The coefficients the controllers will use for the next step.
   double reward_kl_coef() const;

@@ -23,8 +23,14 @@ std::string write_temp(const std::string& name, const std::string& text) {
 
 // Field-by-field equality, so a failure names the field.
 void expect_same(const ExperimentConfig& a, const ExperimentConfig& b) {
-  EXPECT_EQ(a.run.name, b.run.name);
-  EXPECT_EQ(a.run.output_dir, b.run.output_dir);
+  EXPECT_EQ(a.experiment.name, b.experiment.name);
+  EXPECT_EQ(a.experiment.output_dir, b.experiment.output_dir);
+  EXPECT_EQ(a.experiment.steps, b.experiment.steps);
+  EXPECT_EQ(a.experiment.warm_start.sft_lr, b.experiment.warm_start.sft_lr);
+  EXPECT_EQ(a.services.listen, b.services.listen);
+  EXPECT_EQ(a.services.weight_sync, b.services.weight_sync);
+  EXPECT_EQ(a.services.tls.mutual, b.services.tls.mutual);
+  EXPECT_EQ(a.rollout.workers, b.rollout.workers);
   EXPECT_EQ(a.run.seed, b.run.seed);
   EXPECT_EQ(a.run.threads, b.run.threads);
   EXPECT_EQ(a.run.log_level, b.run.log_level);
@@ -176,8 +182,9 @@ std::string parse_error(const std::string& yaml, const std::vector<std::string>&
 
 TEST(ConfigTest, LoadsFileWithExpectedValuesAndDefaults) {
   std::string path = write_temp("valid.yaml",
-                                "run:\n"
+                                "experiment:\n"
                                 "  name: grpo-1\n"
+                                "run:\n"
                                 "  seed: 42\n"
                                 "model:\n"
                                 "  dtype: bfloat16\n"
@@ -193,7 +200,7 @@ TEST(ConfigTest, LoadsFileWithExpectedValuesAndDefaults) {
                                 "  lr: 3e-6\n");
   StatusOr<ExperimentConfig> config = load_config(path);
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->run.name, "grpo-1");
+  EXPECT_EQ(config->experiment.name, "grpo-1");
   EXPECT_EQ(config->run.seed, 42u);
   EXPECT_EQ(config->model.dtype, "bfloat16");
   EXPECT_EQ(config->model.init.arch, "qwen2");
@@ -204,7 +211,7 @@ TEST(ConfigTest, LoadsFileWithExpectedValuesAndDefaults) {
   EXPECT_EQ(config->rollout.top_p, 0.9);
   EXPECT_EQ(config->trainer.lr, 3e-6);
   // Untouched fields keep their defaults.
-  EXPECT_EQ(config->run.output_dir, "runs");
+  EXPECT_EQ(config->experiment.output_dir, "runs");
   EXPECT_EQ(config->run.log_level, "info");
   EXPECT_EQ(config->model.path, "");
   EXPECT_EQ(config->model.init.hidden, 64);
@@ -226,9 +233,20 @@ TEST(ConfigTest, EmptyDocumentGivesDefaults) {
 
 TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
   EXPECT_EQ(to_yaml(ExperimentConfig{}),
-            "run:\n"
+            "experiment:\n"
             "  name: default\n"
             "  output_dir: runs\n"
+            "  steps: 100\n"
+            "  groups_per_step: 8\n"
+            "  eval_prompts: 0\n"
+            "  eval_every: 0\n"
+            "  checkpoint_every: 10\n"
+            "  keep_checkpoints: 2\n"
+            "  warm_start:\n"
+            "    sft_steps: 0\n"
+            "    sft_lr: 0.001\n"
+            "    batch: 32\n"
+            "run:\n"
             "  seed: 0\n"
             "  threads: 0\n"
             "  log_level: info\n"
@@ -258,6 +276,8 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  record_raw_logprobs: false\n"
             "  num_slots: 64\n"
             "  interrupt: recompute\n"
+            "  workers: 1\n"
+            "  groups_in_flight: 16\n"
             "  prefix:\n"
             "    n_prefix: 0\n"
             "    strategy: random\n"
@@ -383,14 +403,35 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    warmup_steps: 0\n"
             "    total_steps: 0\n"
             "    min_lr_ratio: 0.0\n"
-            "    fp32_master_weights: true\n");
+            "    fp32_master_weights: true\n"
+            "services:\n"
+            "  listen: 127.0.0.1:0\n"
+            "  token_file: \"\"\n"
+            "  tls:\n"
+            "    cert: \"\"\n"
+            "    key: \"\"\n"
+            "    ca: \"\"\n"
+            "    mutual: false\n"
+            "  lease_timeout_s: 600.0\n"
+            "  group_wait_s: 600.0\n"
+            "  rpc_timeout_s: 30.0\n"
+            "  weight_sync: fetch\n"
+            "  weight_sync_port: 0\n"
+            "  weight_sync_bucket_mb: 64\n"
+            "  weight_sync_timeout_s: 30.0\n");
 }
 
 TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
   ExperimentConfig defaults;
   ExperimentConfig custom;
-  custom.run.name = "run_2.b";
-  custom.run.output_dir = "out dir/with: colon # and hash";
+  custom.experiment.name = "run_2.b";
+  custom.experiment.output_dir = "out dir/with: colon # and hash";
+  custom.experiment.steps = 7;
+  custom.experiment.warm_start.sft_lr = 0.25;
+  custom.services.listen = "0.0.0.0:5555";
+  custom.services.weight_sync = "auto";
+  custom.services.tls = {"c.pem", "k.pem", "ca.pem", true};
+  custom.rollout.workers = 3;
   custom.run.seed = UINT64_MAX;
   custom.run.threads = 3;
   custom.run.log_level = "off";
@@ -536,9 +577,12 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "x.yaml:3: rollout.temprature: unknown key; did you mean 'temperature'?"},
       {"no close key", "rollout:\n  beam_width: 4\n",
        "x.yaml:2: rollout.beam_width: unknown key; known keys: n, max_new_tokens, temperature, "
-       "top_k, top_p, stop, record_raw_logprobs, num_slots, interrupt, prefix"},
+       "top_k, top_p, stop, record_raw_logprobs, num_slots, interrupt, workers, groups_in_flight, "
+       "prefix"},
       {"unknown section", "optimizer:\n  lr: 1\n",
-       "x.yaml:1: optimizer: unknown key; known keys: run, model, rollout, task, trainer"},
+       "x.yaml:1: optimizer: unknown key; known keys: experiment, run, model, rollout, task, "
+       "trainer, "
+       "services"},
       {"trainer temperature", "trainer:\n  temperature: 0.7\n",
        "x.yaml:2: trainer.temperature: unknown key; known keys: max_staleness, lr, loss, proximal, "
        "micro_batch_tokens, ppo_epochs, mini_batches, allow_missing_logprobs, "
@@ -575,8 +619,8 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "x.yaml:2: model.init: expected a map, got a sequence"},
       {"scalar as map", "rollout:\n  n:\n    value: 4\n",
        "x.yaml:3: rollout.n: expected an integer, got a map"},
-      {"string as sequence", "run:\n  name: [a, b]\n",
-       "x.yaml:2: run.name: expected a string, got a sequence"},
+      {"string as sequence", "experiment:\n  name: [a, b]\n",
+       "x.yaml:2: experiment.name: expected a string, got a sequence"},
       // Top level.
       {"top-level sequence", "- run\n- model\n",
        "x.yaml:1: expected a map at the top level, got a sequence"},
@@ -610,8 +654,9 @@ TEST(ConfigTest, DecodeErrorsAreAllReported) {
 }
 
 TEST(ConfigTest, ValidationProblemsAreAllReported) {
-  EXPECT_EQ(parse_error("run:\n"
+  EXPECT_EQ(parse_error("experiment:\n"
                         "  name: ''\n"
+                        "run:\n"
                         "  log_level: verbose\n"
                         "model:\n"
                         "  init:\n"
@@ -620,7 +665,7 @@ TEST(ConfigTest, ValidationProblemsAreAllReported) {
                         "rollout:\n"
                         "  n: 0\n"
                         "  top_p: 0\n"),
-            "x.yaml: run.name: must be non-empty, got ''\n"
+            "x.yaml: experiment.name: must be non-empty, got ''\n"
             "x.yaml: run.log_level: must be one of trace, debug, info, warn, error, off, got "
             "'verbose'\n"
             "x.yaml: model.init.kv_heads: must divide model.init.heads (4), got 3\n"
@@ -636,10 +681,24 @@ struct RuleCase {
 
 TEST(ConfigTest, ValidateChecksEachRule) {
   const RuleCase cases[] = {
-      {"name chars", [](ExperimentConfig& c) { c.run.name = "my run"; },
-       "run.name: must contain only [A-Za-z0-9._-], got 'my run'"},
-      {"name dotdot", [](ExperimentConfig& c) { c.run.name = ".."; },
-       "run.name: must not be '.' or '..', got '..'"},
+      {"name chars", [](ExperimentConfig& c) { c.experiment.name = "my run"; },
+       "experiment.name: must contain only [A-Za-z0-9._-], got 'my run'"},
+      {"name dotdot", [](ExperimentConfig& c) { c.experiment.name = ".."; },
+       "experiment.name: must not be '.' or '..', got '..'"},
+      {"groups per step", [](ExperimentConfig& c) { c.experiment.groups_per_step = 0; },
+       "experiment.groups_per_step: must be >= 1, got 0"},
+      {"sft lr", [](ExperimentConfig& c) { c.experiment.warm_start.sft_lr = 0; },
+       "experiment.warm_start.sft_lr: must be > 0, got 0"},
+      {"weight sync", [](ExperimentConfig& c) { c.services.weight_sync = "nccl"; },
+       "services.weight_sync: must be one of fetch, broadcast, auto, got 'nccl'"},
+      {"listen", [](ExperimentConfig& c) { c.services.listen = "localhost"; },
+       "services.listen: must be host:port, got 'localhost'"},
+      {"tls key alone", [](ExperimentConfig& c) { c.services.tls.key = "k.pem"; },
+       "services.tls.cert: services.tls.cert and services.tls.key go together, got ''"},
+      {"mutual without ca", [](ExperimentConfig& c) { c.services.tls.mutual = true; },
+       "services.tls.mutual: needs services.tls.ca, cert and key, got 'true'"},
+      {"workers", [](ExperimentConfig& c) { c.rollout.workers = 0; },
+       "rollout.workers: must be >= 1, got 0"},
       {"threads", [](ExperimentConfig& c) { c.run.threads = -1; },
        "run.threads: must be >= 0, got -1"},
       {"dtype", [](ExperimentConfig& c) { c.model.dtype = "fp8"; },
@@ -878,7 +937,7 @@ TEST(ConfigTest, OverridesApplyInOrder) {
       {"bool",
        {"model.init.tie_embeddings=false"},
        [](ExperimentConfig& c) { c.model.init.tie_embeddings = false; }},
-      {"string", {"run.name=abc"}, [](ExperimentConfig& c) { c.run.name = "abc"; }},
+      {"string", {"experiment.name=abc"}, [](ExperimentConfig& c) { c.experiment.name = "abc"; }},
       {"empty string", {"model.path="}, [](ExperimentConfig& c) { c.model.path = ""; }},
       {"double", {"trainer.lr=2e-6"}, [](ExperimentConfig& c) { c.trainer.lr = 2e-6; }},
       {"nested, creating maps",
@@ -960,18 +1019,18 @@ TEST(ConfigTest, ErrorsNameFileOrOverride) {
 
 TEST(ConfigTest, LoadConfigAppliesOverridesToFile) {
   std::string path = write_temp("overrides.yaml", "rollout:\n  n: 8\n  max_new_tokens: 10\n");
-  StatusOr<ExperimentConfig> config = load_config(path, {"rollout.n=2", "run.name=x"});
+  StatusOr<ExperimentConfig> config = load_config(path, {"rollout.n=2", "experiment.name=x"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->rollout.n, 2);
   EXPECT_EQ(config->rollout.max_new_tokens, 10);
-  EXPECT_EQ(config->run.name, "x");
+  EXPECT_EQ(config->experiment.name, "x");
 }
 
 TEST(ConfigTest, TinyConfigLoadsAndValidates) {
   StatusOr<ExperimentConfig> config = load_config(RELAY_SOURCE_DIR "/configs/tiny.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(validate(*config).ok());
-  EXPECT_EQ(config->run.name, "tiny");
+  EXPECT_EQ(config->experiment.name, "tiny");
   EXPECT_EQ(config->model.path, "");
   const ModelInitConfig& init = config->model.init;
   EXPECT_EQ(init.layers, 2);

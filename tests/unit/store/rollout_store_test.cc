@@ -112,6 +112,23 @@ TEST(RolloutStoreTest, ExpireStaleMarksOnlyReadyGroupsBelowTheBound) {
   EXPECT_EQ(ids(store->take_ready(5, 2, 2).value()), (std::vector<std::string>{"v2"}));
 }
 
+// A trainer resumed from a checkpoint at version 3 cannot use tokens of
+// versions 4+ (their weights died with the old process); older READY groups
+// stay, consumed ones are untouched.
+TEST(RolloutStoreTest, ExpireNewerThanDropsOnlyGroupsFromLostVersions) {
+  auto store = open_store(fresh_dir("expire_newer"));
+  for (int v : {2, 3, 4, 5})
+    ASSERT_TRUE(store->append(make_group("v" + std::to_string(v), v), v).ok());
+  ASSERT_EQ(store->take_ready(1, -1, 5).value().size(), 1u);  // v2 consumed
+  EXPECT_EQ(store->expire_newer_than(3).value(), 2);
+  EXPECT_EQ(store->get(2).value().state, GroupState::kReady);
+  EXPECT_EQ(store->get(3).value().state, GroupState::kExpired);
+  EXPECT_EQ(store->get(4).value().state, GroupState::kExpired);
+  EXPECT_EQ(store->get(1).value().state, GroupState::kConsumed);
+  EXPECT_EQ(store->expired_total(), 2u);
+  EXPECT_EQ(store->expire_newer_than(3).value(), 0) << "idempotent";
+}
+
 // Invariant 7: what was acknowledged survives a restart, in the state it had.
 TEST(RolloutStoreTest, ReopenedStoreHoldsEveryAcknowledgedGroup) {
   const std::string dir = fresh_dir("reopen");
