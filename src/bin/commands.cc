@@ -48,33 +48,6 @@ nlohmann::json float_list(const at::Tensor& t) {
   return out;
 }
 
-StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& config,
-                                                      const model::Tokenizer& tokenizer) {
-  const ModelInitConfig& init = config.model.init;
-  model::PolicyConfig pc;
-  pc.model_type = init.arch;
-  pc.vocab_size = init.vocab > 0 ? init.vocab : tokenizer.vocab_size();
-  if (pc.vocab_size < tokenizer.vocab_size()) {
-    return InvalidArgumentError(absl::StrCat("model.init.vocab: must be 0 or >= the tokenizer's ",
-                                             tokenizer.vocab_size(), " tokens, got ", init.vocab));
-  }
-  pc.hidden_size = init.hidden;
-  pc.intermediate_size = init.ffn;
-  pc.num_hidden_layers = init.layers;
-  pc.num_attention_heads = init.heads;
-  pc.num_key_value_heads = init.kv_heads;
-  pc.max_position_embeddings = init.max_seq_len;
-  pc.rope_theta = init.rope_theta;
-  pc.rms_norm_eps = init.rms_norm_eps;
-  pc.tie_word_embeddings = init.tie_embeddings;
-  pc.attention_bias = init.arch == "qwen2";
-  pc.bos_token_id = tokenizer.bos_id();
-  pc.eos_token_id = tokenizer.eos_id();
-  pc.torch_dtype = config.model.dtype;
-  RELAY_RETURN_IF_ERROR(model::validate(pc));
-  return pc;
-}
-
 }  // namespace
 
 bool parse_ids(const std::string& text, std::vector<int64_t>* ids, std::string* error) {

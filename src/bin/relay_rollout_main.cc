@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   comm::RolloutWorkerOptions wo;
   std::string log_level = "warn", token_flag;
   std::optional<int64_t> groups_in_flight;
+  int64_t reconnect_s = 60;
   app.add_option("config", ra.config_file, "YAML experiment config (the trainer's)")->required();
   app.add_option("overrides", ra.overrides, "key.path=value overrides");
   app.add_option("--model", ra.model_dir,
@@ -52,6 +53,8 @@ int main(int argc, char** argv) {
                  "Shared bearer token (default services.token_file, then $RELAY_TOKEN)");
   app.add_option("--groups-in-flight", groups_in_flight,
                  "Leases held at once (default rollout.groups_in_flight)");
+  app.add_option("--reconnect-s", reconnect_s,
+                 "How long to keep trying to reach the trainer (at start, or after it went away)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
   try {
     app.parse(argc, argv);
@@ -91,21 +94,45 @@ int main(int argc, char** argv) {
                              std::chrono::milliseconds(static_cast<int64_t>(
                                  std::ceil(s.config.task.verifier_timeout_s * 1000))),
                              wo);
-  // The trainer may still be starting: retry registration for a while.
-  Status started = worker.start();
-  for (int i = 0;
-       !started.ok() && started.code() == absl::StatusCode::kUnavailable && i < 100 && !g_stop;
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    started = worker.start();
-  }
-  if (!started.ok()) return fail(started);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  // Registers, retrying while the trainer is unreachable (still starting, or
+  // restarting on its run directory) for up to --reconnect-s.
+  auto connect = [&]() -> Status {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(reconnect_s);
+    Status started = worker.start();
+    while (!started.ok() && started.code() == absl::StatusCode::kUnavailable && !g_stop &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      started = worker.start();
+    }
+    return started;
+  };
+  auto run_finished = [](const Status& s) { return s.code() == absl::StatusCode::kOutOfRange; };
+  auto trainer_gone = [](const Status& s) {
+    return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled;
+  };
+  Status result = connect();
+  if (!result.ok()) return fail(result);
   std::printf("worker %s: running version %lld\n", worker.worker_id().c_str(),
               static_cast<long long>(worker.version()));
   std::fflush(stdout);
-  Status result = worker.run([] { return g_stop.load(); });
+  for (;;) {
+    result = worker.run([] { return g_stop.load(); });
+    if (result.ok() || g_stop || run_finished(result) || !trainer_gone(result)) break;
+    std::printf("worker %s: the trainer is gone (%s); reconnecting for up to %lld s\n",
+                worker.worker_id().c_str(), std::string(result.message()).c_str(),
+                static_cast<long long>(reconnect_s));
+    std::fflush(stdout);
+    Status again = connect();
+    if (!again.ok()) {
+      if (!trainer_gone(again)) return fail(again);
+      break;  // keeps `result`: the trainer went away and did not come back
+    }
+    std::printf("worker %s: reconnected, running version %lld\n", worker.worker_id().c_str(),
+                static_cast<long long>(worker.version()));
+    std::fflush(stdout);
+  }
   if (result.ok() && g_stop) {
     StatusOr<int32_t> released = worker.drain();
     if (released.ok()) {
@@ -122,9 +149,12 @@ int main(int argc, char** argv) {
       worker.worker_id().c_str(), static_cast<long long>(st.groups_submitted),
       static_cast<long long>(st.groups_accepted), static_cast<long long>(st.groups_refused),
       static_cast<long long>(st.versions_applied));
-  // The trainer ending (its server shut down mid-call) is how a run ends.
-  if (!result.ok() && (result.code() == absl::StatusCode::kUnavailable ||
-                       result.code() == absl::StatusCode::kCancelled)) {
+  if (run_finished(result)) {
+    std::printf("worker %s: the run is finished; stopping\n", worker.worker_id().c_str());
+    return 0;
+  }
+  // The trainer going away for good also ends a worker cleanly.
+  if (!result.ok() && trainer_gone(result)) {
     std::printf("worker %s: the trainer is gone (%s); stopping\n", worker.worker_id().c_str(),
                 std::string(result.message()).c_str());
     return 0;

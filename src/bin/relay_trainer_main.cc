@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -265,6 +266,19 @@ int main(int argc, char** argv) {
   StatusOr<std::unique_ptr<store::PromptDispenser>> dispenser =
       store::PromptDispenser::open(store->get(), dopt);
   if (!dispenser.ok()) return fail(dispenser.status());
+  // Leases restored from the store belong to worker registrations of the
+  // previous process, which no worker can submit under any more (workers
+  // register again): their prompts go back in the queue now instead of
+  // holding the staleness capacity until their deadlines.
+  int64_t orphaned = 0;
+  for (const store::Lease& l : (*dispenser)->leases()) {
+    if (Status st = (*dispenser)->release(l.id); !st.ok()) return fail(st);
+    ++orphaned;
+  }
+  if (orphaned > 0) {
+    std::printf("re-queued %lld prompts leased before the restart\n",
+                static_cast<long long>(orphaned));
+  }
 
   comm::WeightPublisher publisher;
   comm::TrainerHostOptions ho;
@@ -364,7 +378,13 @@ int main(int argc, char** argv) {
   }
   const bool finished = result.ok() && r.rl_step >= ex.steps;
   if (finished) result = eval(r.rl_step, "after", tr.policy());
-  // Stop serving before the final write: workers see the trainer go and stop.
+  // Stop serving before the final write. After a finished run, workers are
+  // told so on their next call (they exit rather than wait for a restart);
+  // give them a moment to make one.
+  if (finished) {
+    service.finish();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
   (*server)->shutdown(2000);
   if (result.ok() || g_stop) {
     // A drained stop (SIGTERM) checkpoints too, so a restart loses nothing.
@@ -374,6 +394,13 @@ int main(int argc, char** argv) {
     model::SaveOptions o = save_options(s);
     result = model::save_policy(*tr.policy(), save, o);
   }
+  const store::DispenserStats ds = (*dispenser)->stats();
+  std::printf(
+      "dispenser: %lld groups accepted in all, %lld leases expired, %lld released, %lld late "
+      "submissions rejected, %lld leases open\n",
+      static_cast<long long>(ds.accepted), static_cast<long long>(ds.expired_leases),
+      static_cast<long long>(ds.released), static_cast<long long>(ds.rejected_late),
+      static_cast<long long>(ds.in_flight));
   if (!result.ok()) return fail(result);
   std::printf("%s: version %lld, step %lld of %d\n", finished ? "done" : "stopped",
               static_cast<long long>(host.version()), static_cast<long long>(r.rl_step), ex.steps);

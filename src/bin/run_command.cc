@@ -187,7 +187,7 @@ int run(const RunArgs& args) {
     pool[i].pid = *pid;
   }
 
-  // Supervise: a worker that exits while the trainer runs is started again
+  // Supervise: a worker that dies while the trainer runs is started again
   // (its leases expire and are re-leased by the trainer); restarts back off
   // 1, 2, 4, ... 30 s so a worker that cannot start does not spin.
   constexpr int kMaxRestarts = 20;
@@ -207,6 +207,9 @@ int run(const RunArgs& args) {
         const int code = poll_exit(w.pid);
         if (code < 0) continue;
         w.pid = -1;
+        // 0 is a worker that was told to stop or whose trainer went away for
+        // good; anything else (a crash, a kill) is restarted.
+        if (code == 0) continue;
         if (w.restarts >= kMaxRestarts) {
           std::fprintf(stderr,
                        "relay run: worker local%d exited with %d; not restarting (%d restarts)\n",

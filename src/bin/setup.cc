@@ -23,6 +23,33 @@ StatusOr<int64_t> stop_token(const model::Tokenizer& tokenizer, const std::strin
       absl::StrCat(field, ": stop text '", text, "' is not a single token of the tokenizer"));
 }
 
+StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& config,
+                                                      const model::Tokenizer& tokenizer) {
+  const ModelInitConfig& init = config.model.init;
+  model::PolicyConfig pc;
+  pc.model_type = init.arch;
+  pc.vocab_size = init.vocab > 0 ? init.vocab : tokenizer.vocab_size();
+  if (pc.vocab_size < tokenizer.vocab_size()) {
+    return InvalidArgumentError(absl::StrCat("model.init.vocab: must be 0 or >= the tokenizer's ",
+                                             tokenizer.vocab_size(), " tokens, got ", init.vocab));
+  }
+  pc.hidden_size = init.hidden;
+  pc.intermediate_size = init.ffn;
+  pc.num_hidden_layers = init.layers;
+  pc.num_attention_heads = init.heads;
+  pc.num_key_value_heads = init.kv_heads;
+  pc.max_position_embeddings = init.max_seq_len;
+  pc.rope_theta = init.rope_theta;
+  pc.rms_norm_eps = init.rms_norm_eps;
+  pc.tie_word_embeddings = init.tie_embeddings;
+  pc.attention_bias = init.arch == "qwen2";
+  pc.bos_token_id = tokenizer.bos_id();
+  pc.eos_token_id = tokenizer.eos_id();
+  pc.torch_dtype = config.model.dtype;
+  RELAY_RETURN_IF_ERROR(model::validate(pc));
+  return pc;
+}
+
 StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
   RolloutSetup s;
   RELAY_ASSIGN_OR_RETURN(s.config, load_config(args.config_file, args.overrides));
@@ -33,12 +60,26 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
     return InvalidArgumentError(absl::StrCat("--start: must be >= 0, got ", args.start));
   }
   const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
-  if (dir.empty()) {
-    return InvalidArgumentError("model.path: empty; give a model directory with --model");
-  }
   model::configure_threads(s.config.run.threads);
-  RELAY_ASSIGN_OR_RETURN(s.policy, model::load_policy(dir));
-  RELAY_ASSIGN_OR_RETURN(s.tokenizer, model::load_tokenizer(dir));
+  if (!dir.empty()) {
+    RELAY_ASSIGN_OR_RETURN(s.policy, model::load_policy(dir));
+    RELAY_ASSIGN_OR_RETURN(s.tokenizer, model::load_tokenizer(dir));
+  } else {
+    // No checkpoint: a fresh model from model.init and run.seed, exactly what
+    // `relay init` would write, so every process of a run builds the same one.
+    if (s.config.model.tokenizer != "char") {
+      return InvalidArgumentError(absl::StrCat(
+          "model.path: empty; a fresh model (model.init) needs model.tokenizer: char, got '",
+          s.config.model.tokenizer, "'; give a model directory with --model or model.path"));
+    }
+    RELAY_ASSIGN_OR_RETURN(model::CharTokenizer tokenizer, model::CharTokenizer::create());
+    RELAY_ASSIGN_OR_RETURN(model::PolicyConfig pc, policy_config_from_init(s.config, tokenizer));
+    RELAY_ASSIGN_OR_RETURN(c10::ScalarType dtype, model::parse_torch_dtype(s.config.model.dtype));
+    s.policy = model::Policy(pc);
+    model::init_weights(*s.policy, s.config.run.seed);
+    s.policy->to(dtype);
+    s.tokenizer = std::make_shared<model::CharTokenizer>(std::move(tokenizer));
+  }
   RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Task> task,
                          rollout::make_task(s.config.task, s.config.run.seed));
   s.task = std::move(task);

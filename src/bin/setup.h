@@ -52,7 +52,12 @@ using ScoredFn = std::function<void(int64_t, const rollout::Trajectory&, const s
 StatusOr<int64_t> stop_token(const model::Tokenizer& tokenizer, const std::string& text,
                              const std::string& field);
 
-// Config, model (args.model_dir or model.path), tokenizer, task and engine
+// The architecture model.init describes, for `tokenizer`'s vocabulary.
+StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& config,
+                                                      const model::Tokenizer& tokenizer);
+
+// Config, model (args.model_dir or model.path; when both are empty, a fresh
+// model from model.init seeded by run.seed), tokenizer, task and engine
 // options with every stop token resolved. Errors name the flag or field.
 StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args);
 

@@ -38,6 +38,13 @@ RolloutWorker::~RolloutWorker() = default;
 int64_t RolloutWorker::version() const { return engine_ ? engine_->version() : -1; }
 
 Status RolloutWorker::start() {
+  // Also a restart after the trainer went away: leases of the old
+  // registration cannot be submitted any more.
+  engine_.reset();
+  in_flight_.clear();
+  wait_for_version_ = -1;
+  retry_lease_at_ms_ = 0;
+  last_heartbeat_ms_ = 0;
   v1::WorkerCapabilities caps;
   caps.set_device(policy_->parameters().front().device().str());
   caps.set_num_slots(static_cast<int32_t>(engine_options_.num_slots));
@@ -84,6 +91,9 @@ Status RolloutWorker::fill_leases() {
   RELAY_ASSIGN_OR_RETURN(v1::LeasePromptsResponse resp, client_->lease_prompts(worker_id_, want));
   wait_for_version_ = resp.leases_size() == 0 ? resp.wait_for_version() : -1;
   retry_lease_at_ms_ = now_ms() + options_.idle_wait_ms;
+  // Stage a newer version before admitting the new groups, so they start on it.
+  latest_known_ = std::max(latest_known_, resp.latest_version());
+  RELAY_RETURN_IF_ERROR(maybe_update_weights(latest_known_));
   for (const v1::PromptLease& l : resp.leases()) {
     RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt prompt, task_->prompt(l.prompt_index()));
     rollout::PromptGroup g;

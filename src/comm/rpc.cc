@@ -118,6 +118,11 @@ StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::connect(const ClientOpti
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // gRPC backs off reconnects up to 2 minutes by default; a worker waiting
+  // for a restarting trainer should find it within a couple of seconds.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   auto channel = grpc::CreateCustomChannel(options.address, creds, args);
   return std::unique_ptr<TrainerClient>(
       new TrainerClient(std::make_unique<Impl>(options, std::move(channel))));

@@ -77,6 +77,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
     if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    if (s_->finished_) return finished();
     resp->set_latest_version(s_->version_());
     std::lock_guard<std::mutex> lock(s_->mu_);
     auto it = s_->workers_.find(req->worker_id());
@@ -94,6 +95,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
   grpc::Status LeasePrompts(grpc::ServerContext* context, const v1::LeasePromptsRequest* req,
                             v1::LeasePromptsResponse* resp) override {
     if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
+    if (s_->finished_) return finished();
     if (grpc::Status k = known(req->worker_id()); !k.ok()) return k;
     if (req->max_prompts() < 1) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -124,6 +126,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
       out->set_deadline_unix_ms(l.deadline_unix_ms);
     }
     if (leases->empty()) resp->set_wait_for_version(version + 1);
+    resp->set_latest_version(version);
     return grpc::Status::OK;
   }
 
@@ -210,6 +213,10 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
   }
 
  private:
+  static grpc::Status finished() {
+    return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the run is finished");
+  }
+
   grpc::Status known(const std::string& worker_id) const {
     std::lock_guard<std::mutex> lock(s_->mu_);
     if (s_->workers_.count(worker_id) > 0) return grpc::Status::OK;
@@ -321,6 +328,8 @@ TrainerService::TrainerService(TrainerServiceOptions options, store::RolloutStor
       admin_impl_(std::make_unique<AdminImpl>(this)) {}
 
 TrainerService::~TrainerService() = default;
+
+void TrainerService::finish() { finished_ = true; }
 
 grpc::Service* TrainerService::worker_service() { return worker_impl_.get(); }
 grpc::Service* TrainerService::admin_service() { return admin_impl_.get(); }

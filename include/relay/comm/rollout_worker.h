@@ -51,7 +51,9 @@ class RolloutWorker {
                 std::chrono::milliseconds verifier_timeout, RolloutWorkerOptions options);
   ~RolloutWorker();
 
-  // Registers, downloads the current version and starts the engine.
+  // Registers, downloads the current version and starts the engine. Called
+  // again after run() found the trainer gone (restarted), it registers anew
+  // and forgets the old registration's leases.
   Status start();
   // Works until `stop()` returns true (checked between engine steps) or an
   // error the loop cannot go on from (the trainer unreachable past the

@@ -7,6 +7,7 @@
 // publisher. A shared bearer token, when configured, is checked on every
 // call; TLS is the server's (server.h).
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -69,6 +70,11 @@ class TrainerService {
                  PromptSource prompts, std::function<int64_t()> version);
   ~TrainerService();
 
+  // The run is over: from now on LeasePrompts and Heartbeat answer
+  // OUT_OF_RANGE "the run is finished", which workers take as their cue to
+  // exit instead of waiting for the trainer to come back.
+  void finish();
+
   grpc::Service* worker_service();
   grpc::Service* admin_service();
 
@@ -86,6 +92,7 @@ class TrainerService {
   WeightPublisher* publisher_;
   PromptSource prompts_;
   std::function<int64_t()> version_;
+  std::atomic<bool> finished_{false};
   mutable std::mutex mu_;
   std::map<std::string, WorkerInfo> workers_;
   int64_t next_worker_ = 1;
