@@ -88,6 +88,8 @@ int main(int argc, char** argv) {
     }
   }
   wo.max_groups_in_flight = s.config.rollout.groups_in_flight;
+  wo.weight_sync = sv.weight_sync;
+  wo.weight_sync_timeout_ms = static_cast<int64_t>(std::ceil(sv.weight_sync_timeout_s * 1000));
   StatusOr<std::unique_ptr<comm::TrainerClient>> client = comm::TrainerClient::connect(co);
   if (!client.ok()) return fail(client.status());
   comm::RolloutWorker worker(*std::move(client), s.policy, s.engine, s.task, s.tokenizer,
@@ -145,10 +147,11 @@ int main(int argc, char** argv) {
   }
   const comm::RolloutWorkerStats& st = worker.stats();
   std::printf(
-      "worker %s: %lld groups submitted, %lld accepted, %lld refused, %lld versions applied\n",
+      "worker %s: %lld groups submitted, %lld accepted, %lld refused, %lld versions applied "
+      "(%lld by broadcast)\n",
       worker.worker_id().c_str(), static_cast<long long>(st.groups_submitted),
       static_cast<long long>(st.groups_accepted), static_cast<long long>(st.groups_refused),
-      static_cast<long long>(st.versions_applied));
+      static_cast<long long>(st.versions_applied), static_cast<long long>(st.versions_broadcast));
   if (run_finished(result)) {
     std::printf("worker %s: the run is finished; stopping\n", worker.worker_id().c_str());
     return 0;

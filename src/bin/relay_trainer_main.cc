@@ -12,6 +12,7 @@
 // same run directory, the trainer resumes from its newest checkpoint with the
 // store's acknowledged groups and the dispenser's leases (docs/services.md).
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include <atomic>
@@ -32,6 +33,7 @@
 #include "relay/comm/rpc.h"
 #include "relay/comm/trainer_host.h"
 #include "relay/comm/trainer_service.h"
+#include "relay/comm/weight_broadcaster.h"
 #include "relay/common/file_io.h"
 #include "relay/common/logging.h"
 #include "relay/model/checkpoint.h"
@@ -288,8 +290,30 @@ int main(int argc, char** argv) {
   comm::TrainerHost host(&tr, store->get(), &publisher, ho);
   if (Status st = host.publish_current(); !st.ok()) return fail(st);
 
+  // services.weight_sync broadcast | auto: the trainer hosts the c10d group's
+  // store next to its gRPC port and broadcasts each version from a thread.
+  std::unique_ptr<comm::WeightBroadcaster> broadcaster;
+  if (sv.weight_sync != "fetch") {
+    comm::WeightSyncServerOptions wo;
+    wo.host = sv.listen.substr(0, sv.listen.rfind(':'));
+    if (wo.host == "0.0.0.0" || wo.host == "[::]" || wo.host.empty()) {
+      // Workers need an address to reach, not a wildcard.
+      char name[256] = {};
+      wo.host = ::gethostname(name, sizeof(name) - 1) == 0 ? name : "127.0.0.1";
+    }
+    wo.port = sv.weight_sync_port;
+    wo.bucket_bytes = int64_t{sv.weight_sync_bucket_mb} << 20;
+    wo.timeout = std::chrono::milliseconds(ms(sv.weight_sync_timeout_s));
+    wo.device = s.policy->parameters().front().device().str();
+    StatusOr<std::unique_ptr<comm::WeightBroadcaster>> b =
+        comm::WeightBroadcaster::start(&publisher, wo);
+    if (!b.ok()) return fail(b.status());
+    broadcaster = *std::move(b);
+  }
+
   comm::TrainerServiceOptions sopt;
   sopt.auth_token = *token;
+  if (broadcaster) sopt.weight_sync_endpoint = broadcaster->endpoint();
   sopt.max_staleness = s.config.trainer.max_staleness;
   sopt.greedy_baseline = s.config.trainer.advantage.estimator == "remax";
   sopt.limits.vocab_size = s.policy->config().vocab_size;
@@ -352,6 +376,13 @@ int main(int argc, char** argv) {
     (*m)["time/elapsed_s"] = std::chrono::duration<double>(now - t0).count();
     (*m)["time/step_s"] = step_s;
     (*m)["throughput/samples_per_s"] = step_s > 0 ? m->at("batch/trajectories") / step_s : 0.0;
+    if (broadcaster) {
+      const comm::WeightBroadcasterStats bs = broadcaster->stats();
+      (*m)["weight_sync/members"] = bs.members;
+      (*m)["weight_sync/broadcast_s"] = bs.last_seconds;
+      (*m)["weight_sync/gbps"] = bs.last_gbps;
+      (*m)["weight_sync/failures"] = static_cast<double>(bs.failures);
+    }
     metrics.record("rl", r.rl_step, *m);
     if (ex.eval_every > 0 && r.rl_step % ex.eval_every == 0 && r.rl_step < ex.steps) {
       if (Status st = eval(r.rl_step, absl::StrCat("at step ", r.rl_step), tr.policy()); !st.ok()) {

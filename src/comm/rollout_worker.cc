@@ -41,6 +41,8 @@ Status RolloutWorker::start() {
   // Also a restart after the trainer went away: leases of the old
   // registration cannot be submitted any more.
   engine_.reset();
+  receiver_.reset();
+  waiting_for_ = -1;
   in_flight_.clear();
   wait_for_version_ = -1;
   retry_lease_at_ms_ = 0;
@@ -48,6 +50,7 @@ Status RolloutWorker::start() {
   v1::WorkerCapabilities caps;
   caps.set_device(policy_->parameters().front().device().str());
   caps.set_num_slots(static_cast<int32_t>(engine_options_.num_slots));
+  caps.set_weight_sync_group(options_.weight_sync != "fetch");
   RELAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse reg,
                          client_->register_worker(options_.name, caps));
   worker_id_ = reg.worker_id();
@@ -72,6 +75,30 @@ Status RolloutWorker::start() {
                                                           w.manifest.version, w.manifest.digest));
   latest_known_ = staged_version_ = w.manifest.version;
   running_digest_ = w.manifest.digest;
+  if (options_.weight_sync != "fetch") {
+    if (reg.weight_sync_endpoint().empty()) {
+      if (options_.weight_sync == "broadcast") {
+        return FailedPreconditionError(
+            "worker: services.weight_sync is broadcast, but the trainer offers no weight-sync "
+            "group (its services.weight_sync is fetch)");
+      }
+    } else {
+      WeightSyncClientOptions so;
+      so.endpoint = reg.weight_sync_endpoint();
+      so.member_name = worker_id_;
+      so.timeout = std::chrono::milliseconds(options_.weight_sync_timeout_ms);
+      so.device = policy_->parameters().front().device().str();
+      StatusOr<std::unique_ptr<WeightReceiver>> r = WeightReceiver::start(so);
+      if (r.ok()) {
+        receiver_ = *std::move(r);
+      } else if (options_.weight_sync == "broadcast") {
+        return r.status();
+      } else {
+        spdlog::warn("worker {}: cannot join the weight-sync group at {} ({}); fetching instead",
+                     worker_id_, reg.weight_sync_endpoint(), std::string(r.status().message()));
+      }
+    }
+  }
   spdlog::info("worker {}: registered, running version {} (digest {:x})", worker_id_,
                w.manifest.version, w.manifest.digest);
   return OkStatus();
@@ -110,9 +137,30 @@ Status RolloutWorker::fill_leases() {
 }
 
 Status RolloutWorker::maybe_update_weights(int64_t latest) {
+  // A version that came by broadcast is staged first, whatever `latest` says.
+  if (receiver_) {
+    if (std::optional<ReceivedVersion> r = receiver_->take(staged_version_)) {
+      RELAY_RETURN_IF_ERROR(
+          engine_->update_weights(r->version, r->manifest.digest, std::move(r->tensors)));
+      running_digest_ = r->manifest.digest;
+      staged_version_ = r->version;
+      latest_known_ = std::max(latest_known_, r->version);
+      ++stats_.versions_applied;
+      ++stats_.versions_broadcast;
+    }
+  }
   // The engine applies a staged version at its next step: compare with the
   // newest version handed to it, not the one it samples with now.
   if (latest <= staged_version_) return OkStatus();
+  if (receiver_ && receiver_->healthy()) {
+    // The broadcast is on its way; fetch only if it is late.
+    const int64_t now = now_ms();
+    if (latest != waiting_for_) {
+      waiting_for_ = latest;
+      waiting_since_ms_ = now;
+    }
+    if (now - waiting_since_ms_ < options_.broadcast_grace_ms) return OkStatus();
+  }
   // A version that fails its digest is fetched once more, then it is an error.
   StatusOr<FetchedWeights> w =
       client_->fetch_weights(worker_id_, latest, options_.fetch_chunk_bytes);
@@ -199,6 +247,7 @@ Status RolloutWorker::heartbeat_if_due() {
 
 StatusOr<int32_t> RolloutWorker::drain() {
   if (engine_) engine_->abort();
+  receiver_.reset();  // leaves the weight-sync group
   std::vector<uint64_t> ids;
   for (const auto& [group_id, leased] : in_flight_) ids.push_back(leased.lease_id);
   in_flight_.clear();

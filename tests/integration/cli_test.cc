@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -409,6 +410,37 @@ TEST_F(CliTest, RunWithMaxStalenessZeroIsSynchronous) {
     EXPECT_EQ(j["batch/trajectories"].get<double>(), 32.0);
   }
   EXPECT_EQ(steps, 12);
+  fs::remove_all(base);
+}
+
+// services.weight_sync: broadcast through `relay run`: both workers join the
+// trainer's c10d group and take new versions from it; no broadcast fails.
+TEST_F(CliTest, RunWithBroadcastWeightSync) {
+  const std::string base = ::testing::TempDir() + "/run_bcast_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  CliResult r =
+      RelayCli("run " + kTinyConfig + " --model " + *model_dir_ +
+               " --workers 2 --steps 10 --groups-per-step 4 experiment.output_dir=" + base +
+               " trainer.max_staleness=1 rollout.n=4 services.weight_sync=broadcast");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  std::regex re(R"(versions applied \((\d+) by broadcast\))");
+  int workers = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    ++workers;
+    EXPECT_GT(std::stoi((*it)[1]), 0) << r.out;
+  }
+  EXPECT_EQ(workers, 2) << r.out;
+  std::ifstream in(base + "/tiny/metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] != "rl") continue;
+    ++steps;
+    EXPECT_EQ(j["weight_sync/failures"].get<double>(), 0.0) << line;
+  }
+  EXPECT_EQ(steps, 10);
   fs::remove_all(base);
 }
 

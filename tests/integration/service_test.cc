@@ -14,6 +14,7 @@
 #include "relay/comm/rollout_worker.h"
 #include "relay/comm/rpc.h"
 #include "relay/comm/trainer_service.h"
+#include "relay/comm/weight_broadcaster.h"
 #include "relay/common/config.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
@@ -348,6 +349,132 @@ TEST(RolloutWorkerTest, GeneratesScoresSubmitsAndFollowsNewVersions) {
     }
   }
   EXPECT_TRUE(saw_version1) << "no group was sampled with the published version 1";
+  server->shutdown();
+}
+
+// services.weight_sync: broadcast. A worker that joins at version 5 starts
+// on version 5 (fetched: it was not in the group yet), then receives
+// version 6 by c10d broadcast: bit-identical to the trainer's tensors and
+// to what FetchWeights serves, sampled with under the published digest.
+TEST(RolloutWorkerTest, JoinsAtVersionFiveAndFollowsByBroadcast) {
+  const std::string dir = ::testing::TempDir() + "/relay_bcast_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto tokenizer =
+      std::make_shared<const model::CharTokenizer>(model::CharTokenizer::create().value());
+  std::shared_ptr<const rollout::Task> task(
+      rollout::make_task(TaskConfig{}, /*seed=*/3).value().release());
+  model::PolicyConfig cfg = testing::TinyConfig();
+  cfg.vocab_size = tokenizer->vocab_size();
+  model::Policy trainer_policy(cfg);
+  model::init_weights(*trainer_policy, 11, 0.3);
+  WeightPublisher publisher(/*keep=*/2);
+  auto publish = [&](int64_t v) {
+    if (v > 0) {
+      torch::NoGradGuard g;
+      for (auto& p : trainer_policy->parameters()) p.mul_(0.97);
+    }
+    ASSERT_TRUE(publisher.publish(v, model::parameter_tensors(*trainer_policy)).ok());
+  };
+  for (int v = 0; v <= 5; ++v) publish(v);
+  std::atomic<int64_t> version{5};
+  WeightSyncServerOptions bo;
+  bo.timeout = std::chrono::milliseconds(5000);
+  bo.bucket_bytes = 4096;  // several buckets even for the tiny model
+  auto broadcaster = WeightBroadcaster::start(&publisher, bo).value();
+
+  store::StoreOptions so;
+  so.path = dir;
+  auto store = store::RolloutStore::open(so).value();
+  store::DispenserOptions d;
+  d.groups_per_step = 4;
+  d.max_staleness = 1;
+  d.k = 3;
+  auto dispenser = store::PromptDispenser::open(store.get(), d).value();
+  TrainerServiceOptions o;
+  o.max_staleness = 1;
+  o.limits.vocab_size = tokenizer->vocab_size();
+  o.weight_sync_endpoint = broadcaster->endpoint();
+  TrainerService service(
+      o, store.get(), dispenser.get(), &publisher,
+      [&](int64_t index, int attempt) -> StatusOr<PromptContent> {
+        RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, task->prompt(index));
+        PromptContent c;
+        c.group_id = p.id;
+        RELAY_ASSIGN_OR_RETURN(c.prompt_tokens, tokenizer->encode(p.prompt));
+        c.seed = static_cast<uint64_t>(index * 1000 + attempt);
+        return c;
+      },
+      [&] { return version.load(); });
+  auto server = RpcServer::start(ServerOptions{}, {service.worker_service()}).value();
+  ClientOptions c;
+  c.address = "127.0.0.1:" + std::to_string(server->port());
+  rollout::EngineOptions eo;
+  eo.num_slots = 8;
+  eo.max_new_tokens = 6;
+  eo.stop_tokens = {tokenizer->eos_id(), *tokenizer->token_id("#")};
+  RolloutWorkerOptions wo;
+  wo.heartbeat_ms = 20;
+  wo.idle_wait_ms = 20;
+  wo.weight_sync = "broadcast";
+  wo.weight_sync_timeout_ms = 5000;
+  wo.broadcast_grace_ms = 60000;  // never fall back to fetching in this test
+  model::Policy worker_policy(cfg);
+  model::init_weights(*worker_policy, 99);
+  RolloutWorker worker(TrainerClient::connect(c).value(), worker_policy, eo, task, tokenizer,
+                       std::chrono::milliseconds(1000), wo);
+  ASSERT_TRUE(worker.start().ok());
+  EXPECT_EQ(worker.version(), 5);
+  EXPECT_TRUE(torch::equal(worker_policy->lm_head->weight, trainer_policy->lm_head->weight));
+
+  std::atomic<bool> stop{false};
+  Status result;
+  std::thread t([&] { result = worker.run([&] { return stop.load(); }); });
+  auto wait_for = [&](const std::function<bool()>& done) {
+    for (int i = 0; i < 1000 && !done(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return done();
+  };
+  EXPECT_TRUE(wait_for([&] { return store->appended() >= 4; }));
+  // The worker's receiver asked to join; the next broadcast places it.
+  publish(6);
+  version = 6;
+  const uint64_t digest6 = publisher.snapshot(6).value()->manifest.digest;
+  EXPECT_TRUE(wait_for([&] {
+    const std::vector<store::StoredGroup> all = store->scan().value();
+    for (const store::StoredGroup& g : all) {
+      for (const auto& [v, dg] : g.group.trajectories[0].version_digests) {
+        if (v == 6) return true;
+      }
+    }
+    return false;
+  }));
+  stop = true;
+  t.join();
+  ASSERT_TRUE(result.ok()) << result;
+  EXPECT_EQ(worker.stats().versions_broadcast, 1) << "version 6 came by broadcast";
+  EXPECT_EQ(worker.stats().versions_applied, 1);
+  EXPECT_GE(broadcaster->stats().versions_sent, 1);
+  const std::vector<store::StoredGroup> all = store->scan().value();
+  for (const store::StoredGroup& g : all) {
+    for (const rollout::Trajectory& tr : g.group.trajectories) {
+      for (const auto& [v, dg] : tr.version_digests) {
+        if (v == 6) {
+          EXPECT_EQ(dg, digest6);
+        }
+      }
+    }
+  }
+  // What the worker samples with now is bit-identical to the trainer's
+  // version 6 and to the gRPC fetch of it.
+  auto fetched = TrainerClient::connect(c).value()->fetch_weights("anyone", 6).value();
+  EXPECT_EQ(fetched.manifest.digest, digest6);
+  auto mine = worker_policy->named_parameters();
+  auto theirs = trainer_policy->named_parameters();
+  for (const auto& p : mine) {
+    SCOPED_TRACE(p.key());
+    EXPECT_TRUE(torch::equal(p.value(), theirs[p.key()]));
+    EXPECT_TRUE(torch::equal(p.value(), fetched.tensors.at(p.key())));
+  }
   server->shutdown();
 }
 

@@ -12,9 +12,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "relay/comm/rpc.h"
+#include "relay/comm/weight_receiver.h"
 #include "relay/common/status.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
@@ -29,6 +31,14 @@ struct RolloutWorkerOptions {
   int64_t heartbeat_ms = 2000;
   int64_t idle_wait_ms = 50;      // when nothing can be leased: wait for a version this long
   int64_t fetch_chunk_bytes = 0;  // 0 = the trainer's default
+  // services.weight_sync: fetch | broadcast | auto. With broadcast or auto the
+  // worker joins the trainer's c10d group when the trainer offers one;
+  // broadcast makes failing to join an error, auto falls back to fetching.
+  std::string weight_sync = "fetch";
+  int64_t weight_sync_timeout_ms = 30000;
+  // While the broadcast works, a version the trainer announced is fetched
+  // over gRPC only if it has not arrived by broadcast within this long.
+  int64_t broadcast_grace_ms = 2000;
 };
 
 struct RolloutWorkerStats {
@@ -36,6 +46,7 @@ struct RolloutWorkerStats {
   int64_t groups_accepted = 0;
   int64_t groups_refused = 0;  // with the trainer's reason logged
   int64_t versions_applied = 0;
+  int64_t versions_broadcast = 0;  // of those, received by c10d broadcast (else fetched)
   int64_t engine_steps = 0;
   int64_t decode_errors = 0;  // responses the tokenizer could not decode (reward 0)
 };
@@ -82,6 +93,9 @@ class RolloutWorker {
   rollout::SafeVerifier verifier_;
   RolloutWorkerOptions options_;
   std::unique_ptr<rollout::Engine> engine_;
+  std::unique_ptr<WeightReceiver> receiver_;  // null = fetch only
+  int64_t waiting_for_ = -1;                  // newest announced version not staged yet
+  int64_t waiting_since_ms_ = 0;              // ... known since
   std::string worker_id_;
   int64_t latest_known_ = -1;
   int64_t staged_version_ = -1;  // newest version given to the engine
