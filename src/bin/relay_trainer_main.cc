@@ -262,6 +262,7 @@ int main(int argc, char** argv) {
   store::DispenserOptions dopt;
   dopt.groups_per_step = ex.groups_per_step;
   dopt.max_staleness = s.config.trainer.max_staleness;
+  dopt.base_version = r.rl_start_version;
   dopt.k = s.config.rollout.n;
   dopt.lease_timeout_ms = ms(sv.lease_timeout_s);
   dopt.num_prompts = split.size >= 0 ? split.size - split.eval : -1;

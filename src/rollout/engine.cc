@@ -240,6 +240,7 @@ StatusOr<std::vector<TrajectoryGroup>> Engine::step() {
   std::optional<PendingUpdate> update;
   bool abort_now = false;
   bool draining = false;
+  bool newer_pending = false;
   const int64_t live = std::count_if(slots_.begin(), slots_.end(), [](Sequence* s) { return s; });
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -253,6 +254,9 @@ StatusOr<std::vector<TrajectoryGroup>> Engine::step() {
         updates_.pop_front();
       }
       draining = options_.interrupt == InterruptPolicy::kFinish && !update;
+      // Groups wait for the newest staged version: admitting them now would
+      // start them on weights already superseded (one version per step).
+      newer_pending = update.has_value() && !updates_.empty();
     }
   }
   for (Submission& s : incoming) enqueue(std::move(s));
@@ -264,7 +268,7 @@ StatusOr<std::vector<TrajectoryGroup>> Engine::step() {
   } else {
     try {
       if (update) apply_update(*update);
-      if (!draining) admit(now);
+      if (!draining && !newer_pending) admit(now);
       run_model();
       sample_and_retire(now);
     } catch (const c10::Error& e) {

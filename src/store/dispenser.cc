@@ -83,7 +83,8 @@ int64_t PromptDispenser::room_locked(int64_t version) const {
   // group that arrives after its batch is full would shrink the bound for
   // good, and a synchronous run (max_staleness 0) would stall.
   const int64_t live = stats_.accepted - static_cast<int64_t>(store_->expired_total());
-  const int64_t bound = (options_.max_staleness + version + 1) * options_.groups_per_step;
+  const int64_t steps = std::max<int64_t>(0, version - options_.base_version);
+  const int64_t bound = (options_.max_staleness + steps + 1) * options_.groups_per_step;
   return std::max<int64_t>(0, bound - live - static_cast<int64_t>(leases_.size()));
 }
 

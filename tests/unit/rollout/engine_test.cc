@@ -387,6 +387,22 @@ TEST(EngineTest, FinishPolicyKeepsInFlightSequencesOnTheOldVersion) {
   }
 }
 
+// Two versions staged before a group arrives (a worker that learned of
+// them together): the engine applies one per step, and holds the group back
+// until the newest is in, so no group starts on superseded weights.
+TEST(EngineTest, NewGroupsWaitForTheNewestStagedVersion) {
+  auto engine = make_engine(1, base_options());
+  model::Policy w1 = make_policy(55), w2 = make_policy(56);
+  ASSERT_TRUE(engine->update_weights(1, 7, weights_of(w1)).ok());
+  ASSERT_TRUE(engine->update_weights(2, 8, weights_of(w2)).ok());
+  ASSERT_TRUE(engine->submit(group("late", {4, 5, 6}, 2, 2)).ok());
+  auto groups = by_id(run_all(*engine));
+  for (const Trajectory& t : groups["late"].trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 2));
+    EXPECT_EQ(t.interruptions, 0);
+  }
+}
+
 // `keep`: decoding continues on the old cache with the new weights; tokens
 // after the update carry the new version, and the trajectory says so.
 TEST(EngineTest, KeepPolicyFlagsStaleCacheAndLeavesProximalUnknown) {

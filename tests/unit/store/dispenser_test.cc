@@ -79,6 +79,14 @@ TEST_F(DispenserTest, StalenessCapacityBoundsLeases) {
   o.max_staleness = 2;
   auto relaxed = open(o);
   EXPECT_EQ(relaxed->capacity(1), 6);  // (2 + 1 + 1) x 2 - 2 accepted
+
+  // After a warm start of 100 versions the bound counts RL steps, not
+  // versions: at version 101 one step has been taken, as at version 1.
+  o.max_staleness = 0;
+  o.base_version = 100;
+  auto warm = open(o);
+  EXPECT_EQ(warm->capacity(100), 0);  // (0 + 0 + 1) x 2 - 2 accepted
+  EXPECT_EQ(warm->capacity(101), 2);
 }
 
 TEST_F(DispenserTest, ExpiredLeaseIsReleasedFirstAndItsLateSubmissionRefused) {
