@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Set-up, build, then the main job. Until the services land (trainer and
-# rollout workers over gRPC), the main job is a short demo of the policy
-# model: write a fresh tiny model in Hugging Face layout from configs/tiny.yaml,
-# check the config, sample from the model with the KV cache, score the sample
-# so the recorded log-probs can be compared with the scoring path, then run
-# the rollout engine on a few arithmetic prompts and train on the task in one
-# process (relay train-local).
+# Set-up, build, then a tour ending in the main job: write a fresh tiny model
+# in Hugging Face layout from configs/tiny.yaml, sample from it with the KV
+# cache and score the sample (the recorded log-probs equal the scoring
+# path's), run the rollout engine on a few arithmetic prompts, train in one
+# process (relay train-local), then `relay run configs/arith.yaml`: trainer
+# and rollout workers as separate processes over gRPC, the rollout store and
+# c10d weight broadcast.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,14 +38,11 @@ echo "== relay train-local: warm start, then RL on arithmetic; held-out accuracy
 "$relay" train-local "$config" --model "$model_dir" --sft-steps 60 --sft-lr 3e-3 --steps 40 \
   --groups-per-step 16 --eval-prompts 128 --eval-every 20 \
   trainer.lr=1e-4 rollout.n=8 task.arithmetic.max_operands=2 | grep -E '^(eval|step (1|20|40):)'
-echo "== relay run: the same from the warm start, asynchronously: relay-trainer and two"
-echo "   relay-rollout workers over gRPC and the rollout store (max_staleness 1)"
-"$relay" train-local "$config" --model "$model_dir" --sft-steps 60 --sft-lr 3e-3 --steps 0 \
-  --groups-per-step 16 --eval-prompts 128 --save runs/demo/warm \
-  rollout.n=8 task.arithmetic.max_operands=2 > /dev/null
-rm -rf runs/demo/tiny
-"$relay" run "$config" --model runs/demo/warm --workers 2 --steps 40 --groups-per-step 16 \
-  --eval-prompts 128 experiment.output_dir=runs/demo trainer.lr=1e-4 trainer.max_staleness=1 \
-  rollout.n=8 task.arithmetic.max_operands=2 2>/dev/null | grep -E '^(eval|step (1|20|40)/|worker .* submitted)'
+echo "== relay run configs/arith.yaml: the main job. A fresh model, a supervised warm start,"
+echo "   then asynchronous GRPO: relay-trainer and two relay-rollout workers over gRPC, the"
+echo "   rollout store and c10d weight broadcast (max_staleness 2)"
+rm -rf runs/demo/arith
+"$relay" run configs/arith.yaml experiment.output_dir=runs/demo services.weight_sync=broadcast \
+  2>/dev/null | grep -E '^(eval|step (1|20|40|60)/|worker .* submitted)'
 echo "== relay store inspect: what the trainer consumed, and how stale it was"
-"$relay" store inspect runs/demo/tiny/store | head -12
+"$relay" store inspect runs/demo/arith/store | head -12
