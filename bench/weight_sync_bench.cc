@@ -45,6 +45,7 @@
 #include "relay/comm/weight_publisher.h"
 #include "relay/comm/weight_sync.h"
 #include "relay/model/policy.h"
+#include "relay/rollout/engine.h"
 #include "relay/store/dispenser.h"
 #include "relay/store/rollout_store.h"
 
@@ -81,7 +82,7 @@ T check(StatusOr<T> r, const char* what) {
   return std::move(r).value();
 }
 
-std::shared_ptr<const WeightSnapshot> qwen2_100m_snapshot(WeightPublisher& publisher) {
+model::PolicyConfig qwen2_100m_config() {
   model::PolicyConfig q;
   q.model_type = "qwen2";
   q.vocab_size = 32000;
@@ -94,10 +95,42 @@ std::shared_ptr<const WeightSnapshot> qwen2_100m_snapshot(WeightPublisher& publi
   q.rope_theta = 1000000.0;
   q.tie_word_embeddings = true;
   q.attention_bias = true;
-  model::Policy policy(q);
+  return q;
+}
+
+std::shared_ptr<const WeightSnapshot> qwen2_100m_snapshot(WeightPublisher& publisher) {
+  model::Policy policy(qwen2_100m_config());
   model::init_weights(*policy, 0);
   if (Status s = publisher.publish(1, model::parameter_tensors(*policy)); !s.ok()) std::exit(1);
   return check(publisher.snapshot(1), "snapshot");
+}
+
+// ---- what a new version costs the worker's generation loop ----
+// The engine stages a version (update_weights) and applies it at its next
+// step: one copy into its parameters. That is the whole pause with
+// broadcast, where the receive runs on the WeightReceiver's thread; with
+// fetch, the loop also waits for FetchWeights itself.
+double engine_apply_seconds(const WeightSnapshot& snap, int reps) {
+  model::Policy policy(qwen2_100m_config());
+  rollout::EngineOptions eo;
+  eo.num_slots = 1;
+  auto engine = check(rollout::Engine::create(policy, eo, 1, snap.manifest.digest), "engine");
+  std::vector<double> times;
+  for (int rep = 0; rep < reps + 1; ++rep) {
+    std::unordered_map<std::string, at::Tensor> tensors;
+    for (size_t i = 0; i < snap.tensors.size(); ++i) {
+      tensors[snap.manifest.tensors[i].name] = snap.tensors[i];
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!engine->update_weights(2 + rep, snap.manifest.digest, std::move(tensors)).ok()) {
+      std::exit(1);
+    }
+    check(engine->step(), "apply");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) times.push_back(s);  // the first touches fresh pages
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 // ---- the CPU work of each side, without a network ----
@@ -297,6 +330,8 @@ int main(int argc, char** argv) {
   std::printf("qwen2-100m: %zu tensors, %.1f MB fp32; loopback, %u cores, median of %d\n",
               snap->tensors.size(), gb * 1e3, std::thread::hardware_concurrency(), reps);
   for (int64_t mb : buckets_mb) cpu_costs(*snap, mb << 20, reps);
+  const double apply = engine_apply_seconds(*snap, reps);
+  std::printf("engine: staging and applying a version takes %.3f s\n", apply);
   std::printf("%-6s %7s %9s %9s %8s %7s\n", "mode", "clients", "bucket", "seconds", "GB/s",
               "ratio");
   for (int64_t c : clients) {
@@ -312,6 +347,10 @@ int main(int argc, char** argv) {
         const double g = grpc_fetch(publisher, static_cast<int>(c), reps);
         std::printf("%-6s %7lld %9s %9.3f %8.2f %7.2f\n", "grpc", (long long)c, "4 MB chunks", g,
                     gb / g, raw / g);
+        std::printf(
+            "  pause of a worker's generation loop per version: broadcast %.3f s "
+            "(apply only), fetch %.3f s (fetch + apply)\n",
+            apply, g + apply);
       }
       std::fflush(stdout);
     }
