@@ -314,6 +314,12 @@ int main(int argc, char** argv) {
 
   comm::TrainerServiceOptions sopt;
   sopt.auth_token = *token;
+  sopt.worker_timeout_ms = ms(sv.worker_timeout_s);
+  // Heartbeats come at least four times per liveness timeout.
+  if (sopt.worker_timeout_ms > 0) {
+    sopt.heartbeat_interval_ms =
+        std::max<int64_t>(100, std::min<int64_t>(2000, sopt.worker_timeout_ms / 4));
+  }
   if (broadcaster) sopt.weight_sync_endpoint = broadcaster->endpoint();
   sopt.max_staleness = s.config.trainer.max_staleness;
   sopt.greedy_baseline = s.config.trainer.advantage.estimator == "remax";

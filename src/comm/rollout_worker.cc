@@ -54,6 +54,10 @@ Status RolloutWorker::start() {
   RELAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse reg,
                          client_->register_worker(options_.name, caps));
   worker_id_ = reg.worker_id();
+  // The trainer's interval keeps this worker inside its liveness timeout.
+  if (reg.heartbeat_interval_ms() > 0) {
+    options_.heartbeat_ms = std::min(options_.heartbeat_ms, reg.heartbeat_interval_ms());
+  }
   // The trainer's weights, verified against the published digest.
   RELAY_ASSIGN_OR_RETURN(FetchedWeights w,
                          client_->fetch_weights(worker_id_, -1, options_.fetch_chunk_bytes));

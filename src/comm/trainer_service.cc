@@ -1,11 +1,16 @@
 #include "relay/comm/trainer_service.h"
 
+#include <spdlog/spdlog.h>
+
+#include <set>
+
 #include <grpcpp/grpcpp.h>
 #include <xxhash.h>
 
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "relay/comm/manifest_proto.h"
 #include "relay/store/convert.h"
 #include "relay/v1/admin.grpc.pb.h"
@@ -78,6 +83,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
                          v1::HeartbeatResponse* resp) override {
     if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
     if (s_->finished_) return finished();
+    s_->reap_silent_workers();
     resp->set_latest_version(s_->version_());
     std::lock_guard<std::mutex> lock(s_->mu_);
     auto it = s_->workers_.find(req->worker_id());
@@ -96,6 +102,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
                             v1::LeasePromptsResponse* resp) override {
     if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
     if (s_->finished_) return finished();
+    s_->reap_silent_workers();
     if (grpc::Status k = known(req->worker_id()); !k.ok()) return k;
     if (req->max_prompts() < 1) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -217,9 +224,14 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the run is finished");
   }
 
-  grpc::Status known(const std::string& worker_id) const {
+  // Also marks the worker alive.
+  grpc::Status known(const std::string& worker_id) {
     std::lock_guard<std::mutex> lock(s_->mu_);
-    if (s_->workers_.count(worker_id) > 0) return grpc::Status::OK;
+    auto it = s_->workers_.find(worker_id);
+    if (it != s_->workers_.end()) {
+      it->second.last_heartbeat_unix_ms = now_ms();
+      return grpc::Status::OK;
+    }
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("worker_id '", worker_id, "': unknown; register first"));
   }
@@ -330,6 +342,31 @@ TrainerService::TrainerService(TrainerServiceOptions options, store::RolloutStor
 TrainerService::~TrainerService() = default;
 
 void TrainerService::finish() { finished_ = true; }
+
+int TrainerService::reap_silent_workers() {
+  if (options_.worker_timeout_ms <= 0) return 0;
+  const int64_t now = now_ms();
+  std::set<std::string> silent;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (now - it->second.last_heartbeat_unix_ms > options_.worker_timeout_ms) {
+        silent.insert(it->first);
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (silent.empty()) return 0;
+  int64_t released = 0;
+  for (const store::Lease& l : dispenser_->leases()) {
+    if (silent.count(l.worker_id) > 0 && dispenser_->release(l.id).ok()) ++released;
+  }
+  spdlog::warn("trainer: {} worker(s) silent for over {} ms ({}); {} leases go back to the queue",
+               silent.size(), options_.worker_timeout_ms, absl::StrJoin(silent, ", "), released);
+  return static_cast<int>(silent.size());
+}
 
 grpc::Service* TrainerService::worker_service() { return worker_impl_.get(); }
 grpc::Service* TrainerService::admin_service() { return admin_impl_.get(); }

@@ -68,6 +68,7 @@ void visit_fields(V& v, ServicesConfig& c) {
   v.field("lease_timeout_s", c.lease_timeout_s);
   v.field("group_wait_s", c.group_wait_s);
   v.field("rpc_timeout_s", c.rpc_timeout_s);
+  v.field("worker_timeout_s", c.worker_timeout_s);
   v.field("weight_sync", c.weight_sync);
   v.field("weight_sync_port", c.weight_sync_port);
   v.field("weight_sync_bucket_mb", c.weight_sync_bucket_mb);
@@ -733,6 +734,7 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   p.positive("services.lease_timeout_s", sv.lease_timeout_s);
   p.positive("services.group_wait_s", sv.group_wait_s);
   p.positive("services.rpc_timeout_s", sv.rpc_timeout_s);
+  p.non_negative("services.worker_timeout_s", sv.worker_timeout_s);
   p.one_of("services.weight_sync", sv.weight_sync, {"fetch", "broadcast", "auto"});
   if (sv.weight_sync_port < 0 || sv.weight_sync_port > 65535) {
     p.add("services.weight_sync_port", "must be in [0, 65535]", sv.weight_sync_port);

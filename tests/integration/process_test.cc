@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -392,6 +393,63 @@ TEST_F(ProcessTest, StoredTrajectoriesHaveOrderedVersionsAndReproducibleLogprobs
   EXPECT_GT(rescored, 32);
   EXPECT_GE(versions_seen.size(), 4u) << "trajectories from several versions were checked";
   EXPECT_LT(worst, 2e-5) << "behavior log-probs vs the trainer's re-score at the same version";
+}
+
+// Child processes of `pid` whose command name is `comm`.
+std::vector<pid_t> children(pid_t pid, const std::string& comm) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    // pid (comm) state ppid ...
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    if (stat.substr(open + 1, close - open - 1) != comm.substr(0, 15)) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// `relay run` supervises its workers: one SIGKILLed is started again (and
+// registers anew), training goes on, and SIGTERM then drains the whole run
+// with a checkpoint, exit code 0.
+TEST_F(ProcessTest, RelayRunRestartsAWorkerThatDies) {
+  auto run = start({RELAY_CLI_PATH, "run", kTinyConfig, "--workers", "2", "--steps", "100000",
+                    "--groups-per-step", "4", "rollout.n=4", "trainer.max_staleness=1",
+                    // The dead worker's leases go back after 2 s of silence.
+                    "services.worker_timeout_s=2", "experiment.output_dir=" + base_},
+                   base_ + "/run.log");
+  const std::string metrics = run_dir() + "/metrics.jsonl";
+  ASSERT_TRUE(wait_for([&] { return rl_steps(metrics) >= 3; }, 120s)) << run->output();
+  std::vector<pid_t> workers = children(run->pid, "relay-rollout");
+  ASSERT_EQ(workers.size(), 2u) << run->output();
+  ::kill(workers[0], SIGKILL);
+  ASSERT_TRUE(wait_for(
+      [&] {
+        const std::vector<pid_t> now = children(run->pid, "relay-rollout");
+        return now.size() == 2 && std::find(now.begin(), now.end(), workers[0]) == now.end();
+      },
+      60s))
+      << run->output();
+  // The new worker registers (a third worker id) and steps keep coming.
+  ASSERT_TRUE(wait_for([&] { return run->output().find("worker w3-") != std::string::npos; }, 60s))
+      << run->output();
+  const int steps = rl_steps(metrics);
+  ASSERT_TRUE(wait_for([&] { return rl_steps(metrics) > steps + 3; }, 60s)) << run->output();
+  EXPECT_NE(run->output().find("exited with 137; restarting"), std::string::npos) << run->output();
+  const std::vector<pid_t> live = children(run->pid, "relay-rollout");
+  run->kill(SIGTERM);
+  ASSERT_EQ(run->wait(90s), 0) << run->output();
+  EXPECT_NE(run->output().find("stopped: version"), std::string::npos) << run->output();
+  EXPECT_NE(run->output().find("gave back"), std::string::npos) << "workers drained";
+  for (pid_t p : live) EXPECT_FALSE(fs::exists("/proc/" + std::to_string(p))) << "worker " << p;
 }
 
 }  // namespace

@@ -251,6 +251,50 @@ TEST_F(ServiceTest, EveryCallNeedsTheToken) {
 // the real services: groups arrive durable and scored, and a version
 // published mid-run reaches the worker, which samples with it and names it by
 // its digest.
+// A worker that goes silent (crashed, partitioned) past worker_timeout_ms is
+// forgotten at the next lease or heartbeat of anyone, and its leases go back
+// to the queue at once: the staleness bound it held is free again without
+// waiting for the lease deadline (60 s here).
+TEST_F(ServiceTest, SilentWorkersAreForgottenAndTheirLeasesReleased) {
+  TrainerServiceOptions o;
+  o.limits.vocab_size = 37;
+  o.worker_timeout_ms = 300;
+  TrainerService service(
+      o, store_.get(), dispenser_.get(), &publisher_,
+      [](int64_t index, int attempt) -> StatusOr<PromptContent> {
+        PromptContent p;
+        p.group_id = "prompt/" + std::to_string(index);
+        p.prompt_tokens = {1, 2, 3};
+        p.seed = 1000 * index + attempt;
+        return p;
+      },
+      [this] { return version_.load(); });
+  auto server = RpcServer::start(ServerOptions{}, {service.worker_service()}).value();
+  ClientOptions c;
+  c.address = "127.0.0.1:" + std::to_string(server->port());
+  auto client = TrainerClient::connect(c).value();
+  v1::WorkerCapabilities caps;
+  const std::string silent = client->register_worker("silent", caps).value().worker_id();
+  const std::string alive = client->register_worker("alive", caps).value().worker_id();
+  ASSERT_EQ(client->lease_prompts(silent, 5).value().leases_size(), 2);
+  EXPECT_EQ(client->lease_prompts(alive, 5).value().leases_size(), 0) << "bound held by silent";
+  // `alive` keeps calling; `silent` does not.
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(alive);
+    ASSERT_TRUE(client->heartbeat(hb).ok());
+  }
+  auto leased = client->lease_prompts(alive, 5);
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  ASSERT_EQ(leased->leases_size(), 2) << "the silent worker's leases went back";
+  EXPECT_EQ(leased->leases(0).prompt_index(), 0) << "the same prompts, leased again";
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(silent);
+  EXPECT_TRUE(client->heartbeat(hb).value().reregister()) << "forgotten: register again";
+  server->shutdown();
+}
+
 TEST(RolloutWorkerTest, GeneratesScoresSubmitsAndFollowsNewVersions) {
   const std::string dir = ::testing::TempDir() + "/relay_worker_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);

@@ -41,6 +41,11 @@ using PromptSource = std::function<StatusOr<PromptContent>(int64_t prompt_index,
 struct TrainerServiceOptions {
   std::string auth_token;  // empty = no check; else "authorization: Bearer <token>"
   int64_t heartbeat_interval_ms = 2000;
+  // A worker not heard from (any call) for this long is taken for dead: it
+  // is forgotten (its next call is told to register again) and its leases
+  // go back to the queue at once instead of holding the staleness bound
+  // until their deadlines. 0 = never.
+  int64_t worker_timeout_ms = 30000;
   std::string weight_sync_endpoint;  // empty = workers fetch weights
   bool greedy_baseline = false;      // ReMax: leases ask for a greedy sample
   int64_t max_staleness = 0;         // submissions older than version - this are refused
@@ -58,7 +63,7 @@ struct WorkerInfo {
   int64_t running_version = -1;
   uint64_t running_digest = 0;
   int32_t in_flight = 0;
-  int64_t last_heartbeat_unix_ms = 0;
+  int64_t last_heartbeat_unix_ms = 0;  // last call of any kind from this worker
 };
 
 class TrainerService {
@@ -74,6 +79,10 @@ class TrainerService {
   // OUT_OF_RANGE "the run is finished", which workers take as their cue to
   // exit instead of waiting for the trainer to come back.
   void finish();
+
+  // Forgets workers silent for options.worker_timeout_ms and releases their
+  // leases; how many workers. Called on every LeasePrompts and Heartbeat.
+  int reap_silent_workers();
 
   grpc::Service* worker_service();
   grpc::Service* admin_service();

@@ -306,6 +306,9 @@ struct ServicesConfig {
   double lease_timeout_s = 600;  // a leased prompt not submitted by then is re-leased
   double group_wait_s = 600;     // the trainer gives up when no full batch arrives this long
   double rpc_timeout_s = 30;     // deadline of each worker call
+  // A worker silent (no call at all) this long is taken for dead and its
+  // leases go back to the queue at once; 0 = only lease deadlines.
+  double worker_timeout_s = 30;
   // fetch: every worker downloads each version over gRPC; broadcast: workers
   // join the trainer's c10d group and receive versions by broadcast (fetching
   // only to join or recover); auto: broadcast when the worker can join, else fetch.

@@ -415,6 +415,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  lease_timeout_s: 600.0\n"
             "  group_wait_s: 600.0\n"
             "  rpc_timeout_s: 30.0\n"
+            "  worker_timeout_s: 30.0\n"
             "  weight_sync: fetch\n"
             "  weight_sync_port: 0\n"
             "  weight_sync_bucket_mb: 64\n"
