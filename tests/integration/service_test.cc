@@ -251,6 +251,91 @@ TEST_F(ServiceTest, EveryCallNeedsTheToken) {
 // the real services: groups arrive durable and scored, and a version
 // published mid-run reaches the worker, which samples with it and names it by
 // its digest.
+// Every kind of malformed group through the wire, each on its own lease in
+// one SubmitGroups stream: each gets its own code and a message naming the
+// field, the good group at the end of the stream is accepted, nothing bad is
+// stored, and the server keeps serving.
+TEST_F(ServiceTest, EachMalformedSubmissionGetsItsOwnErrorAndTheServerKeepsServing) {
+  version_ = 20;  // capacity (0 + 20 + 1) x 2 = 42 leases
+  const std::string id = register_worker();
+  auto leased = client_->lease_prompts(id, 12);
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  ASSERT_EQ(leased->leases_size(), 12);
+  struct Case {
+    const char* what;
+    std::function<void(rollout::TrajectoryGroup&)> spoil;
+    absl::StatusCode code;
+    std::string message;  // a substring naming the field
+  };
+  const std::vector<Case> cases = {
+      {"group size", [](rollout::TrajectoryGroup& g) { g.trajectories.pop_back(); },
+       absl::StatusCode::kInvalidArgument, "1 trajectories for a lease of k = 2"},
+      {"token id", [](rollout::TrajectoryGroup& g) { g.trajectories[0].response_tokens[1] = 99; },
+       absl::StatusCode::kInvalidArgument, "response_tokens[1]: token id 99 is outside"},
+      {"lengths",
+       [](rollout::TrajectoryGroup& g) { g.trajectories[1].behavior_logprobs.pop_back(); },
+       absl::StatusCode::kInvalidArgument, "trajectories[1]"},
+      {"positive log-prob",
+       [](rollout::TrajectoryGroup& g) { g.trajectories[0].behavior_logprobs[0] = 0.5f; },
+       absl::StatusCode::kInvalidArgument, "behavior_logprobs[0]: 0.5 > 0 is not a log-prob"},
+      {"-inf log-prob",
+       [](rollout::TrajectoryGroup& g) { g.trajectories[0].behavior_logprobs[1] = -INFINITY; },
+       absl::StatusCode::kInvalidArgument, "behavior_logprobs[1]: -inf is not a log-prob"},
+      {"future version",
+       [](rollout::TrajectoryGroup& g) {
+         g.trajectories[0].token_versions = {20, 21};
+         g.trajectories[0].version_digests = {{20, 77}, {21, 78}};
+       },
+       absl::StatusCode::kInvalidArgument, "token_versions[1]: version 21 is in the future"},
+      {"stale version",
+       [](rollout::TrajectoryGroup& g) {
+         g.trajectories[1].token_versions = {19, 20};
+         g.trajectories[1].version_digests = {{19, 76}, {20, 77}};
+       },
+       absl::StatusCode::kFailedPrecondition, "token_versions[0]: version 19"},
+      {"not scored", [](rollout::TrajectoryGroup& g) { g.trajectories[0].reward = NAN; },
+       absl::StatusCode::kInvalidArgument, "trajectories[0].reward"},
+      {"two prompts",
+       [](rollout::TrajectoryGroup& g) { g.trajectories[1].prompt_tokens.push_back(4); },
+       absl::StatusCode::kInvalidArgument, "prompt_tokens: differ from trajectories[0]'s"},
+      {"empty response",
+       [](rollout::TrajectoryGroup& g) {
+         for (auto* v : {&g.trajectories[0].response_tokens}) v->clear();
+       },
+       absl::StatusCode::kInvalidArgument, "response_tokens: empty"},
+  };
+  std::vector<std::pair<uint64_t, rollout::TrajectoryGroup>> batch;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const v1::PromptLease& l = leased->leases(static_cast<int>(i));
+    rollout::TrajectoryGroup g =
+        make_group(l.group_id(), 2, 20,
+                   std::vector<int64_t>(l.prompt_tokens().begin(), l.prompt_tokens().end()));
+    cases[i].spoil(g);
+    batch.emplace_back(l.lease_id(), g);
+  }
+  const v1::PromptLease& good = leased->leases(static_cast<int>(cases.size()));
+  batch.emplace_back(good.lease_id(), make_group(good.group_id(), 2, 20,
+                                                 std::vector<int64_t>(good.prompt_tokens().begin(),
+                                                                      good.prompt_tokens().end())));
+  auto acks = client_->submit_groups(id, batch);
+  ASSERT_TRUE(acks.ok()) << acks.status();
+  ASSERT_EQ(acks->size(), cases.size() + 1);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].what);
+    const v1::SubmitGroupAck& ack = (*acks)[i];
+    EXPECT_FALSE(ack.accepted());
+    EXPECT_EQ(ack.lease_id(), batch[i].first);
+    EXPECT_EQ(ack.error_code(), static_cast<int>(cases[i].code));
+    EXPECT_NE(ack.error_message().find(cases[i].message), std::string::npos) << ack.error_message();
+  }
+  EXPECT_TRUE(acks->back().accepted()) << acks->back().error_message();
+  EXPECT_EQ(store_->appended(), 1u) << "only the good group was stored";
+  // Still serving: the refused groups' prompts are leased again.
+  auto again = client_->lease_prompts(id, 3);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->leases_size(), 3);
+}
+
 // A worker that goes silent (crashed, partitioned) past worker_timeout_ms is
 // forgotten at the next lease or heartbeat of anyone, and its leases go back
 // to the queue at once: the staleness bound it held is free again without
