@@ -153,9 +153,23 @@ int main(int argc, char** argv) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) return fail(InternalError(absl::StrCat("cannot create ", run_dir, ": ", ec.message())));
-  if (Status st = write_file_atomic(run_dir + "/config.yaml", to_yaml(s.config)); !st.ok()) {
-    return fail(st);
+  // config.yaml is the config of the latest start; a resumed run with a
+  // changed config keeps the previous one beside it, so the history of what
+  // a run was trained with is not lost.
+  const std::string config_file = run_dir + "/config.yaml";
+  const std::string resolved = to_yaml(s.config);
+  if (StatusOr<std::string> previous = read_file(config_file);
+      previous.ok() && *previous != resolved) {
+    const std::string kept = absl::StrCat(run_dir, "/config.before-",
+                                          std::chrono::duration_cast<std::chrono::seconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count(),
+                                          ".yaml");
+    if (Status st = write_file_atomic(kept, *previous); !st.ok()) return fail(st);
+    std::printf("config differs from this run directory's previous start; that one is kept as %s\n",
+                kept.c_str());
   }
+  if (Status st = write_file_atomic(config_file, resolved); !st.ok()) return fail(st);
   MetricsLog metrics;
   if (Status st = metrics.open(metrics_out); !st.ok()) return fail(st);
 
