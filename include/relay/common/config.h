@@ -71,7 +71,7 @@ struct RolloutConfig {
   int num_slots = 64;                // KV-cache slots: sequences decoding at once
   // What a weight update does to sequences in flight: recompute | keep | finish | restart.
   std::string interrupt = "recompute";
-  int workers = 1;           // relay-rollout processes `relay run` starts on this machine
+  int workers = 1;            // relay-rollout processes `relay run` starts on this machine
   int groups_in_flight = 16;  // prompt leases one worker holds at once
   PrefixConfig prefix;
 };

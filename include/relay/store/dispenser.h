@@ -41,7 +41,7 @@ struct DispenserOptions {
   // The version RL started from (after a warm start, which publishes
   // versions without consuming groups): the bound counts steps, v - base.
   int64_t base_version = 0;
-  int k = 1;                    // samples per prompt; a submitted group must have exactly k
+  int k = 1;  // samples per prompt; a submitted group must have exactly k
   int64_t lease_timeout_ms = 600000;
   // Prompt indices run 0, 1, 2, ...; a finite task wraps at num_prompts
   // (< 0 = unbounded stream).
