@@ -380,91 +380,157 @@ TEST_F(ServiceTest, SilentWorkersAreForgottenAndTheirLeasesReleased) {
   server->shutdown();
 }
 
-TEST(RolloutWorkerTest, GeneratesScoresSubmitsAndFollowsNewVersions) {
-  const std::string dir = ::testing::TempDir() + "/relay_worker_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  auto tokenizer =
-      std::make_shared<const model::CharTokenizer>(model::CharTokenizer::create().value());
-  std::shared_ptr<const rollout::Task> task(
-      rollout::make_task(TaskConfig{}, /*seed=*/3).value().release());
-
-  model::PolicyConfig cfg = testing::TinyConfig();
-  cfg.vocab_size = tokenizer->vocab_size();
-  model::Policy trainer_policy(cfg);
-  model::init_weights(*trainer_policy, 11, 0.3);
-  WeightPublisher publisher;
-  ASSERT_TRUE(publisher.publish(0, model::parameter_tensors(*trainer_policy)).ok());
-  std::atomic<int64_t> version{0};
-  store::StoreOptions so;
-  so.path = dir;
-  auto store = store::RolloutStore::open(so).value();
-  store::DispenserOptions d;
-  d.groups_per_step = 4;
-  d.max_staleness = 1;
-  d.k = 3;
-  auto dispenser = store::PromptDispenser::open(store.get(), d).value();
-  TrainerServiceOptions o;
-  o.max_staleness = 1;
-  o.limits.vocab_size = tokenizer->vocab_size();
-  TrainerService service(
-      o, store.get(), dispenser.get(), &publisher,
-      [&](int64_t index, int attempt) -> StatusOr<PromptContent> {
-        RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, task->prompt(index));
-        PromptContent c;
-        c.group_id = p.id;
-        RELAY_ASSIGN_OR_RETURN(c.prompt_tokens, tokenizer->encode(p.prompt));
-        c.seed = static_cast<uint64_t>(index * 1000 + attempt);
-        return c;
-      },
-      [&] { return version.load(); });
-  auto server = RpcServer::start(ServerOptions{}, {service.worker_service()}).value();
-
-  ClientOptions c;
-  c.address = "127.0.0.1:" + std::to_string(server->port());
-  rollout::EngineOptions eo;
-  eo.num_slots = 8;
-  eo.max_new_tokens = 6;
-  eo.stop_tokens = {tokenizer->eos_id(), *tokenizer->token_id("#")};
-  RolloutWorkerOptions wo;
-  wo.heartbeat_ms = 20;
-  wo.idle_wait_ms = 20;
-  // The worker starts from other weights: it must take the trainer's.
-  model::Policy worker_policy(cfg);
-  model::init_weights(*worker_policy, 99);
-  RolloutWorker worker(TrainerClient::connect(c).value(), worker_policy, eo, task, tokenizer,
-                       std::chrono::milliseconds(1000), wo);
-  ASSERT_TRUE(worker.start().ok());
-  EXPECT_TRUE(torch::equal(worker_policy->lm_head->weight, trainer_policy->lm_head->weight));
-
-  std::atomic<bool> stop{false};
-  Status result;
-  std::thread t([&] { result = worker.run([&] { return stop.load(); }); });
-  auto wait_for = [&](const std::function<bool()>& done) {
-    for (int i = 0; i < 1000 && !done(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return done();
-  };
-  // Capacity at version 0: (1 + 0 + 1) x 4 = 8 groups, then the worker waits.
-  EXPECT_TRUE(wait_for([&] { return store->appended() >= 8; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(store->appended(), 8u) << "the staleness bound holds the worker back";
-  {
-    torch::NoGradGuard g;
-    trainer_policy->lm_head->weight.mul_(1.5);
+// What the rollout-worker tests share: a trainer side (tokenizer, task,
+// trainer policy, publisher, store, dispenser, service on a loopback server)
+// and a worker built against it, starting from other weights than the
+// trainer's. Prompts are the arithmetic task's; k = 3, 4 groups per step,
+// max_staleness 1.
+struct WorkerRig {
+  explicit WorkerRig(const std::string& name)
+      : dir(::testing::TempDir() + "/relay_" + name + "_" + std::to_string(::getpid())),
+        tokenizer(
+            std::make_shared<const model::CharTokenizer>(model::CharTokenizer::create().value())),
+        task(rollout::make_task(TaskConfig{}, /*seed=*/3).value().release()),
+        cfg(testing::TinyConfig()) {
+    std::filesystem::remove_all(dir);
+    cfg.vocab_size = tokenizer->vocab_size();
+    trainer_policy = model::Policy(cfg);
+    model::init_weights(*trainer_policy, 11, 0.3);
+    store::StoreOptions so;
+    so.path = dir;
+    store = store::RolloutStore::open(so).value();
+    store::DispenserOptions d;
+    d.groups_per_step = 4;
+    d.max_staleness = 1;
+    d.k = 3;
+    dispenser = store::PromptDispenser::open(store.get(), d).value();
   }
-  ASSERT_TRUE(publisher.publish(1, model::parameter_tensors(*trainer_policy)).ok());
-  version = 1;
-  const uint64_t digest1 = publisher.snapshot(1).value()->manifest.digest;
-  EXPECT_TRUE(wait_for([&] { return store->appended() >= 12; }));
-  stop = true;
-  t.join();
+  ~WorkerRig() {
+    if (server) server->shutdown();
+  }
+
+  // Publishes the trainer policy as version v (scaled first, so versions differ).
+  void publish(int64_t v) {
+    if (v > 0) {
+      torch::NoGradGuard g;
+      for (auto& p : trainer_policy->parameters()) p.mul_(0.97);
+    }
+    ASSERT_TRUE(publisher.publish(v, model::parameter_tensors(*trainer_policy)).ok());
+    version = v;
+  }
+
+  void serve(TrainerServiceOptions o = {}) {
+    o.max_staleness = 1;
+    o.limits.vocab_size = tokenizer->vocab_size();
+    service = std::make_unique<TrainerService>(
+        o, store.get(), dispenser.get(), &publisher,
+        [this](int64_t index, int attempt) -> StatusOr<PromptContent> {
+          RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, task->prompt(index));
+          PromptContent c;
+          c.group_id = p.id;
+          RELAY_ASSIGN_OR_RETURN(c.prompt_tokens, tokenizer->encode(p.prompt));
+          c.seed = static_cast<uint64_t>(index * 1000 + attempt);
+          return c;
+        },
+        [this] { return version.load(); });
+    server = RpcServer::start(ServerOptions{}, {service->worker_service()}).value();
+  }
+
+  ClientOptions client_options() const {
+    ClientOptions c;
+    c.address = "127.0.0.1:" + std::to_string(server->port());
+    return c;
+  }
+
+  std::unique_ptr<RolloutWorker> make_worker(RolloutWorkerOptions wo) {
+    rollout::EngineOptions eo;
+    eo.num_slots = 8;
+    eo.max_new_tokens = 6;
+    eo.stop_tokens = {tokenizer->eos_id(), *tokenizer->token_id("#")};
+    wo.heartbeat_ms = 20;
+    wo.idle_wait_ms = 20;
+    worker_policy = model::Policy(cfg);
+    model::init_weights(*worker_policy, 99);
+    return std::make_unique<RolloutWorker>(TrainerClient::connect(client_options()).value(),
+                                           worker_policy, eo, task, tokenizer,
+                                           std::chrono::milliseconds(1000), wo);
+  }
+
+  // Every stored group's trajectories, with a check on each.
+  void for_each_trajectory(const std::function<void(const rollout::Trajectory&)>& f) const {
+    const std::vector<store::StoredGroup> all = store->scan().value();
+    for (const store::StoredGroup& g : all) {
+      for (const rollout::Trajectory& t : g.group.trajectories) f(t);
+    }
+  }
+
+  std::string dir;
+  std::shared_ptr<const model::CharTokenizer> tokenizer;
+  std::shared_ptr<const rollout::Task> task;
+  model::PolicyConfig cfg;
+  model::Policy trainer_policy{nullptr};
+  model::Policy worker_policy{nullptr};
+  WeightPublisher publisher;
+  std::atomic<int64_t> version{0};
+  std::unique_ptr<store::RolloutStore> store;
+  std::unique_ptr<store::PromptDispenser> dispenser;
+  std::unique_ptr<TrainerService> service;
+  std::unique_ptr<RpcServer> server;
+};
+
+bool wait_until(const std::function<bool()>& done) {
+  for (int i = 0; i < 1000 && !done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// Runs the worker on a thread until stop() is called; run()'s status after.
+class WorkerThread {
+ public:
+  explicit WorkerThread(RolloutWorker& w)
+      : thread_([this, &w] { result_ = w.run([this] { return stop_.load(); }); }) {}
+  Status stop() {
+    stop_ = true;
+    thread_.join();
+    return result_;
+  }
+  ~WorkerThread() {
+    if (thread_.joinable()) stop().IgnoreError();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  Status result_;
+  std::thread thread_;
+};
+
+TEST(RolloutWorkerTest, GeneratesScoresSubmitsAndFollowsNewVersions) {
+  WorkerRig rig("worker");
+  rig.publish(0);
+  rig.serve();
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker({});
+  ASSERT_TRUE(worker->start().ok());
+  // The worker started from other weights: it must have taken the trainer's.
+  EXPECT_TRUE(
+      torch::equal(rig.worker_policy->lm_head->weight, rig.trainer_policy->lm_head->weight));
+
+  WorkerThread running(*worker);
+  // Capacity at version 0: (1 + 0 + 1) x 4 = 8 groups, then the worker waits.
+  EXPECT_TRUE(wait_until([&] { return rig.store->appended() >= 8; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(rig.store->appended(), 8u) << "the staleness bound holds the worker back";
+  rig.publish(1);
+  const uint64_t digest1 = rig.publisher.snapshot(1).value()->manifest.digest;
+  EXPECT_TRUE(wait_until([&] { return rig.store->appended() >= 12; }));
+  Status result = running.stop();
   ASSERT_TRUE(result.ok()) << result;
-  EXPECT_GE(worker.stats().versions_applied, 1);
-  EXPECT_EQ(worker.stats().groups_refused, 0);
-  EXPECT_EQ(worker.stats().decode_errors, 0);
+  EXPECT_GE(worker->stats().versions_applied, 1);
+  EXPECT_EQ(worker->stats().groups_refused, 0);
+  EXPECT_EQ(worker->stats().decode_errors, 0);
 
   bool saw_version1 = false;
-  const std::vector<store::StoredGroup> all = store->scan().value();
+  const std::vector<store::StoredGroup> all = rig.store->scan().value();
   for (const store::StoredGroup& g : all) {
     ASSERT_EQ(g.group.trajectories.size(), 3u);
     for (const rollout::Trajectory& tr : g.group.trajectories) {
@@ -478,7 +544,6 @@ TEST(RolloutWorkerTest, GeneratesScoresSubmitsAndFollowsNewVersions) {
     }
   }
   EXPECT_TRUE(saw_version1) << "no group was sampled with the published version 1";
-  server->shutdown();
 }
 
 // services.weight_sync: broadcast. A worker that joins at version 5 starts
@@ -486,125 +551,61 @@ TEST(RolloutWorkerTest, GeneratesScoresSubmitsAndFollowsNewVersions) {
 // version 6 by c10d broadcast: bit-identical to the trainer's tensors and
 // to what FetchWeights serves, sampled with under the published digest.
 TEST(RolloutWorkerTest, JoinsAtVersionFiveAndFollowsByBroadcast) {
-  const std::string dir = ::testing::TempDir() + "/relay_bcast_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  auto tokenizer =
-      std::make_shared<const model::CharTokenizer>(model::CharTokenizer::create().value());
-  std::shared_ptr<const rollout::Task> task(
-      rollout::make_task(TaskConfig{}, /*seed=*/3).value().release());
-  model::PolicyConfig cfg = testing::TinyConfig();
-  cfg.vocab_size = tokenizer->vocab_size();
-  model::Policy trainer_policy(cfg);
-  model::init_weights(*trainer_policy, 11, 0.3);
-  WeightPublisher publisher(/*keep=*/2);
-  auto publish = [&](int64_t v) {
-    if (v > 0) {
-      torch::NoGradGuard g;
-      for (auto& p : trainer_policy->parameters()) p.mul_(0.97);
-    }
-    ASSERT_TRUE(publisher.publish(v, model::parameter_tensors(*trainer_policy)).ok());
-  };
-  for (int v = 0; v <= 5; ++v) publish(v);
-  std::atomic<int64_t> version{5};
+  WorkerRig rig("bcast");
+  for (int v = 0; v <= 5; ++v) rig.publish(v);
   WeightSyncServerOptions bo;
   bo.timeout = std::chrono::milliseconds(5000);
   bo.bucket_bytes = 4096;  // several buckets even for the tiny model
-  auto broadcaster = WeightBroadcaster::start(&publisher, bo).value();
-
-  store::StoreOptions so;
-  so.path = dir;
-  auto store = store::RolloutStore::open(so).value();
-  store::DispenserOptions d;
-  d.groups_per_step = 4;
-  d.max_staleness = 1;
-  d.k = 3;
-  auto dispenser = store::PromptDispenser::open(store.get(), d).value();
+  auto broadcaster = WeightBroadcaster::start(&rig.publisher, bo).value();
   TrainerServiceOptions o;
-  o.max_staleness = 1;
-  o.limits.vocab_size = tokenizer->vocab_size();
   o.weight_sync_endpoint = broadcaster->endpoint();
-  TrainerService service(
-      o, store.get(), dispenser.get(), &publisher,
-      [&](int64_t index, int attempt) -> StatusOr<PromptContent> {
-        RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, task->prompt(index));
-        PromptContent c;
-        c.group_id = p.id;
-        RELAY_ASSIGN_OR_RETURN(c.prompt_tokens, tokenizer->encode(p.prompt));
-        c.seed = static_cast<uint64_t>(index * 1000 + attempt);
-        return c;
-      },
-      [&] { return version.load(); });
-  auto server = RpcServer::start(ServerOptions{}, {service.worker_service()}).value();
-  ClientOptions c;
-  c.address = "127.0.0.1:" + std::to_string(server->port());
-  rollout::EngineOptions eo;
-  eo.num_slots = 8;
-  eo.max_new_tokens = 6;
-  eo.stop_tokens = {tokenizer->eos_id(), *tokenizer->token_id("#")};
+  rig.serve(o);
   RolloutWorkerOptions wo;
-  wo.heartbeat_ms = 20;
-  wo.idle_wait_ms = 20;
   wo.weight_sync = "broadcast";
   wo.weight_sync_timeout_ms = 5000;
   wo.broadcast_grace_ms = 60000;  // never fall back to fetching in this test
-  model::Policy worker_policy(cfg);
-  model::init_weights(*worker_policy, 99);
-  RolloutWorker worker(TrainerClient::connect(c).value(), worker_policy, eo, task, tokenizer,
-                       std::chrono::milliseconds(1000), wo);
-  ASSERT_TRUE(worker.start().ok());
-  EXPECT_EQ(worker.version(), 5);
-  EXPECT_TRUE(torch::equal(worker_policy->lm_head->weight, trainer_policy->lm_head->weight));
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker(wo);
+  ASSERT_TRUE(worker->start().ok());
+  EXPECT_EQ(worker->version(), 5);
+  EXPECT_TRUE(
+      torch::equal(rig.worker_policy->lm_head->weight, rig.trainer_policy->lm_head->weight));
 
-  std::atomic<bool> stop{false};
-  Status result;
-  std::thread t([&] { result = worker.run([&] { return stop.load(); }); });
-  auto wait_for = [&](const std::function<bool()>& done) {
-    for (int i = 0; i < 1000 && !done(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return done();
-  };
-  EXPECT_TRUE(wait_for([&] { return store->appended() >= 4; }));
+  WorkerThread running(*worker);
+  EXPECT_TRUE(wait_until([&] { return rig.store->appended() >= 4; }));
   // The worker's receiver asked to join; the next broadcast places it.
-  publish(6);
-  version = 6;
-  const uint64_t digest6 = publisher.snapshot(6).value()->manifest.digest;
-  EXPECT_TRUE(wait_for([&] {
-    const std::vector<store::StoredGroup> all = store->scan().value();
-    for (const store::StoredGroup& g : all) {
-      for (const auto& [v, dg] : g.group.trajectories[0].version_digests) {
-        if (v == 6) return true;
-      }
-    }
-    return false;
+  rig.publish(6);
+  const uint64_t digest6 = rig.publisher.snapshot(6).value()->manifest.digest;
+  EXPECT_TRUE(wait_until([&] {
+    bool seen = false;
+    rig.for_each_trajectory([&](const rollout::Trajectory& t) {
+      for (const auto& [v, dg] : t.version_digests) seen = seen || v == 6;
+    });
+    return seen;
   }));
-  stop = true;
-  t.join();
+  Status result = running.stop();
   ASSERT_TRUE(result.ok()) << result;
-  EXPECT_EQ(worker.stats().versions_broadcast, 1) << "version 6 came by broadcast";
-  EXPECT_EQ(worker.stats().versions_applied, 1);
+  EXPECT_EQ(worker->stats().versions_broadcast, 1) << "version 6 came by broadcast";
+  EXPECT_EQ(worker->stats().versions_applied, 1);
   EXPECT_GE(broadcaster->stats().versions_sent, 1);
-  const std::vector<store::StoredGroup> all = store->scan().value();
-  for (const store::StoredGroup& g : all) {
-    for (const rollout::Trajectory& tr : g.group.trajectories) {
-      for (const auto& [v, dg] : tr.version_digests) {
-        if (v == 6) {
-          EXPECT_EQ(dg, digest6);
-        }
+  rig.for_each_trajectory([&](const rollout::Trajectory& t) {
+    for (const auto& [v, dg] : t.version_digests) {
+      if (v == 6) {
+        EXPECT_EQ(dg, digest6);
       }
     }
-  }
+  });
   // What the worker samples with now is bit-identical to the trainer's
   // version 6 and to the gRPC fetch of it.
-  auto fetched = TrainerClient::connect(c).value()->fetch_weights("anyone", 6).value();
+  auto fetched =
+      TrainerClient::connect(rig.client_options()).value()->fetch_weights("anyone", 6).value();
   EXPECT_EQ(fetched.manifest.digest, digest6);
-  auto mine = worker_policy->named_parameters();
-  auto theirs = trainer_policy->named_parameters();
+  auto mine = rig.worker_policy->named_parameters();
+  auto theirs = rig.trainer_policy->named_parameters();
   for (const auto& p : mine) {
     SCOPED_TRACE(p.key());
     EXPECT_TRUE(torch::equal(p.value(), theirs[p.key()]));
     EXPECT_TRUE(torch::equal(p.value(), fetched.tensors.at(p.key())));
   }
-  server->shutdown();
 }
 
 // TLS: a CA and a server certificate for 127.0.0.1 made here with openssl;
