@@ -431,11 +431,14 @@ int main(int argc, char** argv) {
   const bool finished = result.ok() && r.rl_step >= ex.steps;
   if (finished) result = eval(r.rl_step, "after", tr.policy());
   // Stop serving before the final write. After a finished run, workers are
-  // told so on their next call (they exit rather than wait for a restart);
-  // give them a moment to make one.
+  // told so on their next call (they exit rather than wait for a restart):
+  // keep serving until each has made one, for at most 10 s.
   if (finished) {
     service.finish();
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!service.all_workers_told() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   (*server)->shutdown(2000);
   if (result.ok() || g_stop) {

@@ -82,7 +82,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
     if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
-    if (s_->finished_) return finished();
+    if (s_->finished_) return finished(req->worker_id());
     s_->reap_silent_workers();
     resp->set_latest_version(s_->version_());
     std::lock_guard<std::mutex> lock(s_->mu_);
@@ -101,7 +101,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
   grpc::Status LeasePrompts(grpc::ServerContext* context, const v1::LeasePromptsRequest* req,
                             v1::LeasePromptsResponse* resp) override {
     if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
-    if (s_->finished_) return finished();
+    if (s_->finished_) return finished(req->worker_id());
     s_->reap_silent_workers();
     if (grpc::Status k = known(req->worker_id()); !k.ok()) return k;
     if (req->max_prompts() < 1) {
@@ -220,7 +220,11 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
   }
 
  private:
-  static grpc::Status finished() {
+  grpc::Status finished(const std::string& worker_id) {
+    {
+      std::lock_guard<std::mutex> lock(s_->mu_);
+      s_->told_.insert(worker_id);
+    }
     return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the run is finished");
   }
 
@@ -342,6 +346,17 @@ TrainerService::TrainerService(TrainerServiceOptions options, store::RolloutStor
 TrainerService::~TrainerService() = default;
 
 void TrainerService::finish() { finished_ = true; }
+
+bool TrainerService::all_workers_told() const {
+  // A worker silent for two heartbeat intervals is probably gone: not
+  // waited for.
+  const int64_t quiet_ms = now_ms() - 2 * options_.heartbeat_interval_ms - 1000;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, w] : workers_) {
+    if (told_.count(id) == 0 && w.last_heartbeat_unix_ms > quiet_ms) return false;
+  }
+  return true;
+}
 
 int TrainerService::reap_silent_workers() {
   if (options_.worker_timeout_ms <= 0) return 0;

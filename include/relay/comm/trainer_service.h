@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,9 @@ class TrainerService {
   // OUT_OF_RANGE "the run is finished", which workers take as their cue to
   // exit instead of waiting for the trainer to come back.
   void finish();
+  // After finish(): whether every registered worker has been told (made a
+  // call since). The trainer waits for this, bounded, before it stops serving.
+  bool all_workers_told() const;
 
   // Forgets workers silent for options.worker_timeout_ms and releases their
   // leases; how many workers. Called on every LeasePrompts and Heartbeat.
@@ -102,6 +106,7 @@ class TrainerService {
   PromptSource prompts_;
   std::function<int64_t()> version_;
   std::atomic<bool> finished_{false};
+  std::set<std::string> told_;  // workers that heard "finished"; under mu_
   mutable std::mutex mu_;
   std::map<std::string, WorkerInfo> workers_;
   int64_t next_worker_ = 1;
