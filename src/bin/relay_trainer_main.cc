@@ -73,7 +73,6 @@ class MetricsLog {
   Status open(const std::string& path) {
     out_.open(path, std::ios::app);
     if (!out_) return InternalError(absl::StrCat("cannot open ", path, " for appending"));
-    path_ = path;
     return OkStatus();
   }
   void record(const std::string& phase, int64_t step, const trainer::StepMetrics& m) {
@@ -85,7 +84,6 @@ class MetricsLog {
 
  private:
   std::ofstream out_;
-  std::string path_;
 };
 
 // The trainer, resumed from the newest checkpoint under `root` when there is
@@ -94,7 +92,6 @@ struct Resumed {
   std::unique_ptr<trainer::Trainer> trainer;
   int64_t rl_step = 0;
   int64_t rl_start_version = 0;
-  bool resumed = false;
 };
 
 }  // namespace
@@ -223,7 +220,7 @@ int main(int argc, char** argv) {
         trainer::Trainer::create(s.policy, *to, info.version, reference);
     if (!tr.ok()) return fail(tr.status());
     if (Status st = trainer::restore_checkpoint(info, **tr); !st.ok()) return fail(st);
-    r = {*std::move(tr), info.rl_step, info.rl_start_version, true};
+    r = {*std::move(tr), info.rl_step, info.rl_start_version};
     std::printf("resumed from %s: version %lld, step %lld of %d\n", info.dir.c_str(),
                 static_cast<long long>(info.version), static_cast<long long>(info.rl_step),
                 ex.steps);
@@ -248,7 +245,7 @@ int main(int argc, char** argv) {
     StatusOr<std::unique_ptr<trainer::Trainer>> tr =
         trainer::Trainer::create(s.policy, *to, version, reference);
     if (!tr.ok()) return fail(tr.status());
-    r = {*std::move(tr), 0, version, false};
+    r = {*std::move(tr), 0, version};
     if (to->needs_reference() && s.config.trainer.reference.empty()) {
       // The KL reference is the policy RL starts from; a resumed run needs it.
       if (Status st = model::save_policy(*s.policy, reference_dir, save_options(s)); !st.ok()) {
