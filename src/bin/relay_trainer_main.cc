@@ -12,6 +12,7 @@
 // same run directory, the trainer resumes from its newest checkpoint with the
 // store's acknowledged groups and the dispenser's leases (docs/services.md).
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -22,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -36,6 +38,7 @@
 #include "relay/comm/weight_broadcaster.h"
 #include "relay/common/file_io.h"
 #include "relay/common/logging.h"
+#include "relay/common/tensorboard.h"
 #include "relay/model/checkpoint.h"
 #include "relay/store/dispenser.h"
 #include "relay/trainer/options.h"
@@ -66,13 +69,16 @@ model::SaveOptions save_options(const cli::RolloutSetup& s) {
   return o;
 }
 
-// Appends one JSON line per record and flushes it, so metrics.jsonl is
-// complete up to the last step if the process dies.
+// Every record goes to metrics.jsonl (one JSON line, flushed, so the file is
+// complete up to the last step if the process dies) and to TensorBoard
+// event files: RL metrics under their own names, evaluations as
+// eval/<name>, warm-start steps as sft/<name>.
 class MetricsLog {
  public:
-  Status open(const std::string& path) {
+  Status open(const std::string& path, const std::string& tensorboard_dir) {
     out_.open(path, std::ios::app);
     if (!out_) return InternalError(absl::StrCat("cannot open ", path, " for appending"));
+    RELAY_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::open(tensorboard_dir));
     return OkStatus();
   }
   void record(const std::string& phase, int64_t step, const trainer::StepMetrics& m) {
@@ -80,10 +86,16 @@ class MetricsLog {
     for (const auto& [k, v] : m) j[k] = v;
     out_ << j.dump() << "\n";
     out_.flush();
+    std::map<std::string, double> scalars;
+    for (const auto& [k, v] : m) scalars[phase == "rl" ? k : absl::StrCat(phase, "/", k)] = v;
+    if (Status s = tensorboard_->add_scalars(step, scalars); !s.ok()) {
+      spdlog::warn("tensorboard: {}", std::string(s.message()));
+    }
   }
 
  private:
   std::ofstream out_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 // The trainer, resumed from the newest checkpoint under `root` when there is
@@ -168,7 +180,7 @@ int main(int argc, char** argv) {
   }
   if (Status st = write_file_atomic(config_file, resolved); !st.ok()) return fail(st);
   MetricsLog metrics;
-  if (Status st = metrics.open(metrics_out); !st.ok()) return fail(st);
+  if (Status st = metrics.open(metrics_out, run_dir + "/tensorboard"); !st.ok()) return fail(st);
 
   cli::PromptSplit split{s.task->size(), ex.eval_prompts};
   if (split.size >= 0 && split.size - split.eval < 1) {

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "relay/common/tensorboard.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/weight_manifest.h"
 
@@ -466,9 +467,21 @@ TEST_F(CliTest, MainJobConfigReachesNinetyPercent) {
                          "/configs/arith.yaml experiment.output_dir=" + base);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   const std::string run = base + "/arith";
-  for (const char* f : {"config.yaml", "metrics.jsonl", "store", "checkpoints"}) {
+  for (const char* f : {"config.yaml", "metrics.jsonl", "store", "checkpoints", "tensorboard"}) {
     EXPECT_TRUE(fs::exists(run + "/" + f)) << f;
   }
+  // TensorBoard: one event file, every record's CRCs right, one event per
+  // warm-start step, evaluation and RL step after the file-version event.
+  std::vector<std::string> event_files;
+  for (const auto& e : fs::directory_iterator(run + "/tensorboard")) {
+    event_files.push_back(e.path().string());
+  }
+  ASSERT_EQ(event_files.size(), 1u);
+  StatusOr<std::vector<std::string>> events = read_tfrecords(event_files[0]);
+  ASSERT_TRUE(events.ok()) << events.status();
+  EXPECT_EQ(events->size(), 1u + 100 + 5 + 60);  // version, sft, evals, rl
+  EXPECT_NE(events->back().find("eval/accuracy"), std::string::npos) << "the final evaluation";
+  EXPECT_NE((*events)[events->size() - 2].find("reward/mean"), std::string::npos) << "step 60";
   std::ifstream in(run + "/metrics.jsonl");
   std::string line;
   std::vector<double> evals;
