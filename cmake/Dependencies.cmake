@@ -37,6 +37,8 @@ pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # RocksDB: the rollout store (module store), linked as the shared library.
 pkg_check_modules(ROCKSDB REQUIRED IMPORTED_TARGET rocksdb)
+# cpp-httplib (Debian builds it as a library): the trainer's /metrics endpoint.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 if(RELAY_BUILD_TESTS)
   find_package(GTest REQUIRED)

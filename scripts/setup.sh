@@ -20,6 +20,8 @@ packages=(
   libxxhash-dev libpcre2-dev
   # the rollout store
   librocksdb-dev
+  # the trainer's HTTP endpoint (Prometheus /metrics)
+  libcpp-httplib-dev
   # tests (openssl makes throwaway TLS certificates for the service tests)
   libgtest-dev libgmock-dev openssl
 )

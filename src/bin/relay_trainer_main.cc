@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bin/setup.h"
+#include "relay/comm/metrics_endpoint.h"
 #include "relay/comm/rpc.h"
 #include "relay/comm/trainer_host.h"
 #include "relay/comm/trainer_service.h"
@@ -91,11 +92,15 @@ class MetricsLog {
     if (Status s = tensorboard_->add_scalars(step, scalars); !s.ok()) {
       spdlog::warn("tensorboard: {}", std::string(s.message()));
     }
+    if (endpoint_ != nullptr) endpoint_->update(scalars);
   }
+  // Also serve the latest values on the trainer's /metrics.
+  void attach(comm::MetricsEndpoint* endpoint) { endpoint_ = endpoint; }
 
  private:
   std::ofstream out_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  comm::MetricsEndpoint* endpoint_ = nullptr;
 };
 
 // The trainer, resumed from the newest checkpoint under `root` when there is
@@ -181,6 +186,17 @@ int main(int argc, char** argv) {
   if (Status st = write_file_atomic(config_file, resolved); !st.ok()) return fail(st);
   MetricsLog metrics;
   if (Status st = metrics.open(metrics_out, run_dir + "/tensorboard"); !st.ok()) return fail(st);
+  std::unique_ptr<comm::MetricsEndpoint> endpoint;
+  if (!sv.http_listen.empty()) {
+    const size_t colon = sv.http_listen.rfind(':');
+    StatusOr<std::unique_ptr<comm::MetricsEndpoint>> e = comm::MetricsEndpoint::start(
+        sv.http_listen.substr(0, colon), std::atoi(sv.http_listen.c_str() + colon + 1));
+    if (!e.ok()) return fail(e.status());
+    endpoint = *std::move(e);
+    metrics.attach(endpoint.get());
+    std::printf("metrics at http://%s:%d/metrics\n", sv.http_listen.substr(0, colon).c_str(),
+                endpoint->port());
+  }
 
   cli::PromptSplit split{s.task->size(), ex.eval_prompts};
   if (split.size >= 0 && split.size - split.eval < 1) {

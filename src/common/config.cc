@@ -63,6 +63,7 @@ void visit_fields(V& v, TlsConfig& c) {
 template <class V>
 void visit_fields(V& v, ServicesConfig& c) {
   v.field("listen", c.listen);
+  v.field("http_listen", c.http_listen);
   v.field("token_file", c.token_file);
   v.section("tls", c.tls);
   v.field("lease_timeout_s", c.lease_timeout_s);
@@ -730,6 +731,9 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   const ServicesConfig& sv = config.services;
   if (sv.listen.empty() || sv.listen.rfind(':') == std::string::npos) {
     p.add_string("services.listen", "must be host:port", sv.listen);
+  }
+  if (!sv.http_listen.empty() && sv.http_listen.rfind(':') == std::string::npos) {
+    p.add_string("services.http_listen", "must be host:port or empty (off)", sv.http_listen);
   }
   p.positive("services.lease_timeout_s", sv.lease_timeout_s);
   p.positive("services.group_wait_s", sv.group_wait_s);

@@ -299,6 +299,9 @@ struct TlsConfig {
 
 struct ServicesConfig {
   std::string listen = "127.0.0.1:0";  // relay-trainer's gRPC address; port 0 = any free port
+  // relay-trainer's HTTP endpoint (GET /metrics for Prometheus, /healthz);
+  // port 0 = any free port, empty = off.
+  std::string http_listen = "127.0.0.1:0";
   // File holding the shared bearer token (first line); empty = $RELAY_TOKEN,
   // and no token at all when that is unset too.
   std::string token_file;

@@ -406,6 +406,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    fp32_master_weights: true\n"
             "services:\n"
             "  listen: 127.0.0.1:0\n"
+            "  http_listen: 127.0.0.1:0\n"
             "  token_file: \"\"\n"
             "  tls:\n"
             "    cert: \"\"\n"

@@ -1,0 +1,50 @@
+#pragma once
+
+// The trainer's HTTP endpoint (services.http_listen, loopback by default):
+//   GET /metrics  every metric's latest value in Prometheus' text format, as
+//                 gauges named relay_<metric> ("reward/mean" ->
+//                 relay_reward_mean), for a Prometheus server to scrape;
+//   GET /healthz  "ok".
+// The trainer loop calls update() after each step; requests are served on
+// the endpoint's own threads.
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "relay/common/status.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace relay::comm {
+
+// Prometheus text exposition of `metrics`: one "# TYPE <name> gauge" and one
+// "<name> <value>" line per metric, names sanitized to [a-zA-Z0-9_] and
+// prefixed relay_; NaN and infinities as Prometheus spells them.
+std::string prometheus_text(const std::map<std::string, double>& metrics);
+
+class MetricsEndpoint {
+ public:
+  // Listens on host:port (port 0 = any free port); Unavailable naming the
+  // address when it cannot.
+  static StatusOr<std::unique_ptr<MetricsEndpoint>> start(const std::string& host, int port);
+  ~MetricsEndpoint();
+
+  int port() const { return port_; }
+  // Merges `metrics` into what /metrics reports (latest value per name).
+  void update(const std::map<std::string, double>& metrics);
+
+ private:
+  MetricsEndpoint(std::unique_ptr<httplib::Server> server, int port);
+  std::unique_ptr<httplib::Server> server_;
+  int port_ = 0;
+  std::mutex mu_;
+  std::map<std::string, double> latest_;
+  std::thread thread_;
+};
+
+}  // namespace relay::comm
