@@ -1,0 +1,2 @@
+#include "relay/model/bpe_tokenizer.h"
+#include <gtest/gtest.h>
