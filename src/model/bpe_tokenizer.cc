@@ -123,17 +123,63 @@ std::string pcre2_message(int code) {
   return reinterpret_cast<const char*>(buffer);
 }
 
+// Hugging Face compiles these regexes with Oniguruma, whose Unicode \s also
+// matches U+0085 (NEL); PCRE2's (with UCP) is tab..CR and \p{Z} only. So \s
+// becomes [\s\x{85}] and \S [^\s\x{85}]; inside a character class \s gains
+// \x{85} (a \S inside a class is left as it is).
+std::string onig_whitespace(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[++i];
+      if (e == 's') {
+        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
+      } else if (e == 'S' && !in_class) {
+        out += "[^\\s\\x{85}]";
+      } else if (e == 'Q') {  // \Q...\E is literal
+        const size_t end = pattern.find("\\E", i);
+        const size_t stop = end == std::string::npos ? pattern.size() : end + 2;
+        out.append(pattern, i - 1, stop - (i - 1));
+        i = stop - 1;
+      } else {
+        out += c;
+        out += e;
+      }
+      continue;
+    }
+    out += c;
+    if (!in_class && c == '[') {
+      in_class = true;
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i);  // a POSIX class: [:alpha:]
+      if (end != std::string::npos) {
+        out.append(pattern, i + 1, end + 2 - (i + 1));
+        i = end + 1;
+      }
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return out;
+}
+
 // UTF + UCP so that \p{L}, \p{N}, \s and \w are Unicode-aware, as in the
 // Oniguruma regexes Hugging Face tokenizers compiles.
-StatusOr<Regex> compile_regex(const std::string& pattern, bool literal, const std::string& where) {
+StatusOr<Regex> compile_regex(const std::string& text, bool literal, const std::string& where) {
   int error = 0;
   PCRE2_SIZE offset = 0;
+  const std::string pattern = literal ? text : onig_whitespace(text);
   const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &error, &offset, nullptr);
   if (code == nullptr) {
-    return InvalidArgumentError(
-        absl::StrCat(where, ": bad regex at offset ", offset, ": ", pcre2_message(error)));
+    return InvalidArgumentError(absl::StrCat(where, ": bad regex ", nlohmann::json(text).dump(),
+                                             ": ", pcre2_message(error)));
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // best effort: falls back to the interpreter
   return Regex(code);
@@ -432,9 +478,9 @@ Status BpeTokenizer::Impl::bpe(const std::string& word, size_t offset,
     const size_t n = std::max<size_t>(1, utf8_next(word, i, &cp));
     auto it = vocab.find(word.substr(i, n));
     if (it == vocab.end()) {
-      return InvalidArgumentError(absl::StrCat("bpe tokenizer: the text at offset ", offset,
-                                               " maps to symbol \"", word.substr(i, n),
-                                               "\", which is not in the vocabulary"));
+      return InvalidArgumentError(absl::StrCat(
+          "bpe tokenizer: the byte at offset ", offset + symbols.size(), " maps to symbol \"",
+          word.substr(i, n), "\", which is not in the vocabulary"));
     }
     const int k = static_cast<int>(symbols.size());
     symbols.push_back({it->second, k - 1, k + 1, true});
@@ -501,135 +547,144 @@ StatusOr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text,
   const auto error = [&](const std::string& path, const std::string& what) {
     return InvalidArgumentError(absl::StrCat(source, ": ", path, ": ", what));
   };
-  auto impl = std::make_unique<Impl>();
+  // nlohmann's value() and get() throw on a field of the wrong type.
+  try {
+    auto impl = std::make_unique<Impl>();
 
-  // Normalizer: NFC is a no-op here. Byte-level vocabularies were trained on
-  // NFC text and tokenize whatever bytes they get, so the only difference is
-  // on non-NFC input (decomposed accents), which then encodes as its own
-  // bytes rather than the composed form's.
-  const json normalizer = j.value("normalizer", json());
-  if (!normalizer.is_null() && !(normalizer.is_object() && normalizer.value("type", "") == "NFC")) {
-    return error("normalizer.type", absl::StrCat(normalizer.value("type", json()).dump(),
-                                                 " is not supported (null or NFC only)"));
-  }
-
-  // Model.
-  if (!j.contains("model") || !j["model"].is_object()) return error("model", "expected an object");
-  const json& model = j["model"];
-  if (model.value("type", json()) != "BPE") {
-    return error("model.type",
-                 absl::StrCat("expected \"BPE\", got ", model.value("type", json()).dump()));
-  }
-  for (const char* field : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (!model.value(field, json()).is_null()) {
-      return error(absl::StrCat("model.", field), "not supported");
+    // Normalizer: NFC is a no-op here. Byte-level vocabularies were trained on
+    // NFC text and tokenize whatever bytes they get, so the only difference is
+    // on non-NFC input (decomposed accents), which then encodes as its own
+    // bytes rather than the composed form's.
+    const json normalizer = j.value("normalizer", json());
+    if (!normalizer.is_null() &&
+        !(normalizer.is_object() && normalizer.value("type", "") == "NFC")) {
+      return error("normalizer.type", absl::StrCat(normalizer.value("type", json()).dump(),
+                                                   " is not supported (null or NFC only)"));
     }
-  }
-  if (model.value("byte_fallback", false)) return error("model.byte_fallback", "not supported");
-  impl->ignore_merges = model.value("ignore_merges", false);
-  if (!model.contains("vocab") || !model["vocab"].is_object()) {
-    return error("model.vocab", "expected an object of token -> id");
-  }
-  int64_t max_id = -1;
-  for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1LL << 31)) {
-      return error(absl::StrCat("model.vocab[", json(token).dump(), "]"),
-                   absl::StrCat("expected an id in [0, 2^31), got ", id.dump()));
-    }
-    impl->vocab[token] = id.get<int64_t>();
-    max_id = std::max(max_id, id.get<int64_t>());
-  }
-  impl->id_to_token.resize(static_cast<size_t>(max_id + 1));
-  for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<size_t>(id)] = token;
 
-  if (!model.contains("merges") || !model["merges"].is_array()) {
-    return error("model.merges", "expected an array");
-  }
-  const json& merges = model["merges"];
-  for (size_t i = 0; i < merges.size(); ++i) {
-    const std::string path = absl::StrCat("model.merges[", i, "]");
-    std::string a, b;
-    if (merges[i].is_string()) {
-      const std::string m = merges[i];
-      const size_t space = m.find(' ');
-      if (space == std::string::npos || m.find(' ', space + 1) != std::string::npos) {
-        return error(path, absl::StrCat("expected \"a b\", got ", merges[i].dump()));
-      }
-      a = m.substr(0, space), b = m.substr(space + 1);
-    } else if (merges[i].is_array() && merges[i].size() == 2 && merges[i][0].is_string() &&
-               merges[i][1].is_string()) {
-      a = merges[i][0], b = merges[i][1];
-    } else {
-      return error(path,
-                   absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ", merges[i].dump()));
+    // Model.
+    if (!j.contains("model") || !j["model"].is_object())
+      return error("model", "expected an object");
+    const json& model = j["model"];
+    if (model.value("type", json()) != "BPE") {
+      return error("model.type",
+                   absl::StrCat("expected \"BPE\", got ", model.value("type", json()).dump()));
     }
-    const auto ia = impl->vocab.find(a), ib = impl->vocab.find(b), iab = impl->vocab.find(a + b);
-    if (ia == impl->vocab.end() || ib == impl->vocab.end() || iab == impl->vocab.end()) {
-      return error(path, absl::StrCat("\"",
-                                      ia == impl->vocab.end()   ? a
-                                      : ib == impl->vocab.end() ? b
-                                                                : a + b,
-                                      "\" is not in model.vocab"));
-    }
-    const uint64_t key =
-        (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second);
-    impl->merges.emplace(
-        key, std::make_pair(static_cast<int32_t>(i), static_cast<int32_t>(iab->second)));
-  }
-
-  // Added tokens.
-  const json added = j.value("added_tokens", json::array());
-  if (!added.is_array()) return error("added_tokens", "expected an array");
-  for (size_t i = 0; i < added.size(); ++i) {
-    const std::string path = absl::StrCat("added_tokens[", i, "]");
-    const json& t = added[i];
-    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
-        t["id"].get<int64_t>() < 0 || !t.contains("content") || !t["content"].is_string() ||
-        t["content"].get<std::string>().empty()) {
-      return error(path, "expected {\"id\": >= 0, \"content\": non-empty string, ...}");
-    }
-    if (t.value("single_word", false)) return error(path + ".single_word", "true is not supported");
-    AddedToken a;
-    a.content = t["content"];
-    a.id = t["id"];
-    a.special = t.value("special", false);
-    a.normalized = t.value("normalized", !a.special);
-    a.lstrip = t.value("lstrip", false);
-    a.rstrip = t.value("rstrip", false);
-    max_id = std::max(max_id, a.id);
-    impl->added_by_id[a.id] = a.content;
-    impl->added_first_byte[static_cast<unsigned char>(a.content[0])] = true;
-    impl->added.push_back(std::move(a));
-  }
-  std::stable_sort(
-      impl->added.begin(), impl->added.end(),
-      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
-  impl->vocab_size = max_id + 1;
-
-  // Pre-tokenizer and decoder.
-  RELAY_RETURN_IF_ERROR(
-      parse_pre_tokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer", source, &impl->steps));
-  for (const Step& s : impl->steps) impl->maps_bytes |= s.byte_level;
-  const json decoder = j.value("decoder", json());
-  if (!decoder.is_null() && !(decoder.is_object() && decoder.value("type", "") == "ByteLevel")) {
-    return error("decoder.type", absl::StrCat(decoder.value("type", json()).dump(),
-                                              " is not supported (ByteLevel only)"));
-  }
-
-  // Special ids by name: the first name present wins.
-  const auto pick = [&](std::initializer_list<const char*> names) -> int64_t {
-    for (const char* name : names) {
-      for (const AddedToken& a : impl->added) {
-        if (a.content == name) return a.id;
+    for (const char* field : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (!model.value(field, json()).is_null()) {
+        return error(absl::StrCat("model.", field), "not supported");
       }
     }
-    return -1;
-  };
-  impl->eos = pick({"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>", "</s>",
-                    "<｜end▁of▁sentence｜>"});
-  impl->bos = pick({"<|begin_of_text|>", "<s>", "<｜begin▁of▁sentence｜>"});
-  impl->pad = pick({"<|padding|>", "<pad>", "<|pad|>", "<|finetune_right_pad_id|>"});
-  return BpeTokenizer(std::move(impl));
+    if (model.value("byte_fallback", false)) return error("model.byte_fallback", "not supported");
+    impl->ignore_merges = model.value("ignore_merges", false);
+    if (!model.contains("vocab") || !model["vocab"].is_object()) {
+      return error("model.vocab", "expected an object of token -> id");
+    }
+    int64_t max_id = -1;
+    for (const auto& [token, id] : model["vocab"].items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1LL << 31)) {
+        return error(absl::StrCat("model.vocab[", json(token).dump(), "]"),
+                     absl::StrCat("expected an id in [0, 2^31), got ", id.dump()));
+      }
+      impl->vocab[token] = id.get<int64_t>();
+      max_id = std::max(max_id, id.get<int64_t>());
+    }
+    impl->id_to_token.resize(static_cast<size_t>(max_id + 1));
+    for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<size_t>(id)] = token;
+
+    if (!model.contains("merges") || !model["merges"].is_array()) {
+      return error("model.merges", "expected an array");
+    }
+    const json& merges = model["merges"];
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const std::string path = absl::StrCat("model.merges[", i, "]");
+      std::string a, b;
+      if (merges[i].is_string()) {
+        const std::string m = merges[i];
+        const size_t space = m.find(' ');
+        if (space == std::string::npos || m.find(' ', space + 1) != std::string::npos) {
+          return error(path, absl::StrCat("expected \"a b\", got ", merges[i].dump()));
+        }
+        a = m.substr(0, space), b = m.substr(space + 1);
+      } else if (merges[i].is_array() && merges[i].size() == 2 && merges[i][0].is_string() &&
+                 merges[i][1].is_string()) {
+        a = merges[i][0], b = merges[i][1];
+      } else {
+        return error(path,
+                     absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ", merges[i].dump()));
+      }
+      const auto ia = impl->vocab.find(a), ib = impl->vocab.find(b), iab = impl->vocab.find(a + b);
+      if (ia == impl->vocab.end() || ib == impl->vocab.end() || iab == impl->vocab.end()) {
+        return error(path, absl::StrCat("\"",
+                                        ia == impl->vocab.end()   ? a
+                                        : ib == impl->vocab.end() ? b
+                                                                  : a + b,
+                                        "\" is not in model.vocab"));
+      }
+      const uint64_t key =
+          (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second);
+      impl->merges.emplace(
+          key, std::make_pair(static_cast<int32_t>(i), static_cast<int32_t>(iab->second)));
+    }
+
+    // Added tokens.
+    const json added = j.value("added_tokens", json::array());
+    if (!added.is_array()) return error("added_tokens", "expected an array");
+    for (size_t i = 0; i < added.size(); ++i) {
+      const std::string path = absl::StrCat("added_tokens[", i, "]");
+      const json& t = added[i];
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+          t["id"].get<int64_t>() < 0 || !t.contains("content") || !t["content"].is_string() ||
+          t["content"].get<std::string>().empty()) {
+        return error(path, "expected {\"id\": >= 0, \"content\": non-empty string, ...}");
+      }
+      if (t.value("single_word", false))
+        return error(path + ".single_word", "true is not supported");
+      AddedToken a;
+      a.content = t["content"];
+      a.id = t["id"];
+      a.special = t.value("special", false);
+      a.normalized = t.value("normalized", !a.special);
+      a.lstrip = t.value("lstrip", false);
+      a.rstrip = t.value("rstrip", false);
+      max_id = std::max(max_id, a.id);
+      impl->added_by_id[a.id] = a.content;
+      impl->added_first_byte[static_cast<unsigned char>(a.content[0])] = true;
+      impl->added.push_back(std::move(a));
+    }
+    std::stable_sort(impl->added.begin(), impl->added.end(),
+                     [](const AddedToken& x, const AddedToken& y) {
+                       return x.content.size() > y.content.size();
+                     });
+    impl->vocab_size = max_id + 1;
+
+    // Pre-tokenizer and decoder.
+    RELAY_RETURN_IF_ERROR(parse_pre_tokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer",
+                                              source, &impl->steps));
+    for (const Step& s : impl->steps) impl->maps_bytes |= s.byte_level;
+    const json decoder = j.value("decoder", json());
+    if (!decoder.is_null() && !(decoder.is_object() && decoder.value("type", "") == "ByteLevel")) {
+      return error("decoder.type", absl::StrCat(decoder.value("type", json()).dump(),
+                                                " is not supported (ByteLevel only)"));
+    }
+
+    // Special ids by name: the first name present wins.
+    const auto pick = [&](std::initializer_list<const char*> names) -> int64_t {
+      for (const char* name : names) {
+        for (const AddedToken& a : impl->added) {
+          if (a.content == name) return a.id;
+        }
+      }
+      return -1;
+    };
+    impl->eos = pick({"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>", "</s>",
+                      "<｜end▁of▁sentence｜>"});
+    impl->bos = pick({"<|begin_of_text|>", "<s>", "<｜begin▁of▁sentence｜>"});
+    impl->pad = pick({"<|padding|>", "<pad>", "<|pad|>", "<|finetune_right_pad_id|>"});
+    return BpeTokenizer(std::move(impl));
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
 }
 
 StatusOr<std::vector<int64_t>> BpeTokenizer::encode(std::string_view text) const {
@@ -654,7 +709,6 @@ StatusOr<std::vector<int64_t>> BpeTokenizer::encode(std::string_view text) const
       ids.push_back(seg.id);
       continue;
     }
-    const size_t offset = static_cast<size_t>(seg.text.data() - text.data());
     pieces.assign(1, std::string(seg.text));
     for (size_t k = 0; k < impl_->steps.size(); ++k) {
       const Step& step = impl_->steps[k];
@@ -674,9 +728,14 @@ StatusOr<std::vector<int64_t>> BpeTokenizer::encode(std::string_view text) const
         for (std::string& p : pieces) p = bytes_to_unicode(p);
       }
     }
+    // Each byte-level character stands for one input byte, so counting them
+    // gives offsets into the text (exact unless a Removed split or
+    // add_prefix_space changed the bytes).
+    size_t at = static_cast<size_t>(seg.text.data() - text.data());
     for (std::string& p : pieces) {
       if (!impl_->maps_bytes) p = bytes_to_unicode(p);
-      RELAY_RETURN_IF_ERROR(impl_->bpe(p, offset, &ids));
+      RELAY_RETURN_IF_ERROR(impl_->bpe(p, at, &ids));
+      for (char c : p) at += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
     }
   }
   return ids;

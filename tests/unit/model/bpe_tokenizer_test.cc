@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "relay/common/file_io.h"
 
 namespace relay::model {
 namespace {
@@ -46,6 +49,7 @@ const std::vector<std::pair<std::string, std::string>> kMerges = {
     {"Ġ", "Ġ"},    // 260 "ĠĠ"
     {"Ã", "©"},    // 261 "Ã©" (the bytes of "é")
     {"x", "y"},    // 262 "xy"
+    {"Ġ", "Â"},    // 263 "ĠÂ" (space, then the first byte of U+0080..U+00BF)
 };
 
 json make_tokenizer(bool merges_as_pairs = false, bool ignore_merges = false) {
@@ -124,6 +128,12 @@ TEST(BpeTokenizerTest, EncodesExactIds) {
       {" <|im_end|>\n", {32, 301, 10}},
       {"xyz", {262, 122}},            // without ignore_merges: xy, z
       {"it's", {105, 116, 39, 115}},  // "'s" is its own piece
+      // U+0085 (NEL, bytes C2 85) is whitespace to HF's Oniguruma \s: " " and
+      // NEL are separate pieces, so "Ġ Â" does not merge. U+00A0 (C2 A0) is
+      // whitespace to both: \s+(?!\S) keeps " " apart from it too.
+      {" \u0085a", {32, 194, 133, 97}},
+      {" \u00a0a", {32, 194, 160, 97}},
+      {" \u00a9a", {263, 169, 97}},  // © is not whitespace: " ©" is one piece
   };
   for (const Case& c : cases) EXPECT_EQ(encode(t, c.text), c.ids) << json(c.text).dump();
 }
@@ -195,6 +205,34 @@ TEST(BpeTokenizerTest, EncodeAndDecodeErrors) {
             "bpe tokenizer: ids[1] = 280 is not in the vocabulary");
 }
 
+TEST(BpeTokenizerTest, LoadsTokenizerJsonFromAModelDirectory) {
+  const std::string dir = ::testing::TempDir() + "/bpe_tok_dir";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(write_file_atomic(dir + "/tokenizer.json", make_tokenizer().dump()).ok());
+  auto loaded = load_tokenizer(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*(*loaded)->encode(" the"), (Ids{258}));
+  auto file = load_tokenizer_file(dir + "/tokenizer.json");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->vocab_size(), 304);
+  // relay's own tokenizer file wins when both are present.
+  ASSERT_TRUE(save_char_tokenizer(*CharTokenizer::create("ab"), dir).ok());
+  EXPECT_EQ((*load_tokenizer(dir))->vocab_size(), 5);
+}
+
+TEST(BpeTokenizerTest, ByteMissingFromTheVocabIsAnError) {
+  json j = make_tokenizer();
+  j["model"]["vocab"].erase(byte_symbol(0x0B));  // "ċ": vertical tab
+  const BpeTokenizer t = load(j);
+  EXPECT_EQ(t.encode("ab c\vd").status().message(),
+            "bpe tokenizer: the byte at offset 4 maps to symbol \"ċ\", which is not in the "
+            "vocabulary");
+  EXPECT_EQ(t.encode("<|end|>\v").status().message(),
+            "bpe tokenizer: the byte at offset 7 maps to symbol \"ċ\", which is not in the "
+            "vocabulary");
+}
+
 std::string load_error(const json& j) {
   StatusOr<BpeTokenizer> t = BpeTokenizer::from_json(j.dump(), "test/tokenizer.json");
   EXPECT_FALSE(t.ok());
@@ -236,6 +274,10 @@ TEST(BpeTokenizerTest, LoadErrorsNameTheField) {
       {"type", "Split"}, {"pattern", {{"Regex", "(["}}}, {"behavior", "Isolated"}};
   EXPECT_NE(load_error(j).find("test/tokenizer.json: pre_tokenizer.pattern: bad regex"),
             std::string::npos);
+
+  j = make_tokenizer();
+  j["model"]["ignore_merges"] = "yes";  // wrong type: an error, not an exception
+  EXPECT_EQ(load_error(j).rfind("test/tokenizer.json: ", 0), 0u);
 
   EXPECT_EQ(load_error(json::array()), "test/tokenizer.json: not a JSON object");
 }
