@@ -12,8 +12,11 @@
 //                  no dropout, continuing_subword_prefix, end_of_word_suffix
 //                  or byte_fallback
 //   decoder        ByteLevel (or null)
-//   added_tokens   matched on the raw text, leftmost then longest first;
-//                  lstrip/rstrip/single_word are not supported
+//   added_tokens   matched on the raw text, leftmost then longest first
+//                  (lstrip/rstrip take adjacent whitespace; single_word is
+//                  not supported)
+// Differences from Hugging Face: NFC is not applied; a character whose byte
+// has no vocab symbol is an error rather than silently dropped.
 // post_processor is ignored: encode() never adds BOS/EOS (as HF's
 // add_special_tokens=False).
 //
