@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 #include "relay/common/config.h"
 #include "relay/common/file_io.h"
@@ -169,6 +171,38 @@ int score(const ScoreArgs& args) {
   }
   std::printf("sum %.6f over %lld tokens\n", logprobs.sum().item<double>(),
               static_cast<long long>(logprobs.size(0)));
+  return 0;
+}
+
+int tokenize(const TokenizeArgs& args) {
+  StatusOr<std::unique_ptr<model::Tokenizer>> tokenizer =
+      std::filesystem::is_directory(args.tokenizer) ? model::load_tokenizer(args.tokenizer)
+                                                    : model::load_tokenizer_file(args.tokenizer);
+  if (!tokenizer.ok()) return fail("tokenize", tokenizer.status());
+  if (args.decode) {
+    std::vector<int64_t> ids;
+    std::string error;
+    if (!parse_ids(args.ids, &ids, &error)) return fail("tokenize", InvalidArgumentError(error));
+    StatusOr<std::string> text = (*tokenizer)->decode(ids);
+    if (!text.ok()) return fail("tokenize", text.status());
+    if (args.json) {
+      // Ids that end inside a UTF-8 sequence decode to invalid UTF-8: JSON
+      // shows those bytes as U+FFFD.
+      std::cout << nlohmann::json{{"text", *text}}.dump(-1, ' ', false,
+                                                        nlohmann::json::error_handler_t::replace)
+                << "\n";
+    } else {
+      std::cout << *text << "\n";
+    }
+    return 0;
+  }
+  StatusOr<std::vector<int64_t>> ids = (*tokenizer)->encode(args.text);
+  if (!ids.ok()) return fail("tokenize", ids.status());
+  if (args.json) {
+    std::cout << nlohmann::json{{"ids", *ids}}.dump() << "\n";
+  } else {
+    std::cout << absl::StrJoin(*ids, ",") << "\n";
+  }
   return 0;
 }
 

@@ -106,6 +106,17 @@ struct TrainLocalArgs {
 // greedy accuracy on held-out task prompts before and after.
 int train_local(const TrainLocalArgs& args);
 
+struct TokenizeArgs {
+  std::string tokenizer;  // a tokenizer file, or a model directory holding one
+  std::string text;       // text to encode
+  bool decode = false;    // decode `ids` instead
+  std::string ids;        // "1,2,3", with decode
+  bool json = false;      // print {"ids": [...]} or {"text": "..."}
+};
+// Encodes text (prints the ids, comma-separated) or decodes ids (prints the
+// text) with relay's or a Hugging Face tokenizer.
+int tokenize(const TokenizeArgs& args);
+
 // "1, 2,3" -> {1, 2, 3}; errors name the bad item.
 bool parse_ids(const std::string& text, std::vector<int64_t>* ids, std::string* error);
 

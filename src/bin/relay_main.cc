@@ -39,6 +39,18 @@ int main(int argc, char** argv) {
   score->add_flag("--json", score_args.json, "Print {\"logprobs\": [...]}");
   score->add_flag("--logits", score_args.logits, "With --json, also print the logit rows");
 
+  relay::cli::TokenizeArgs tok;
+  auto* tokenize = app.add_subcommand("tokenize", "Encode text to ids, or decode ids to text");
+  tokenize->add_option("--tokenizer", tok.tokenizer, "Tokenizer file or model directory")
+      ->required();
+  auto* tok_text = tokenize->add_option("--text", tok.text, "Text to encode");
+  auto* tok_decode = tokenize->add_flag("--decode", tok.decode, "Decode --ids instead");
+  auto* tok_ids = tokenize->add_option("--ids", tok.ids, "Token ids to decode, comma-separated");
+  tok_decode->needs(tok_ids)->excludes(tok_text);
+  tok_ids->needs(tok_decode);
+  tok_text->excludes(tok_decode);
+  tokenize->add_flag("--json", tok.json, "Print {\"ids\": [...]} or {\"text\": ...}");
+
   relay::cli::GenerateArgs gen;
   auto* generate = app.add_subcommand("generate", "Sample a continuation with the KV cache");
   generate->add_option("--model", gen.model_dir, "HF-layout model directory")->required();
@@ -125,6 +137,13 @@ int main(int argc, char** argv) {
   if (*init) return relay::cli::init_model(init_args);
   if (*score) return relay::cli::score(score_args);
   if (*generate) return relay::cli::generate(gen);
+  if (*tokenize) {
+    if (!tok.decode && tok_text->count() == 0) {
+      std::fprintf(stderr, "relay tokenize: give --text, or --decode with --ids\n");
+      return 1;
+    }
+    return relay::cli::tokenize(tok);
+  }
   if (*rollout) return relay::cli::rollout(roll);
   if (*train) return relay::cli::train_local(tl);
   if (*inspect) return relay::cli::store_inspect(inspect_args);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "relay/common/file_io.h"
+#include "relay/model/bpe_tokenizer.h"
 
 namespace relay::model {
 namespace {
@@ -103,15 +104,26 @@ std::optional<int64_t> CharTokenizer::token_id(std::string_view token) const {
   return std::nullopt;
 }
 
-StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) {
-  const std::string path = (std::filesystem::path(model_dir) / kCharTokenizerFile).string();
-  StatusOr<std::string> text = read_file(path);
-  if (absl::IsNotFound(text.status())) {
-    return NotFoundError(absl::StrCat(model_dir, ": no tokenizer (", kCharTokenizerFile, ")"));
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_file(const std::string& path) {
+  RELAY_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  // A Hugging Face tokenizer.json has a "model" object; relay's own file has
+  // "type": "char".
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("model")) {
+    RELAY_ASSIGN_OR_RETURN(BpeTokenizer t, BpeTokenizer::from_json(text, path));
+    return std::unique_ptr<Tokenizer>(new BpeTokenizer(std::move(t)));
   }
-  RELAY_RETURN_IF_ERROR(text.status());
-  RELAY_ASSIGN_OR_RETURN(CharTokenizer t, CharTokenizer::from_json(*text, path));
+  RELAY_ASSIGN_OR_RETURN(CharTokenizer t, CharTokenizer::from_json(text, path));
   return std::unique_ptr<Tokenizer>(new CharTokenizer(std::move(t)));
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) {
+  for (const char* name : {kCharTokenizerFile, kHfTokenizerFile}) {
+    const std::string path = (std::filesystem::path(model_dir) / name).string();
+    if (std::filesystem::exists(path)) return load_tokenizer_file(path);
+  }
+  return NotFoundError(absl::StrCat(model_dir, ": no tokenizer (", kCharTokenizerFile, " or ",
+                                    kHfTokenizerFile, ")"));
 }
 
 Status save_char_tokenizer(const CharTokenizer& tokenizer, const std::string& model_dir) {

@@ -505,5 +505,38 @@ TEST_F(CliTest, MainJobConfigReachesNinetyPercent) {
   fs::remove_all(base);
 }
 
+// relay tokenize with relay's char tokenizer file, and with a Hugging Face
+// tokenizer.json from the shared parity data when it is there.
+TEST(CliTokenizeTest, EncodesAndDecodes) {
+  const std::string dir = ::testing::TempDir() + "/cli_tokenize_" + std::to_string(::getpid());
+  fs::create_directories(dir);
+  std::ofstream(dir + "/relay_tokenizer.json")
+      << R"({"type": "char", "alphabet": "0123456789+<>#"})";
+  CliResult r = RelayCli("tokenize --tokenizer " + dir + " --text '<3+4>' --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "{\"ids\":[14,6,13,7,15]}\n");
+  r = RelayCli("tokenize --tokenizer " + dir + "/relay_tokenizer.json --text '<3+4>'");
+  EXPECT_EQ(r.out, "14,6,13,7,15\n");
+  r = RelayCli("tokenize --tokenizer " + dir + " --decode --ids 6,13,7,2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "3+4<eos>\n");
+  r = RelayCli("tokenize --tokenizer " + dir + " --decode --ids 6,99 --json");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err,
+            "relay tokenize: char tokenizer: ids[1] = 99 is outside the vocabulary [0, 17)\n");
+  r = RelayCli("tokenize --tokenizer " + dir + "/nope");
+  EXPECT_EQ(r.exit_code, 1);
+  fs::remove_all(dir);
+
+  const std::string qwen2 =
+      std::string(RELAY_SOURCE_DIR) + "/../shared/testdata/tokenizer_parity/qwen2";
+  if (!fs::exists(qwen2 + "/tokenizer.json")) GTEST_SKIP() << qwen2 << " is absent";
+  r = RelayCli("tokenize --tokenizer " + qwen2 + " --text 'Hello world<|im_end|>' --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "{\"ids\":[9707,1879,151645]}\n");
+  r = RelayCli("tokenize --tokenizer " + qwen2 + "/tokenizer.json --decode --ids 9707,1879 --json");
+  EXPECT_EQ(r.out, "{\"text\":\"Hello world\"}\n");
+}
+
 }  // namespace
 }  // namespace relay

@@ -2,7 +2,7 @@
 
 // Tokenizers behind one interface. The character tokenizer serves the
 // built-in arithmetic tasks; Hugging Face's byte-level BPE (tokenizer.json)
-// comes later behind the same interface.
+// is BpeTokenizer (bpe_tokenizer.h).
 
 #include <cstdint>
 #include <memory>
@@ -69,9 +69,13 @@ class CharTokenizer final : public Tokenizer {
 // The tokenizer file relay writes into a model directory.
 inline constexpr const char* kCharTokenizerFile = "relay_tokenizer.json";
 
-// Loads the tokenizer stored in a model directory (relay_tokenizer.json).
-// NotFound when the directory has none.
+// Loads the tokenizer stored in a model directory: relay_tokenizer.json, or
+// else a Hugging Face tokenizer.json (BpeTokenizer). NotFound when the
+// directory has neither.
 StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir);
+// Loads one tokenizer file: a Hugging Face tokenizer.json (it has a "model"
+// object) or relay's char tokenizer file.
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_file(const std::string& path);
 Status save_char_tokenizer(const CharTokenizer& tokenizer, const std::string& model_dir);
 
 }  // namespace relay::model

@@ -1,0 +1,787 @@
+#include "relay/model/bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <mutex>
+#include <queue>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace relay::model {
+namespace {
+
+using nlohmann::json;
+
+// ---- UTF-8 ------------------------------------------------------------------
+
+void append_utf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// Length of the UTF-8 sequence starting at s[i] and its code point, or 0 when
+// it is not a valid (shortest-form, non-surrogate, <= U+10FFFF) sequence.
+size_t utf8_next(std::string_view s, size_t i, uint32_t* cp) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  size_t n;
+  uint32_t v;
+  if (c < 0x80) {
+    *cp = c;
+    return 1;
+  } else if ((c & 0xE0) == 0xC0) {
+    n = 2, v = c & 0x1F;
+  } else if ((c & 0xF0) == 0xE0) {
+    n = 3, v = c & 0x0F;
+  } else if ((c & 0xF8) == 0xF0) {
+    n = 4, v = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+    v = (v << 6) | (b(i + k) & 0x3F);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (v < kMin[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+  *cp = v;
+  return n;
+}
+
+// Unicode White_Space (what Rust's char::is_whitespace tests), for the
+// lstrip/rstrip of added tokens.
+bool is_unicode_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
+}
+
+// ---- GPT-2's byte <-> unicode table -----------------------------------------
+// Printable Latin-1 bytes map to themselves; the other 68 bytes map, in byte
+// order, to U+0100, U+0101, ... so that every byte is a visible character.
+struct ByteTable {
+  std::string to_utf8[256];
+  std::unordered_map<uint32_t, unsigned char> to_byte;
+  ByteTable() {
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+      const uint32_t cp = printable ? b : next++;
+      append_utf8(cp, &to_utf8[b]);
+      to_byte[cp] = static_cast<unsigned char>(b);
+    }
+  }
+};
+
+const ByteTable& byte_table() {
+  static const ByteTable* table = new ByteTable();
+  return *table;
+}
+
+std::string bytes_to_unicode(std::string_view bytes) {
+  const ByteTable& t = byte_table();
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) out += t.to_utf8[static_cast<unsigned char>(c)];
+  return out;
+}
+
+// ---- PCRE2 ------------------------------------------------------------------
+
+struct CodeFree {
+  void operator()(pcre2_code* code) const { pcre2_code_free(code); }
+};
+struct MatchDataFree {
+  void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
+};
+using Regex = std::unique_ptr<pcre2_code, CodeFree>;
+using MatchData = std::unique_ptr<pcre2_match_data, MatchDataFree>;
+
+std::string pcre2_message(int code) {
+  PCRE2_UCHAR buffer[256];
+  if (pcre2_get_error_message(code, buffer, sizeof(buffer)) < 0) {
+    return absl::StrCat("PCRE2 error ", code);
+  }
+  return reinterpret_cast<const char*>(buffer);
+}
+
+// Hugging Face compiles these regexes with Oniguruma, whose Unicode \s also
+// matches U+0085 (NEL); PCRE2's (with UCP) is tab..CR and \p{Z} only. So \s
+// becomes [\s\x{85}] and \S [^\s\x{85}]; inside a character class \s gains
+// \x{85} (a \S inside a class is left as it is).
+std::string onig_whitespace(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[++i];
+      if (e == 's') {
+        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
+      } else if (e == 'S' && !in_class) {
+        out += "[^\\s\\x{85}]";
+      } else if (e == 'Q') {  // \Q...\E is literal
+        const size_t end = pattern.find("\\E", i);
+        const size_t stop = end == std::string::npos ? pattern.size() : end + 2;
+        out.append(pattern, i - 1, stop - (i - 1));
+        i = stop - 1;
+      } else {
+        out += c;
+        out += e;
+      }
+      continue;
+    }
+    out += c;
+    if (!in_class && c == '[') {
+      in_class = true;
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i);  // a POSIX class: [:alpha:]
+      if (end != std::string::npos) {
+        out.append(pattern, i + 1, end + 2 - (i + 1));
+        i = end + 1;
+      }
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return out;
+}
+
+// UTF + UCP so that \p{L}, \p{N}, \s and \w are Unicode-aware, as in the
+// Oniguruma regexes Hugging Face tokenizers compiles.
+StatusOr<Regex> compile_regex(const std::string& text, bool literal, const std::string& where) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  const std::string pattern = literal ? text : onig_whitespace(text);
+  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   options, &error, &offset, nullptr);
+  if (code == nullptr) {
+    return InvalidArgumentError(absl::StrCat(where, ": bad regex ", nlohmann::json(text).dump(),
+                                             ": ", pcre2_message(error)));
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // best effort: falls back to the interpreter
+  return Regex(code);
+}
+
+// The regex ByteLevel splits with when use_regex is true (GPT-2's).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// HF's SplitDelimiterBehavior.
+enum class Behavior { kRemoved, kIsolated, kContiguous, kMergedWithPrevious, kMergedWithNext };
+
+StatusOr<Behavior> parse_behavior(const json& j, const std::string& where) {
+  static const std::pair<const char*, Behavior> kNames[] = {
+      {"Removed", Behavior::kRemoved},
+      {"Isolated", Behavior::kIsolated},
+      {"Contiguous", Behavior::kContiguous},
+      {"MergedWithPrevious", Behavior::kMergedWithPrevious},
+      {"MergedWithNext", Behavior::kMergedWithNext}};
+  if (j.is_string()) {
+    for (const auto& [name, b] : kNames) {
+      if (j.get<std::string>() == name) return b;
+    }
+  }
+  return InvalidArgumentError(absl::StrCat(where, ": unknown split behavior ", j.dump()));
+}
+
+// One pre-tokenizer step: split every piece with `regex` (when set), then map
+// every piece through the byte table (when `byte_level`).
+struct Step {
+  Regex regex;
+  Behavior behavior = Behavior::kIsolated;
+  bool byte_level = false;
+  bool add_prefix_space = false;
+};
+
+struct Span {
+  size_t begin, end;
+  bool match;
+};
+
+// Splits `piece` at the non-empty matches of `regex` and appends the parts
+// that `behavior` keeps to `out`.
+Status split_piece(const Step& step, pcre2_match_data* data, const std::string& piece,
+                   std::vector<std::string>* out) {
+  std::vector<Span> spans;
+  size_t offset = 0, last = 0;
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
+  while (offset < piece.size()) {
+    const int rc = pcre2_match(step.regex.get(), subject, piece.size(), offset, PCRE2_NO_UTF_CHECK,
+                               data, nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) return InternalError(absl::StrCat("pre-tokenizer regex: ", pcre2_message(rc)));
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data);
+    if (ov[1] == ov[0]) {  // an empty match splits nothing: step over one character
+      uint32_t cp;
+      offset = ov[0] + std::max<size_t>(1, utf8_next(piece, ov[0], &cp));
+      continue;
+    }
+    if (ov[0] > last) spans.push_back({last, ov[0], false});
+    spans.push_back({ov[0], ov[1], true});
+    offset = last = ov[1];
+  }
+  if (last < piece.size()) spans.push_back({last, piece.size(), false});
+
+  std::vector<Span> kept;
+  bool previous_match = false;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const Span& s = spans[i];
+    switch (step.behavior) {
+      case Behavior::kRemoved:
+        if (!s.match) kept.push_back(s);
+        break;
+      case Behavior::kIsolated:
+        kept.push_back(s);
+        break;
+      case Behavior::kContiguous:
+        if (s.match && previous_match) {
+          kept.back().end = s.end;
+        } else {
+          kept.push_back(s);
+        }
+        break;
+      case Behavior::kMergedWithPrevious:
+        if (s.match && !previous_match && !kept.empty()) {
+          kept.back().end = s.end;
+        } else {
+          kept.push_back(s);
+        }
+        break;
+      case Behavior::kMergedWithNext:
+        if (!kept.empty() && kept.back().match && !s.match) {
+          kept.back().end = s.end;
+          kept.back().match = false;
+        } else {
+          kept.push_back(s);
+        }
+        break;
+    }
+    previous_match = s.match;
+  }
+  for (const Span& s : kept) out->push_back(piece.substr(s.begin, s.end - s.begin));
+  return OkStatus();
+}
+
+std::string str(const json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); }
+
+// Appends the steps of one pre_tokenizer node (recursing into Sequence).
+Status parse_pre_tokenizer(const json& j, const std::string& path, const std::string& source,
+                           std::vector<Step>* steps) {
+  if (j.is_null()) return OkStatus();
+  const auto error = [&](const std::string& field, const std::string& what) {
+    return InvalidArgumentError(absl::StrCat(source, ": ", path, field, ": ", what));
+  };
+  if (!j.is_object() || !j.contains("type")) return error("", "expected an object with a type");
+  const std::string type = str(j["type"]);
+  Step step;
+  if (type == "Sequence") {
+    if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array()) {
+      return error(".pretokenizers", "expected an array");
+    }
+    for (size_t i = 0; i < j["pretokenizers"].size(); ++i) {
+      RELAY_RETURN_IF_ERROR(parse_pre_tokenizer(
+          j["pretokenizers"][i], absl::StrCat(path, ".pretokenizers[", i, "]"), source, steps));
+    }
+    return OkStatus();
+  } else if (type == "ByteLevel") {
+    step.byte_level = true;
+    step.add_prefix_space = j.value("add_prefix_space", false);
+    if (j.value("use_regex", true)) {
+      RELAY_ASSIGN_OR_RETURN(step.regex, compile_regex(kGpt2Pattern, false, source));
+    }
+  } else if (type == "Split") {
+    const std::string where = absl::StrCat(source, ": ", path, ".pattern");
+    const json& pattern = j.value("pattern", json());
+    if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
+      RELAY_ASSIGN_OR_RETURN(step.regex, compile_regex(pattern["Regex"], false, where));
+    } else if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string()) {
+      RELAY_ASSIGN_OR_RETURN(step.regex, compile_regex(pattern["String"], true, where));
+    } else {
+      return error(".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+    }
+    RELAY_ASSIGN_OR_RETURN(
+        step.behavior,
+        parse_behavior(j.value("behavior", json()), absl::StrCat(source, ": ", path, ".behavior")));
+    if (j.value("invert", false)) return error(".invert", "true is not supported");
+  } else if (type == "Digits") {
+    // HF tests char::is_numeric, i.e. \p{N}; a run of them is one piece
+    // unless individual_digits.
+    const bool individual = j.value("individual_digits", false);
+    RELAY_ASSIGN_OR_RETURN(step.regex,
+                           compile_regex(individual ? R"(\p{N})" : R"(\p{N}+)", false, source));
+  } else if (type == "Punctuation") {
+    // HF: char::is_ascii_punctuation || Unicode category P*.
+    RELAY_ASSIGN_OR_RETURN(step.regex, compile_regex(R"([\p{P}!-/:-@\[-`{-~])", false, source));
+    step.behavior = Behavior::kIsolated;
+    if (j.contains("behavior")) {
+      RELAY_ASSIGN_OR_RETURN(
+          step.behavior,
+          parse_behavior(j["behavior"], absl::StrCat(source, ": ", path, ".behavior")));
+    }
+  } else {
+    return error(".type", absl::StrCat("pre-tokenizer ", j["type"].dump(), " is not supported"));
+  }
+  steps->push_back(std::move(step));
+  return OkStatus();
+}
+
+struct AddedToken {
+  std::string content;
+  int64_t id = 0;
+  bool special = false;
+  bool normalized = false;
+  bool lstrip = false;
+  bool rstrip = false;
+};
+
+// A stretch of the input: either plain text or one added token.
+struct Segment {
+  std::string_view text;
+  int64_t id = -1;  // added token id; -1 = text to pre-tokenize
+};
+
+}  // namespace
+
+struct BpeTokenizer::Impl {
+  std::unordered_map<std::string, int64_t> vocab;
+  std::vector<std::string> id_to_token;  // "" for ids with no vocab entry
+  // (left id << 32 | right id) -> (rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;
+  bool ignore_merges = false;
+  std::vector<AddedToken> added;    // longest first
+  bool added_first_byte[256] = {};  // some added token starts with this byte
+  std::unordered_map<int64_t, std::string> added_by_id;
+  std::vector<Step> steps;
+  bool maps_bytes = false;  // some step is ByteLevel; else map at the end
+  int64_t vocab_size = 0, eos = -1, bos = -1, pad = -1;
+
+  mutable std::mutex cache_mutex;
+  mutable std::unordered_map<std::string, std::vector<int64_t>> cache;  // GUARDED_BY(cache_mutex)
+  static constexpr size_t kMaxCacheEntries = 1 << 16;
+
+  std::vector<Segment> split_added(std::string_view text) const;
+  void split_added_pass(std::vector<Segment>* segments, bool normalized) const;
+  Status bpe(const std::string& word, size_t offset, std::vector<int64_t>* ids) const;
+};
+
+// Leftmost match first, the longest at that position; lstrip/rstrip take the
+// whitespace beside the token with it. Hugging Face matches the tokens that
+// skip normalization first, then the others on what is left; with a no-op
+// normalizer only the order of these two passes differs.
+void BpeTokenizer::Impl::split_added_pass(std::vector<Segment>* segments, bool normalized) const {
+  std::vector<Segment> out;
+  for (const Segment& seg : *segments) {
+    if (seg.id >= 0) {
+      out.push_back(seg);
+      continue;
+    }
+    const std::string_view t = seg.text;
+    size_t start = 0;  // of the pending text
+    for (size_t i = 0; i < t.size();) {
+      const AddedToken* hit = nullptr;
+      if (!added_first_byte[static_cast<unsigned char>(t[i])]) {
+        ++i;
+        continue;
+      }
+      for (const AddedToken& a : added) {
+        if (a.normalized == normalized && t.compare(i, a.content.size(), a.content) == 0) {
+          hit = &a;
+          break;
+        }
+      }
+      if (hit == nullptr) {
+        ++i;
+        continue;
+      }
+      size_t begin = i, end = i + hit->content.size();
+      uint32_t cp;
+      if (hit->lstrip) {
+        while (begin > start) {
+          size_t k = begin - 1;
+          while (k > start && (static_cast<unsigned char>(t[k]) & 0xC0) == 0x80) --k;
+          if (utf8_next(t, k, &cp) == 0 || !is_unicode_space(cp)) break;
+          begin = k;
+        }
+      }
+      if (hit->rstrip) {
+        while (end < t.size()) {
+          const size_t n = utf8_next(t, end, &cp);
+          if (n == 0 || !is_unicode_space(cp)) break;
+          end += n;
+        }
+      }
+      if (begin > start) out.push_back({t.substr(start, begin - start), -1});
+      out.push_back({t.substr(begin, end - begin), hit->id});
+      start = i = end;
+    }
+    if (start < t.size()) out.push_back({t.substr(start), -1});
+  }
+  *segments = std::move(out);
+}
+
+std::vector<Segment> BpeTokenizer::Impl::split_added(std::string_view text) const {
+  std::vector<Segment> segments = {{text, -1}};
+  if (added.empty()) return segments;
+  split_added_pass(&segments, /*normalized=*/false);
+  split_added_pass(&segments, /*normalized=*/true);
+  return segments;
+}
+
+// BPE on one byte-level word: start from its characters and repeatedly merge
+// the adjacent pair of lowest rank (leftmost on ties), as HF's BPE model does.
+Status BpeTokenizer::Impl::bpe(const std::string& word, size_t offset,
+                               std::vector<int64_t>* ids) const {
+  if (ignore_merges) {
+    if (auto it = vocab.find(word); it != vocab.end()) {
+      ids->push_back(it->second);
+      return OkStatus();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    if (auto it = cache.find(word); it != cache.end()) {
+      ids->insert(ids->end(), it->second.begin(), it->second.end());
+      return OkStatus();
+    }
+  }
+  struct Symbol {
+    int64_t id;
+    int prev, next;
+    bool alive;
+  };
+  std::vector<Symbol> symbols;
+  for (size_t i = 0; i < word.size();) {
+    uint32_t cp;
+    const size_t n = std::max<size_t>(1, utf8_next(word, i, &cp));
+    auto it = vocab.find(word.substr(i, n));
+    if (it == vocab.end()) {
+      return InvalidArgumentError(absl::StrCat(
+          "bpe tokenizer: the byte at offset ", offset + symbols.size(), " maps to symbol \"",
+          word.substr(i, n), "\", which is not in the vocabulary"));
+    }
+    const int k = static_cast<int>(symbols.size());
+    symbols.push_back({it->second, k - 1, k + 1, true});
+    i += n;
+  }
+  if (!symbols.empty()) symbols.back().next = -1;
+
+  struct Candidate {
+    int32_t rank;
+    int left, right;
+    int64_t left_id, right_id;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  const auto push = [&](int left) {
+    if (left < 0 || symbols[left].next < 0) return;
+    const int right = symbols[left].next;
+    const uint64_t key =
+        (static_cast<uint64_t>(symbols[left].id) << 32) | static_cast<uint64_t>(symbols[right].id);
+    if (auto it = merges.find(key); it != merges.end()) {
+      queue.push({it->second.first, left, right, symbols[left].id, symbols[right].id});
+    }
+  };
+  for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) push(i);
+  while (!queue.empty()) {
+    const Candidate c = queue.top();
+    queue.pop();
+    Symbol& l = symbols[c.left];
+    Symbol& r = symbols[c.right];
+    if (!l.alive || !r.alive || l.next != c.right || l.id != c.left_id || r.id != c.right_id) {
+      continue;  // stale: one side has merged since
+    }
+    const uint64_t key = (static_cast<uint64_t>(l.id) << 32) | static_cast<uint64_t>(r.id);
+    l.id = merges.at(key).second;
+    r.alive = false;
+    l.next = r.next;
+    if (r.next >= 0) symbols[r.next].prev = c.left;
+    push(l.prev);
+    push(c.left);
+  }
+  std::vector<int64_t> result;
+  for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next)
+    result.push_back(symbols[i].id);
+  ids->insert(ids->end(), result.begin(), result.end());
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  if (cache.size() >= kMaxCacheEntries) cache.clear();
+  cache.emplace(word, std::move(result));
+  return OkStatus();
+}
+
+BpeTokenizer::BpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
+BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
+BpeTokenizer::~BpeTokenizer() = default;
+
+StatusOr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text,
+                                               const std::string& source) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  }
+  const auto error = [&](const std::string& path, const std::string& what) {
+    return InvalidArgumentError(absl::StrCat(source, ": ", path, ": ", what));
+  };
+  // nlohmann's value() and get() throw on a field of the wrong type.
+  try {
+    auto impl = std::make_unique<Impl>();
+
+    // Normalizer: NFC is a no-op here. Byte-level vocabularies were trained on
+    // NFC text and tokenize whatever bytes they get, so the only difference is
+    // on non-NFC input (decomposed accents), which then encodes as its own
+    // bytes rather than the composed form's.
+    const json normalizer = j.value("normalizer", json());
+    if (!normalizer.is_null() &&
+        !(normalizer.is_object() && normalizer.value("type", "") == "NFC")) {
+      return error("normalizer.type", absl::StrCat(normalizer.value("type", json()).dump(),
+                                                   " is not supported (null or NFC only)"));
+    }
+
+    // Model.
+    if (!j.contains("model") || !j["model"].is_object())
+      return error("model", "expected an object");
+    const json& model = j["model"];
+    if (model.value("type", json()) != "BPE") {
+      return error("model.type",
+                   absl::StrCat("expected \"BPE\", got ", model.value("type", json()).dump()));
+    }
+    for (const char* field : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (!model.value(field, json()).is_null()) {
+        return error(absl::StrCat("model.", field), "not supported");
+      }
+    }
+    if (model.value("byte_fallback", false)) return error("model.byte_fallback", "not supported");
+    impl->ignore_merges = model.value("ignore_merges", false);
+    if (!model.contains("vocab") || !model["vocab"].is_object()) {
+      return error("model.vocab", "expected an object of token -> id");
+    }
+    int64_t max_id = -1;
+    for (const auto& [token, id] : model["vocab"].items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1LL << 31)) {
+        return error(absl::StrCat("model.vocab[", json(token).dump(), "]"),
+                     absl::StrCat("expected an id in [0, 2^31), got ", id.dump()));
+      }
+      impl->vocab[token] = id.get<int64_t>();
+      max_id = std::max(max_id, id.get<int64_t>());
+    }
+    impl->id_to_token.resize(static_cast<size_t>(max_id + 1));
+    for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<size_t>(id)] = token;
+
+    if (!model.contains("merges") || !model["merges"].is_array()) {
+      return error("model.merges", "expected an array");
+    }
+    const json& merges = model["merges"];
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const std::string path = absl::StrCat("model.merges[", i, "]");
+      std::string a, b;
+      if (merges[i].is_string()) {
+        const std::string m = merges[i];
+        const size_t space = m.find(' ');
+        if (space == std::string::npos || m.find(' ', space + 1) != std::string::npos) {
+          return error(path, absl::StrCat("expected \"a b\", got ", merges[i].dump()));
+        }
+        a = m.substr(0, space), b = m.substr(space + 1);
+      } else if (merges[i].is_array() && merges[i].size() == 2 && merges[i][0].is_string() &&
+                 merges[i][1].is_string()) {
+        a = merges[i][0], b = merges[i][1];
+      } else {
+        return error(path,
+                     absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ", merges[i].dump()));
+      }
+      const auto ia = impl->vocab.find(a), ib = impl->vocab.find(b), iab = impl->vocab.find(a + b);
+      if (ia == impl->vocab.end() || ib == impl->vocab.end() || iab == impl->vocab.end()) {
+        return error(path, absl::StrCat("\"",
+                                        ia == impl->vocab.end()   ? a
+                                        : ib == impl->vocab.end() ? b
+                                                                  : a + b,
+                                        "\" is not in model.vocab"));
+      }
+      const uint64_t key =
+          (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second);
+      impl->merges.emplace(
+          key, std::make_pair(static_cast<int32_t>(i), static_cast<int32_t>(iab->second)));
+    }
+
+    // Added tokens.
+    const json added = j.value("added_tokens", json::array());
+    if (!added.is_array()) return error("added_tokens", "expected an array");
+    for (size_t i = 0; i < added.size(); ++i) {
+      const std::string path = absl::StrCat("added_tokens[", i, "]");
+      const json& t = added[i];
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+          t["id"].get<int64_t>() < 0 || !t.contains("content") || !t["content"].is_string() ||
+          t["content"].get<std::string>().empty()) {
+        return error(path, "expected {\"id\": >= 0, \"content\": non-empty string, ...}");
+      }
+      if (t.value("single_word", false))
+        return error(path + ".single_word", "true is not supported");
+      AddedToken a;
+      a.content = t["content"];
+      a.id = t["id"];
+      a.special = t.value("special", false);
+      a.normalized = t.value("normalized", !a.special);
+      a.lstrip = t.value("lstrip", false);
+      a.rstrip = t.value("rstrip", false);
+      max_id = std::max(max_id, a.id);
+      impl->added_by_id[a.id] = a.content;
+      impl->added_first_byte[static_cast<unsigned char>(a.content[0])] = true;
+      impl->added.push_back(std::move(a));
+    }
+    std::stable_sort(impl->added.begin(), impl->added.end(),
+                     [](const AddedToken& x, const AddedToken& y) {
+                       return x.content.size() > y.content.size();
+                     });
+    impl->vocab_size = max_id + 1;
+
+    // Pre-tokenizer and decoder.
+    RELAY_RETURN_IF_ERROR(parse_pre_tokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer",
+                                              source, &impl->steps));
+    for (const Step& s : impl->steps) impl->maps_bytes |= s.byte_level;
+    const json decoder = j.value("decoder", json());
+    if (!decoder.is_null() && !(decoder.is_object() && decoder.value("type", "") == "ByteLevel")) {
+      return error("decoder.type", absl::StrCat(decoder.value("type", json()).dump(),
+                                                " is not supported (ByteLevel only)"));
+    }
+
+    // Special ids by name: the first name present wins.
+    const auto pick = [&](std::initializer_list<const char*> names) -> int64_t {
+      for (const char* name : names) {
+        for (const AddedToken& a : impl->added) {
+          if (a.content == name) return a.id;
+        }
+      }
+      return -1;
+    };
+    impl->eos = pick({"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>", "</s>",
+                      "<｜end▁of▁sentence｜>"});
+    impl->bos = pick({"<|begin_of_text|>", "<s>", "<｜begin▁of▁sentence｜>"});
+    impl->pad = pick({"<|padding|>", "<pad>", "<|pad|>", "<|finetune_right_pad_id|>"});
+    return BpeTokenizer(std::move(impl));
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
+}
+
+StatusOr<std::vector<int64_t>> BpeTokenizer::encode(std::string_view text) const {
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp;
+    const size_t n = utf8_next(text, i, &cp);
+    if (n == 0) {
+      return InvalidArgumentError(
+          absl::StrCat("bpe tokenizer: invalid UTF-8 at offset ", i, " of the text"));
+    }
+    i += n;
+  }
+  std::vector<MatchData> match_data;
+  for (const Step& s : impl_->steps) {
+    match_data.emplace_back(s.regex ? pcre2_match_data_create_from_pattern(s.regex.get(), nullptr)
+                                    : nullptr);
+  }
+  std::vector<int64_t> ids;
+  std::vector<std::string> pieces, next;
+  for (const Segment& seg : impl_->split_added(text)) {
+    if (seg.id >= 0) {
+      ids.push_back(seg.id);
+      continue;
+    }
+    pieces.assign(1, std::string(seg.text));
+    for (size_t k = 0; k < impl_->steps.size(); ++k) {
+      const Step& step = impl_->steps[k];
+      if (step.add_prefix_space) {
+        for (std::string& p : pieces) {
+          if (p.empty() || p[0] != ' ') p.insert(0, " ");
+        }
+      }
+      if (step.regex) {
+        next.clear();
+        for (const std::string& p : pieces) {
+          RELAY_RETURN_IF_ERROR(split_piece(step, match_data[k].get(), p, &next));
+        }
+        pieces.swap(next);
+      }
+      if (step.byte_level) {
+        for (std::string& p : pieces) p = bytes_to_unicode(p);
+      }
+    }
+    // Each byte-level character stands for one input byte, so counting them
+    // gives offsets into the text (exact unless a Removed split or
+    // add_prefix_space changed the bytes).
+    size_t at = static_cast<size_t>(seg.text.data() - text.data());
+    for (std::string& p : pieces) {
+      if (!impl_->maps_bytes) p = bytes_to_unicode(p);
+      RELAY_RETURN_IF_ERROR(impl_->bpe(p, at, &ids));
+      for (char c : p) at += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    }
+  }
+  return ids;
+}
+
+StatusOr<std::string> BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
+  const ByteTable& table = byte_table();
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i];
+    if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) {
+      out += it->second;
+      continue;
+    }
+    if (id < 0 || id >= static_cast<int64_t>(impl_->id_to_token.size()) ||
+        impl_->id_to_token[static_cast<size_t>(id)].empty()) {
+      return InvalidArgumentError(
+          absl::StrCat("bpe tokenizer: ids[", i, "] = ", id, " is not in the vocabulary"));
+    }
+    const std::string& token = impl_->id_to_token[static_cast<size_t>(id)];
+    for (size_t k = 0; k < token.size();) {
+      uint32_t cp;
+      const size_t n = std::max<size_t>(1, utf8_next(token, k, &cp));
+      auto b = table.to_byte.find(cp);
+      if (b != table.to_byte.end()) {
+        out.push_back(static_cast<char>(b->second));
+      } else {
+        out.append(token, k, n);  // not a byte-level character: keep it as is (as HF does)
+      }
+      k += n;
+    }
+  }
+  return out;
+}
+
+int64_t BpeTokenizer::vocab_size() const { return impl_->vocab_size; }
+int64_t BpeTokenizer::eos_id() const { return impl_->eos; }
+int64_t BpeTokenizer::bos_id() const { return impl_->bos; }
+int64_t BpeTokenizer::pad_id() const { return impl_->pad; }
+
+std::optional<int64_t> BpeTokenizer::token_id(std::string_view token) const {
+  for (const AddedToken& a : impl_->added) {
+    if (a.content == token) return a.id;
+  }
+  if (auto it = impl_->vocab.find(std::string(token)); it != impl_->vocab.end()) return it->second;
+  return std::nullopt;
+}
+
+}  // namespace relay::model

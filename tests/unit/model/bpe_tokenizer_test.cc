@@ -1,0 +1,286 @@
+#include "relay/model/bpe_tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "relay/common/file_io.h"
+
+namespace relay::model {
+namespace {
+
+using nlohmann::json;
+using Ids = std::vector<int64_t>;
+
+// GPT-2's byte -> character table, written out independently of the code
+// under test: printable Latin-1 maps to itself, the other bytes to U+0100...
+std::string byte_symbol(int b) {
+  static std::vector<std::string> table = [] {
+    std::vector<std::string> t(256);
+    int next = 256;
+    for (int i = 0; i < 256; ++i) {
+      const bool printable = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174;
+      const int cp = printable ? i : next++;
+      std::string s;
+      if (cp < 0x80) {
+        s.push_back(static_cast<char>(cp));
+      } else {
+        s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+        s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+      }
+      t[i] = s;
+    }
+    return t;
+  }();
+  return table[b];
+}
+
+// A small tokenizer.json: byte b has id b ("Ġ" = space = 32, "Ċ" = '\n' =
+// 10), then these merges (rank = index), then added tokens from 300.
+const std::vector<std::pair<std::string, std::string>> kMerges = {
+    {"Ġ", "t"},    // 256 "Ġt"
+    {"h", "e"},    // 257 "he"
+    {"Ġt", "he"},  // 258 "Ġthe"
+    {"1", "2"},    // 259 "12"
+    {"Ġ", "Ġ"},    // 260 "ĠĠ"
+    {"Ã", "©"},    // 261 "Ã©" (the bytes of "é")
+    {"x", "y"},    // 262 "xy"
+    {"Ġ", "Â"},    // 263 "ĠÂ" (space, then the first byte of U+0080..U+00BF)
+};
+
+json make_tokenizer(bool merges_as_pairs = false, bool ignore_merges = false) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_symbol(b)] = b;
+  json merges = json::array();
+  int64_t id = 256;
+  for (const auto& [a, b] : kMerges) {
+    vocab[a + b] = id++;
+    merges.push_back(merges_as_pairs ? json::array({a, b}) : json(a + " " + b));
+  }
+  vocab["xyz"] = 270;  // no merge builds it: reachable only with ignore_merges
+  json added = json::array();
+  const auto add = [&](int64_t id, const std::string& content, bool special) {
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"special", special},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", !special},
+                     {"single_word", false}});
+  };
+  add(300, "<|endoftext|>", true);
+  add(301, "<|im_end|>", true);
+  add(302, "<|end|>", true);
+  add(303, "<|end", false);  // a prefix of the two above: the longer match wins
+  return {{"version", "1.0"},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", true},
+            {"use_regex", true}}},
+          {"post_processor", nullptr},
+          {"decoder", {{"type", "ByteLevel"}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"ignore_merges", ignore_merges},
+            {"vocab", vocab},
+            {"merges", merges}}}};
+}
+
+BpeTokenizer load(const json& j) {
+  StatusOr<BpeTokenizer> t = BpeTokenizer::from_json(j.dump(), "test/tokenizer.json");
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(*t);
+}
+
+Ids encode(const BpeTokenizer& t, const std::string& text) {
+  StatusOr<Ids> ids = t.encode(text);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  return ids.ok() ? *ids : Ids{};
+}
+
+TEST(BpeTokenizerTest, EncodesExactIds) {
+  const BpeTokenizer t = load(make_tokenizer());
+  struct Case {
+    std::string text;
+    Ids ids;
+  } cases[] = {
+      {"", {}},
+      {"the", {116, 257}},                       // "h e" merges; "t" alone
+      {" the", {258}},                           // Ġ t -> Ġt, h e -> he, Ġt he -> Ġthe
+      {"the the", {116, 257, 258}},              // the leading space joins the word
+      {"12345", {259, 51, 52, 53}},              // one digit run: "1 2" merges once
+      {"a 12", {97, 32, 259}},                   // " ?\p{N}+" keeps the space: Ġ 12
+      {"a  \n\nb", {97, 260, 10, 10, 98}},       // \s+(?!\S) takes "  \n", then "\n"
+      {"a  b", {97, 32, 32, 98}},                // "Ġ" then "Ġb": the last space joins b
+      {"café", {99, 97, 102, 261}},              // é is bytes C3 A9 -> "Ã©"
+      {"你好", {228, 189, 160, 229, 165, 189}},  // CJK: raw bytes, no merges
+      {"👍!", {240, 159, 145, 141, 33}},          // emoji and '!' are one piece
+      {"hi<|endoftext|>the", {104, 105, 300, 116, 257}},
+      {"<|end|><|endoftext|><|end", {302, 300, 303}},  // longest match first
+      {" <|im_end|>\n", {32, 301, 10}},
+      {"xyz", {262, 122}},            // without ignore_merges: xy, z
+      {"it's", {105, 116, 39, 115}},  // "'s" is its own piece
+      // U+0085 (NEL, bytes C2 85) is whitespace to HF's Oniguruma \s: " " and
+      // NEL are separate pieces, so "Ġ Â" does not merge. U+00A0 (C2 A0) is
+      // whitespace to both: \s+(?!\S) keeps " " apart from it too.
+      {" \u0085a", {32, 194, 133, 97}},
+      {" \u00a0a", {32, 194, 160, 97}},
+      {" \u00a9a", {263, 169, 97}},  // © is not whitespace: " ©" is one piece
+  };
+  for (const Case& c : cases) EXPECT_EQ(encode(t, c.text), c.ids) << json(c.text).dump();
+}
+
+TEST(BpeTokenizerTest, MergesAsPairsEncodeTheSame) {
+  const BpeTokenizer strings = load(make_tokenizer(false));
+  const BpeTokenizer pairs = load(make_tokenizer(true));
+  for (const std::string text : {" the 12 café", "a  \n\nb xyz"}) {
+    EXPECT_EQ(encode(strings, text), encode(pairs, text)) << text;
+  }
+  EXPECT_EQ(encode(pairs, " the"), (Ids{258}));
+}
+
+TEST(BpeTokenizerTest, IgnoreMergesMapsWholeVocabWords) {
+  const BpeTokenizer t = load(make_tokenizer(false, /*ignore_merges=*/true));
+  EXPECT_EQ(encode(t, "xyz"), (Ids{270}));
+  EXPECT_EQ(encode(t, "xyzz"), (Ids{262, 122, 122}));  // not in the vocab: merges as usual
+  EXPECT_EQ(encode(t, " the"), (Ids{258}));
+}
+
+TEST(BpeTokenizerTest, SequenceOfSplitsIsolatesEachMatch) {
+  json j = make_tokenizer();
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern", {{"Regex", "\\p{N}"}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  const BpeTokenizer t = load(j);
+  // Each digit is its own piece, so "1 2" never merges; without the GPT-2
+  // regex " the" and "x" stay in one piece.
+  EXPECT_EQ(encode(t, "x12 the"), (Ids{120, 49, 50, 258}));
+  EXPECT_EQ(encode(t, "x12 the").size(), 4u);
+}
+
+TEST(BpeTokenizerTest, DecodeRoundTrips) {
+  const BpeTokenizer t = load(make_tokenizer());
+  for (const std::string text :
+       {"", "the the", "  leading and trailing  ", "tabs\tand\r\nnewlines\n\n\n",
+        "café naïve Ångström", "你好，世界", "👍🏽 👨‍👩‍👧",
+        "x<|endoftext|>y<|im_end|>", "1234567890", "it's we'll I'd"}) {
+    StatusOr<Ids> ids = t.encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    StatusOr<std::string> back = t.decode(*ids);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, text);
+  }
+  EXPECT_EQ(*t.decode({258, 300, 261}), " the<|endoftext|>é");
+}
+
+TEST(BpeTokenizerTest, SpecialIdsAndLookups) {
+  const BpeTokenizer t = load(make_tokenizer());
+  EXPECT_EQ(t.vocab_size(), 304);
+  EXPECT_EQ(t.eos_id(), 300);  // <|endoftext|> comes before <|im_end|>
+  EXPECT_EQ(t.bos_id(), -1);
+  EXPECT_EQ(t.pad_id(), -1);
+  EXPECT_EQ(t.token_id("<|im_end|>"), 301);
+  EXPECT_EQ(t.token_id("Ġthe"), 258);
+  EXPECT_FALSE(t.token_id("nope").has_value());
+}
+
+TEST(BpeTokenizerTest, EncodeAndDecodeErrors) {
+  const BpeTokenizer t = load(make_tokenizer());
+  EXPECT_EQ(t.encode("ab\xff").status().message(),
+            "bpe tokenizer: invalid UTF-8 at offset 2 of the text");
+  EXPECT_EQ(t.decode({1, 280}).status().message(),
+            "bpe tokenizer: ids[1] = 280 is not in the vocabulary");
+}
+
+TEST(BpeTokenizerTest, LoadsTokenizerJsonFromAModelDirectory) {
+  const std::string dir = ::testing::TempDir() + "/bpe_tok_dir";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(write_file_atomic(dir + "/tokenizer.json", make_tokenizer().dump()).ok());
+  auto loaded = load_tokenizer(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*(*loaded)->encode(" the"), (Ids{258}));
+  auto file = load_tokenizer_file(dir + "/tokenizer.json");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->vocab_size(), 304);
+  // relay's own tokenizer file wins when both are present.
+  ASSERT_TRUE(save_char_tokenizer(*CharTokenizer::create("ab"), dir).ok());
+  EXPECT_EQ((*load_tokenizer(dir))->vocab_size(), 5);
+}
+
+TEST(BpeTokenizerTest, ByteMissingFromTheVocabIsAnError) {
+  json j = make_tokenizer();
+  j["model"]["vocab"].erase(byte_symbol(0x0B));  // "ċ": vertical tab
+  const BpeTokenizer t = load(j);
+  EXPECT_EQ(t.encode("ab c\vd").status().message(),
+            "bpe tokenizer: the byte at offset 4 maps to symbol \"ċ\", which is not in the "
+            "vocabulary");
+  EXPECT_EQ(t.encode("<|end|>\v").status().message(),
+            "bpe tokenizer: the byte at offset 7 maps to symbol \"ċ\", which is not in the "
+            "vocabulary");
+}
+
+std::string load_error(const json& j) {
+  StatusOr<BpeTokenizer> t = BpeTokenizer::from_json(j.dump(), "test/tokenizer.json");
+  EXPECT_FALSE(t.ok());
+  return std::string(t.status().message());
+}
+
+TEST(BpeTokenizerTest, LoadErrorsNameTheField) {
+  json j = make_tokenizer();
+  j["model"]["type"] = "WordPiece";
+  EXPECT_EQ(load_error(j), "test/tokenizer.json: model.type: expected \"BPE\", got \"WordPiece\"");
+
+  j = make_tokenizer();
+  j["model"]["merges"][1] = "he";
+  EXPECT_EQ(load_error(j), "test/tokenizer.json: model.merges[1]: expected \"a b\", got \"he\"");
+  j["model"]["merges"][1] = json::array({"h"});
+  EXPECT_EQ(
+      load_error(j),
+      "test/tokenizer.json: model.merges[1]: expected \"a b\" or [\"a\", \"b\"], got [\"h\"]");
+  j["model"]["merges"][1] = "q z";
+  EXPECT_EQ(load_error(j), "test/tokenizer.json: model.merges[1]: \"qz\" is not in model.vocab");
+
+  j = make_tokenizer();
+  j["normalizer"] = {{"type", "Lowercase"}};
+  EXPECT_EQ(load_error(j),
+            "test/tokenizer.json: normalizer.type: \"Lowercase\" is not supported (null or NFC "
+            "only)");
+  j["normalizer"] = {{"type", "NFC"}};  // accepted as a no-op
+  EXPECT_TRUE(BpeTokenizer::from_json(j.dump(), "t").ok());
+
+  j = make_tokenizer();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers", {{{"type", "ByteLevel"}}, {{"type", "Metaspace"}}}}};
+  EXPECT_EQ(load_error(j),
+            "test/tokenizer.json: pre_tokenizer.pretokenizers[1].type: pre-tokenizer "
+            "\"Metaspace\" is not supported");
+
+  j = make_tokenizer();
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(["}}}, {"behavior", "Isolated"}};
+  EXPECT_NE(load_error(j).find("test/tokenizer.json: pre_tokenizer.pattern: bad regex"),
+            std::string::npos);
+
+  j = make_tokenizer();
+  j["model"]["ignore_merges"] = "yes";  // wrong type: an error, not an exception
+  EXPECT_EQ(load_error(j).rfind("test/tokenizer.json: ", 0), 0u);
+
+  EXPECT_EQ(load_error(json::array()), "test/tokenizer.json: not a JSON object");
+}
+
+}  // namespace
+}  // namespace relay::model
