@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_util.h"
 #include "relay/comm/rpc.h"
 #include "relay/comm/submission.h"
 #include "relay/comm/trainer_service.h"
@@ -58,7 +59,9 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using relay::bench::Clock;
+using relay::bench::median;
+using relay::bench::seconds_since;
 using namespace relay;
 using rollout::Trajectory;
 using rollout::TrajectoryGroup;
@@ -94,42 +97,6 @@ std::vector<int> parse_list(const std::string& s) {
   std::stringstream in(s);
   for (std::string item; std::getline(in, item, ',');) out.push_back(std::atoi(item.c_str()));
   return out;
-}
-
-// As store_bench's: passes validate_submission at version kVersion.
-TrajectoryGroup make_group(int index, const Args& a, std::mt19937& rng) {
-  std::uniform_int_distribution<int64_t> token(0, kVocab - 1);
-  std::uniform_real_distribution<float> lp(-8.0f, 0.0f);
-  TrajectoryGroup g;
-  g.group_id = "bench/" + std::to_string(index);
-  std::vector<int64_t> prompt(a.prompt);
-  for (auto& t : prompt) t = token(rng);
-  for (int j = 0; j < a.k; ++j) {
-    Trajectory t;
-    t.prompt_tokens = prompt;
-    for (int i = 0; i < a.response; ++i) {
-      t.response_tokens.push_back(token(rng));
-      t.behavior_logprobs.push_back(lp(rng));
-      t.token_versions.push_back(kVersion);
-      t.proximal_logprobs.push_back(lp(rng));
-      t.proximal_versions.push_back(kVersion);
-      t.offpolicy_mask.push_back(0);
-    }
-    t.finish_reason = rollout::FinishReason::kStop;
-    t.version_digests = {{kVersion, 12345}};
-    t.reward = j % 2;
-    g.trajectories.push_back(std::move(t));
-  }
-  return g;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 // User + system CPU seconds of this process (all threads: clients, server,
@@ -352,7 +319,8 @@ int main(int argc, char** argv) {
   std::vector<TrajectoryGroup> groups;
   double mb = 0;
   for (int i = 0; i < a.groups; ++i) {
-    groups.push_back(make_group(i, a, rng));
+    groups.push_back(
+        relay::bench::synthetic_group(i, a.k, a.prompt, a.response, kVersion, kVocab, rng));
     v1::TrajectoryGroup wire;
     store::to_proto(groups.back(), &wire);
     mb += wire.ByteSizeLong() / 1e6;

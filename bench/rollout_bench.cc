@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_util.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/policy.h"
 #include "relay/model/threads.h"
@@ -55,7 +56,8 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using relay::bench::Clock;
+using relay::bench::median;
 using relay::model::Policy;
 using relay::model::PolicyConfig;
 using relay::rollout::Engine;
@@ -102,18 +104,7 @@ std::vector<Workload> workloads() {
 
   Workload qwen;
   qwen.name = "qwen2-100m";
-  PolicyConfig& q = qwen.config;
-  q.model_type = "qwen2";
-  q.vocab_size = 32000;
-  q.hidden_size = 768;
-  q.intermediate_size = 2048;
-  q.num_hidden_layers = 12;
-  q.num_attention_heads = 12;
-  q.num_key_value_heads = 4;
-  q.max_position_embeddings = 2048;
-  q.rope_theta = 1000000.0;
-  q.tie_word_embeddings = true;
-  q.attention_bias = true;
+  qwen.config = relay::bench::qwen2_100m_config();
   qwen.prompt_len = 16;
   qwen.new_tokens = 16;  // re-encoding [64, P + N] every step bounds this on 2 cores
   qwen.mixed_max_new = 64;
@@ -165,11 +156,6 @@ std::vector<std::string> split(const std::string& s) {
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 Policy make_policy(const PolicyConfig& config) {

@@ -28,13 +28,16 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "relay/store/convert.h"
 #include "relay/store/rollout_store.h"
 #include "relay/v1/trajectory.pb.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using relay::bench::Clock;
+using relay::bench::median;
+using relay::bench::seconds_since;
 using relay::rollout::Trajectory;
 using relay::rollout::TrajectoryGroup;
 
@@ -46,41 +49,6 @@ struct Args {
   int reps = 5;
   std::string dir = "/tmp/relay_store_bench";
 };
-
-TrajectoryGroup make_group(int index, const Args& a, std::mt19937& rng) {
-  std::uniform_int_distribution<int64_t> token(0, 151935);
-  std::uniform_real_distribution<float> lp(-8.0f, 0.0f);
-  TrajectoryGroup g;
-  g.group_id = "bench/" + std::to_string(index);
-  std::vector<int64_t> prompt(a.prompt);
-  for (auto& t : prompt) t = token(rng);
-  for (int j = 0; j < a.k; ++j) {
-    Trajectory t;
-    t.prompt_tokens = prompt;
-    for (int i = 0; i < a.response; ++i) {
-      t.response_tokens.push_back(token(rng));
-      t.behavior_logprobs.push_back(lp(rng));
-      t.token_versions.push_back(3);
-      t.proximal_logprobs.push_back(lp(rng));
-      t.proximal_versions.push_back(3);
-      t.offpolicy_mask.push_back(0);
-    }
-    t.finish_reason = relay::rollout::FinishReason::kStop;
-    t.version_digests = {{3, 12345}};
-    t.reward = j % 2;
-    g.trajectories.push_back(std::move(t));
-  }
-  return g;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double run_raw(const std::vector<std::string>& bytes, const std::string& path) {
   std::filesystem::remove(path);
@@ -160,7 +128,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> bytes;
   double mb = 0;
   for (int i = 0; i < a.groups; ++i) {
-    groups.push_back(make_group(i, a, rng));
+    groups.push_back(relay::bench::synthetic_group(i, a.k, a.prompt, a.response, 3, 151936, rng));
     relay::v1::TrajectoryGroup wire;
     relay::store::to_proto(groups.back(), &wire);
     bytes.push_back(wire.SerializeAsString());

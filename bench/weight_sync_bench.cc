@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "relay/comm/rpc.h"
 #include "relay/comm/trainer_service.h"
 #include "relay/comm/weight_buckets.h"
@@ -51,18 +52,12 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using relay::bench::Clock;
+using relay::bench::median;
+using relay::bench::qwen2_100m_config;
+using relay::bench::seconds_since;
 using namespace relay;
 using namespace relay::comm;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::vector<int64_t> parse_list(const char* s) {
   std::vector<int64_t> out;
@@ -80,22 +75,6 @@ T check(StatusOr<T> r, const char* what) {
     std::exit(1);
   }
   return std::move(r).value();
-}
-
-model::PolicyConfig qwen2_100m_config() {
-  model::PolicyConfig q;
-  q.model_type = "qwen2";
-  q.vocab_size = 32000;
-  q.hidden_size = 768;
-  q.intermediate_size = 2048;
-  q.num_hidden_layers = 12;
-  q.num_attention_heads = 12;
-  q.num_key_value_heads = 4;
-  q.max_position_embeddings = 2048;
-  q.rope_theta = 1000000.0;
-  q.tie_word_embeddings = true;
-  q.attention_bias = true;
-  return q;
 }
 
 std::shared_ptr<const WeightSnapshot> qwen2_100m_snapshot(WeightPublisher& publisher) {

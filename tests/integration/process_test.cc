@@ -288,7 +288,10 @@ TEST_F(ProcessTest, TrainerKilledAndRestartedResumesWithEveryAcknowledgedGroup) 
   EXPECT_EQ(worker->wait(90s), 0) << worker->output();
   EXPECT_NE(worker->output().find("reconnected"), std::string::npos) << worker->output();
   // Every group the worker saw acknowledged (by either trainer) is stored.
-  EXPECT_EQ(static_cast<int64_t>(after.appended), accepted_by(worker->output()));
+  // The store may hold more: a group made durable just before the SIGKILL
+  // whose ack never left the dead trainer (its lease was retired in the same
+  // write, so its prompt is not leased again: no group id repeats, above).
+  EXPECT_GE(static_cast<int64_t>(after.appended), accepted_by(worker->output()));
 }
 
 // SIGTERM is a drain, not a crash: the worker gives its leases back at once
@@ -337,8 +340,17 @@ TEST_F(ProcessTest, StoredTrajectoriesHaveOrderedVersionsAndReproducibleLogprobs
   wargs.push_back("task.arithmetic.max_operands=2");
   auto b = start(wargs, base_ + "/b.log");
   ASSERT_EQ(trainer->wait(180s), 0) << trainer->output();
-  ASSERT_EQ(a->wait(30s), 0) << a->output();
-  ASSERT_EQ(b->wait(30s), 0) << b->output();
+  // A worker that registered hears "finished" and exits. One that started so
+  // slowly (a loaded CI machine) that the 8 steps were over before it
+  // registered would go on trying to reach the trainer; SIGTERM ends it.
+  for (Child* w : {a.get(), b.get()}) {
+    int code = w->wait(15s);
+    if (code < 0) {
+      w->kill(SIGTERM);
+      code = w->wait(30s);
+    }
+    ASSERT_EQ(code, 0) << w->output();
+  }
 
   store::StoreOptions o;
   o.path = run_dir() + "/store";
