@@ -24,7 +24,7 @@ for rep in $(seq 1 "$reps"); do
   for s in "${bounds[@]}"; do
     dir="$out/s${s}_r${rep}"
     "$relay" run "$config" experiment.output_dir="$dir" trainer.max_staleness="$s" \
-      experiment.eval_every=0 > "$dir.log" 2>&1
+      eval.every=0 > "$dir.log" 2>&1
     python3 - "$dir" "$s" "$rep" >> "$out/results.tsv" <<'PY'
 import json, os, sys
 d, s, rep = sys.argv[1:]

@@ -75,11 +75,23 @@ struct RunArgs {
       eval_every;
   std::string metrics_out;  // default: <run dir>/metrics.jsonl
   std::string save;
+  bool resume = false;  // require a checkpoint to continue from
 };
 // relay-trainer and rollout.workers relay-rollout processes on this machine,
 // supervised (a worker that dies is restarted); returns the trainer's exit
 // code.
 int run(const RunArgs& args);
+
+struct EvalArgs {
+  std::string model_dir;    // HF-layout model directory (weights and tokenizer)
+  std::string config_file;  // experiment config: its task and eval sections
+  std::vector<std::string> overrides;
+  std::optional<int64_t> n, prompts;  // eval.n, eval.prompts
+  std::optional<double> temperature;  // eval.temperature
+  bool json = false;
+};
+// Greedy accuracy and pass@k of a model on the task's held-out prompts.
+int eval_model(const EvalArgs& args);
 
 struct StoreInspectArgs {
   std::string path;

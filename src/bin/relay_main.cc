@@ -94,12 +94,28 @@ int main(int argc, char** argv) {
   run->add_option("--groups-per-step", run_args.groups_per_step,
                   "Prompt groups per step (experiment.groups_per_step)");
   run->add_option("--eval-prompts", run_args.eval_prompts,
-                  "Held-out prompts for accuracy (experiment.eval_prompts)");
-  run->add_option("--eval-every", run_args.eval_every,
-                  "Evaluate every N steps (experiment.eval_every)");
+                  "Held-out prompts for accuracy (eval.prompts)");
+  run->add_option("--eval-every", run_args.eval_every, "Evaluate every N steps (eval.every)");
   run->add_option("--metrics-out", run_args.metrics_out,
                   "Each step's metrics as JSONL (default <run dir>/metrics.jsonl)");
   run->add_option("--save", run_args.save, "Write the trained model here");
+  run->add_flag("--resume", run_args.resume,
+                "Continue from the run directory's newest checkpoint (an error when there is "
+                "none; a run directory with checkpoints is resumed without it too)");
+
+  relay::cli::EvalArgs eval_args;
+  auto* eval = app.add_subcommand(
+      "eval", "Held-out greedy accuracy and pass@k of a model on a task, with the rollout engine");
+  eval->add_option("--model", eval_args.model_dir, "HF-layout model directory")->required();
+  eval->add_option("--task", eval_args.config_file,
+                   "Experiment config whose task and eval sections to use")
+      ->required();
+  eval->add_option("overrides", eval_args.overrides, "key.path=value overrides");
+  eval->add_option("--n", eval_args.n, "Samples per prompt for pass@k (eval.n; 0 = greedy only)");
+  eval->add_option("--prompts", eval_args.prompts, "Held-out prompts (eval.prompts)");
+  eval->add_option("--temperature", eval_args.temperature,
+                   "Sampling temperature of the n samples (eval.temperature)");
+  eval->add_flag("--json", eval_args.json, "Print one JSON object");
 
   relay::cli::StoreInspectArgs inspect_args;
   auto* store = app.add_subcommand("store", "The rollout store");
@@ -148,5 +164,6 @@ int main(int argc, char** argv) {
   if (*train) return relay::cli::train_local(tl);
   if (*inspect) return relay::cli::store_inspect(inspect_args);
   if (*run) return relay::cli::run(run_args);
+  if (*eval) return relay::cli::eval_model(eval_args);
   return 2;
 }

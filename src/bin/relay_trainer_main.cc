@@ -5,12 +5,15 @@
 //   relay-trainer CONFIG [key=value ...] [--run-dir DIR] [--model DIR] [--store DIR]
 //       [--listen ADDR] [--port-file F] [--steps N] [--groups-per-step G]
 //       [--eval-prompts E] [--eval-every K] [--metrics-out F] [--save DIR] [--token T]
+//       [--resume]
 //
 // Everything else comes from the config (experiment.*, services.*). The run
 // directory (default <experiment.output_dir>/<experiment.name>) holds
 // config.yaml, metrics.jsonl, checkpoints/ and store/. Started again on the
-// same run directory, the trainer resumes from its newest checkpoint with the
-// store's acknowledged groups and the dispenser's leases (docs/services.md).
+// same run directory, the trainer resumes from its newest checkpoint
+// (checkpoints/step_NNNNNN/) and puts the rollout store and the prompt
+// dispenser back where they stood when it was written, so the steps after it
+// repeat what an uninterrupted run would do (docs/services.md).
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -39,6 +42,7 @@
 #include "relay/comm/weight_broadcaster.h"
 #include "relay/common/file_io.h"
 #include "relay/common/logging.h"
+#include "relay/common/progress.h"
 #include "relay/common/tensorboard.h"
 #include "relay/model/checkpoint.h"
 #include "relay/store/dispenser.h"
@@ -60,14 +64,36 @@ int fail(const Status& s) {
 
 int64_t ms(double seconds) { return static_cast<int64_t>(std::ceil(seconds * 1000)); }
 
-// The files a checkpoint needs besides the weights: the tokenizer.
-model::SaveOptions save_options(const cli::RolloutSetup& s) {
-  model::SaveOptions o;
-  o.overwrite = true;
-  if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
-    o.extra_files[model::kCharTokenizerFile] = ct->to_json();
+// Drops the records of RL steps after `rl_step` (and their evaluations)
+// from metrics.jsonl: a run resumed from the checkpoint of step `rl_step`
+// does those steps again, and each step should appear once. Warm-start
+// records stay. The file is rewritten atomically; a missing one is fine.
+Status truncate_metrics_after(const std::string& path, int64_t rl_step) {
+  StatusOr<std::string> text = read_file(path);
+  if (!text.ok()) return OkStatus();
+  std::string kept;
+  int64_t dropped = 0;
+  size_t begin = 0;
+  while (begin < text->size()) {
+    size_t end = text->find('\n', begin);
+    if (end == std::string::npos) end = text->size();
+    const std::string line = text->substr(begin, end - begin);
+    begin = end + 1;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    // A torn last line (the process died mid-write) is dropped too.
+    const bool later =
+        !j.is_object() || (j.value("phase", "") != "sft" && j.value("step", int64_t{0}) > rl_step);
+    if (later) {
+      ++dropped;
+      continue;
+    }
+    kept += line;
+    kept += '\n';
   }
-  return o;
+  if (dropped == 0) return OkStatus();
+  std::printf("metrics.jsonl: dropped %lld records after step %lld (they will be redone)\n",
+              static_cast<long long>(dropped), static_cast<long long>(rl_step));
+  return write_file_atomic(path, kept);
 }
 
 // Every record goes to metrics.jsonl (one JSON line, flushed, so the file is
@@ -119,6 +145,7 @@ int main(int argc, char** argv) {
   std::string run_dir, store_dir, listen, port_file, metrics_out, save, token_flag,
       log_level = "warn";
   std::optional<int64_t> steps, groups_per_step, eval_prompts, eval_every;
+  bool resume = false;
   app.add_option("config", ra.config_file, "YAML experiment config")->required();
   app.add_option("overrides", ra.overrides, "key.path=value overrides");
   app.add_option("--run-dir", run_dir,
@@ -129,13 +156,16 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "Write the bound port here once serving");
   app.add_option("--steps", steps, "RL steps (default experiment.steps)");
   app.add_option("--groups-per-step", groups_per_step, "Groups per step (experiment.*)");
-  app.add_option("--eval-prompts", eval_prompts, "Held-out prompts (experiment.*)");
-  app.add_option("--eval-every", eval_every, "Evaluate every N steps (experiment.*)");
+  app.add_option("--eval-prompts", eval_prompts, "Held-out prompts (eval.prompts)");
+  app.add_option("--eval-every", eval_every, "Evaluate every N steps (eval.every)");
   app.add_option("--metrics-out", metrics_out, "Metrics JSONL (default <run dir>/metrics.jsonl)");
   app.add_option("--save", save, "Also write the trained model here");
   app.add_option("--token", token_flag,
                  "Shared bearer token (default services.token_file, then $RELAY_TOKEN)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+  app.add_flag("--resume", resume,
+               "Continue from the run directory's newest checkpoint (an error when it has none; "
+               "without the flag a run directory with checkpoints is resumed too)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -147,8 +177,8 @@ int main(int argc, char** argv) {
   if (groups_per_step) {
     ra.overrides.push_back(absl::StrCat("experiment.groups_per_step=", *groups_per_step));
   }
-  if (eval_prompts) ra.overrides.push_back(absl::StrCat("experiment.eval_prompts=", *eval_prompts));
-  if (eval_every) ra.overrides.push_back(absl::StrCat("experiment.eval_every=", *eval_every));
+  if (eval_prompts) ra.overrides.push_back(absl::StrCat("eval.prompts=", *eval_prompts));
+  if (eval_every) ra.overrides.push_back(absl::StrCat("eval.every=", *eval_every));
   if (!listen.empty()) ra.overrides.push_back(absl::StrCat("services.listen=", listen));
 
   ra.prompts = 1;
@@ -184,6 +214,17 @@ int main(int argc, char** argv) {
                 kept.c_str());
   }
   if (Status st = write_file_atomic(config_file, resolved); !st.ok()) return fail(st);
+  StatusOr<std::optional<trainer::CheckpointInfo>> latest = trainer::latest_checkpoint(checkpoints);
+  if (!latest.ok()) return fail(latest.status());
+  if (resume && !*latest) {
+    return fail(FailedPreconditionError(
+        absl::StrCat("--resume: ", checkpoints, " holds no checkpoint to resume from")));
+  }
+  if (*latest) {
+    if (Status st = truncate_metrics_after(metrics_out, (*latest)->rl_step); !st.ok()) {
+      return fail(st);
+    }
+  }
   MetricsLog metrics;
   if (Status st = metrics.open(metrics_out, run_dir + "/tensorboard"); !st.ok()) return fail(st);
   std::unique_ptr<comm::MetricsEndpoint> endpoint;
@@ -198,32 +239,69 @@ int main(int argc, char** argv) {
                 endpoint->port());
   }
 
-  cli::PromptSplit split{s.task->size(), ex.eval_prompts};
+  const EvalConfig& ev = s.config.eval;
+  cli::PromptSplit split{s.task->size(), ev.prompts};
   if (split.size >= 0 && split.size - split.eval < 1) {
-    return fail(InvalidArgumentError("experiment.eval_prompts: leaves no prompt to train on"));
+    return fail(InvalidArgumentError("eval.prompts: leaves no prompt to train on"));
   }
   StatusOr<trainer::TrainerOptions> to = trainer::trainer_options(s.config);
   if (!to.ok()) return fail(to.status());
   to->pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
+  StatusOr<model::SaveOptions> save_options = cli::model_save_options(s);
+  if (!save_options.ok()) return fail(save_options.status());
   rollout::SafeVerifier verifier(s.task,
                                  std::chrono::milliseconds(ms(s.config.task.verifier_timeout_s)));
   double last_accuracy = std::nan("");
+  int64_t last_eval_step = -1;
   auto eval = [&](int64_t step, const std::string& label, const model::Policy& policy) -> Status {
     if (split.eval == 0) return OkStatus();
-    RELAY_ASSIGN_OR_RETURN(double acc, cli::evaluate(s, policy, split, verifier));
-    std::printf("eval %s: accuracy %.3f on %lld held-out prompts\n", label.c_str(), acc,
-                static_cast<long long>(split.eval));
+    cli::EvalOptions eo;
+    eo.n = ev.n;
+    eo.temperature = ev.temperature;
+    eo.progress = absl::StrCat("eval ", label);
+    RELAY_ASSIGN_OR_RETURN(cli::EvalResult r,
+                           cli::evaluate_held_out(s, policy, split, verifier, eo));
+    std::string passes;
+    for (const auto& [k, v] : r.pass_at_k) passes += absl::StrFormat("  pass@%d %.3f", k, v);
+    std::printf("eval %s: accuracy %.3f on %lld held-out prompts%s\n", label.c_str(), r.accuracy,
+                static_cast<long long>(r.prompts), passes.c_str());
     std::fflush(stdout);
-    metrics.record("eval", step, {{"accuracy", acc}});
-    last_accuracy = acc;
+    metrics.record("eval", step, r.metrics());
+    last_accuracy = r.accuracy;
+    last_eval_step = step;
     return OkStatus();
+  };
+
+  // The store opens first: a checkpoint records where it stood, and a
+  // resumed run puts it back there.
+  store::StoreOptions so;
+  so.path = store_dir;
+  StatusOr<std::unique_ptr<store::RolloutStore>> store = store::RolloutStore::open(so);
+  if (!store.ok()) return fail(store.status());
+  const trainer::CheckpointRetention retention{ex.keep_checkpoints, ex.keep_best_checkpoint};
+  // Writes the checkpoint of step `rl_step` (with the eval accuracy when
+  // that step was evaluated and the store's position now).
+  auto write_checkpoint = [&](const trainer::Trainer& t, int64_t rl_step,
+                              int64_t rl_start_version) -> StatusOr<trainer::CheckpointInfo> {
+    RELAY_ASSIGN_OR_RETURN(store::StorePosition pos, (*store)->position());
+    trainer::CheckpointInfo meta;
+    meta.rl_step = rl_step;
+    meta.rl_start_version = rl_start_version;
+    meta.seed = s.config.run.seed;
+    if (last_eval_step == rl_step && !std::isnan(last_accuracy)) meta.eval_accuracy = last_accuracy;
+    meta.store_next_seq = pos.next_seq;
+    meta.dispenser_state = pos.side_record;
+    Progress progress(absl::StrCat("checkpoint ", trainer::checkpoint_dir_name(rl_step)), 1);
+    StatusOr<trainer::CheckpointInfo> info =
+        trainer::write_checkpoint(checkpoints, t, meta, *save_options, retention);
+    if (info.ok()) progress.update(1);
+    return info;
   };
 
   // Resume, or warm-start and write checkpoint zero so that a restart never
   // repeats the warm start.
   Resumed r;
-  StatusOr<std::optional<trainer::CheckpointInfo>> latest = trainer::latest_checkpoint(checkpoints);
-  if (!latest.ok()) return fail(latest.status());
+  double best_accuracy = std::nan("");
   const std::string reference_dir = checkpoints + "/reference";
   model::Policy reference{nullptr};
   if (to->needs_reference()) {
@@ -239,6 +317,11 @@ int main(int argc, char** argv) {
   }
   if (*latest) {
     const trainer::CheckpointInfo& info = **latest;
+    if (info.seed != s.config.run.seed) {
+      std::printf("note: run.seed is %llu; the checkpoint was written with %llu\n",
+                  static_cast<unsigned long long>(s.config.run.seed),
+                  static_cast<unsigned long long>(info.seed));
+    }
     model::LoadOptions lo;
     lo.dtype = s.policy->parameters()[0].scalar_type();
     StatusOr<model::Policy> policy = model::load_policy(info.dir, lo);
@@ -249,24 +332,42 @@ int main(int argc, char** argv) {
     if (!tr.ok()) return fail(tr.status());
     if (Status st = trainer::restore_checkpoint(info, **tr); !st.ok()) return fail(st);
     r = {*std::move(tr), info.rl_step, info.rl_start_version};
-    std::printf("resumed from %s: version %lld, step %lld of %d\n", info.dir.c_str(),
-                static_cast<long long>(info.version), static_cast<long long>(info.rl_step),
-                ex.steps);
+    // The store goes back to where it stood at the checkpoint: groups that
+    // arrived later came from weights that died with the previous process,
+    // and groups trained on later are trained on again, so the resumed run
+    // sees what an uninterrupted one would have.
+    store::StorePosition pos;
+    pos.next_seq = std::max<uint64_t>(1, info.store_next_seq);
+    pos.side_record = info.dispenser_state;
+    StatusOr<store::RewindStats> rw = (*store)->rewind(pos, info.version);
+    if (!rw.ok()) return fail(rw.status());
+    StatusOr<std::optional<trainer::CheckpointInfo>> best = trainer::best_checkpoint(checkpoints);
+    if (!best.ok()) return fail(best.status());
+    if (*best) best_accuracy = *(*best)->eval_accuracy;
+    std::printf(
+        "resumed from %s: version %lld, step %lld of %d (store rewound: %lld groups trained on "
+        "again, %lld later arrivals dropped)\n",
+        info.dir.c_str(), static_cast<long long>(info.version),
+        static_cast<long long>(info.rl_step), ex.steps, static_cast<long long>(rw->restored),
+        static_cast<long long>(rw->dropped));
   } else {
+    if ((*store)->appended() > 0) {
+      return fail(FailedPreconditionError(absl::StrCat(
+          store_dir, " holds ", (*store)->appended(), " groups but ", checkpoints,
+          " no checkpoint to go with them: use a new experiment.name or remove ", store_dir)));
+    }
     if (Status st = eval(0, "before", s.policy); !st.ok()) return fail(st);
     int64_t version = 0;
     if (ex.warm_start.sft_steps > 0) {
       cli::WarmStart ws{ex.warm_start.sft_steps, ex.warm_start.sft_lr, ex.warm_start.batch};
+      Progress progress("warm start", ws.steps);
       StatusOr<int64_t> after = cli::warm_start(
           s, *to, split, version, ws, [&](int64_t k, const trainer::StepMetrics& m) {
             metrics.record("sft", k, m);
-            if (k == ws.steps || k % 20 == 0) {
-              std::printf("warm start %lld/%lld: sft_loss %.4f\n", static_cast<long long>(k),
-                          static_cast<long long>(ws.steps), m.at("sft_loss"));
-              std::fflush(stdout);
-            }
+            progress.update(k, absl::StrFormat("sft_loss %.4f", m.at("sft_loss")));
           });
       if (!after.ok()) return fail(after.status());
+      progress.finish();
       version = *after;
       if (Status st = eval(0, "after warm start", s.policy); !st.ok()) return fail(st);
     }
@@ -276,28 +377,16 @@ int main(int argc, char** argv) {
     r = {*std::move(tr), 0, version};
     if (to->needs_reference() && s.config.trainer.reference.empty()) {
       // The KL reference is the policy RL starts from; a resumed run needs it.
-      if (Status st = model::save_policy(*s.policy, reference_dir, save_options(s)); !st.ok()) {
+      if (Status st = model::save_policy(*s.policy, reference_dir, *save_options); !st.ok()) {
         return fail(st);
       }
     }
-    StatusOr<trainer::CheckpointInfo> c = trainer::write_checkpoint(
-        checkpoints, *r.trainer, 0, version, save_options(s), ex.keep_checkpoints);
+    if (last_eval_step == 0) best_accuracy = last_accuracy;
+    StatusOr<trainer::CheckpointInfo> c = write_checkpoint(*r.trainer, 0, version);
     if (!c.ok()) return fail(c.status());
   }
   trainer::Trainer& tr = *r.trainer;
 
-  store::StoreOptions so;
-  so.path = store_dir;
-  StatusOr<std::unique_ptr<store::RolloutStore>> store = store::RolloutStore::open(so);
-  if (!store.ok()) return fail(store.status());
-  // Tokens of versions after the checkpoint came from weights that died with
-  // the previous process: no staleness bound applies to them.
-  StatusOr<int64_t> lost = (*store)->expire_newer_than(tr.version());
-  if (!lost.ok()) return fail(lost.status());
-  if (*lost > 0) {
-    std::printf("expired %lld stored groups with versions after %lld (not checkpointed)\n",
-                static_cast<long long>(*lost), static_cast<long long>(tr.version()));
-  }
   store::DispenserOptions dopt;
   dopt.groups_per_step = ex.groups_per_step;
   dopt.max_staleness = s.config.trainer.max_staleness;
@@ -311,7 +400,9 @@ int main(int argc, char** argv) {
   // Leases restored from the store belong to worker registrations of the
   // previous process, which no worker can submit under any more (workers
   // register again): their prompts go back in the queue now instead of
-  // holding the staleness capacity until their deadlines.
+  // holding the staleness capacity until their deadlines. A prompt's
+  // samples depend on its position in the stream, not on the lease, so it
+  // samples the same again.
   int64_t orphaned = 0;
   for (const store::Lease& l : (*dispenser)->leases()) {
     if (Status st = (*dispenser)->release(l.id); !st.ok()) return fail(st);
@@ -365,14 +456,18 @@ int main(int argc, char** argv) {
   sopt.limits.vocab_size = s.policy->config().vocab_size;
   comm::TrainerService service(
       sopt, store->get(), dispenser->get(), &publisher,
-      [&](int64_t index, int attempt) -> StatusOr<comm::PromptContent> {
+      // A prompt's sampling seed is a function of its position in the
+      // prompt stream only, not of the lease attempt: a prompt leased again
+      // (expired, released, or re-queued by a restart) samples exactly what
+      // it would have the first time under the same weights, which is what
+      // makes a resumed run repeat an uninterrupted one.
+      [&](int64_t index, int /*attempt*/) -> StatusOr<comm::PromptContent> {
         RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(split.train_index(index)));
         RELAY_ASSIGN_OR_RETURN(
             rollout::PromptGroup g,
             cli::prompt_group(
                 s, p, absl::StrCat(p.id, "#", index),
-                rollout::sequence_seed(s.config.run.seed,
-                                       static_cast<uint64_t>(index) * 1000003 + attempt)));
+                rollout::sequence_seed(s.config.run.seed, static_cast<uint64_t>(index))));
         comm::PromptContent c;
         c.group_id = g.group_id;
         c.prompt_tokens = std::move(g.prompt);
@@ -402,10 +497,13 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, on_signal);
 
   auto checkpoint = [&]() -> Status {
-    return trainer::write_checkpoint(checkpoints, tr, r.rl_step, r.rl_start_version,
-                                     save_options(s), ex.keep_checkpoints)
-        .status();
+    RELAY_ASSIGN_OR_RETURN(trainer::CheckpointInfo info,
+                           write_checkpoint(tr, r.rl_step, r.rl_start_version));
+    // Compaction must keep what a rewind to this checkpoint needs.
+    host.set_compact_floor(info.version);
+    return OkStatus();
   };
+  host.set_compact_floor(tr.version());
   const auto t0 = std::chrono::steady_clock::now();
   Status result = OkStatus();
   while (r.rl_step < ex.steps && !g_stop) {
@@ -430,11 +528,14 @@ int main(int argc, char** argv) {
       (*m)["weight_sync/failures"] = static_cast<double>(bs.failures);
     }
     metrics.record("rl", r.rl_step, *m);
-    if (ex.eval_every > 0 && r.rl_step % ex.eval_every == 0 && r.rl_step < ex.steps) {
+    bool new_best = false;
+    if (ev.every > 0 && r.rl_step % ev.every == 0 && r.rl_step < ex.steps) {
       if (Status st = eval(r.rl_step, absl::StrCat("at step ", r.rl_step), tr.policy()); !st.ok()) {
         result = st;
         break;
       }
+      new_best = std::isnan(best_accuracy) || last_accuracy > best_accuracy;
+      if (new_best) best_accuracy = last_accuracy;
     }
     // One progress line per step.
     std::printf(
@@ -446,7 +547,10 @@ int main(int argc, char** argv) {
         m->at("staleness/mean"), m->at("staleness/max"), m->at("throughput/samples_per_s"),
         m->at("store/wait_s"), m->at("mismatch/k3"));
     std::fflush(stdout);
-    if (ex.checkpoint_every > 0 && r.rl_step % ex.checkpoint_every == 0 && r.rl_step < ex.steps) {
+    // Periodic checkpoints, and the step of a new best eval accuracy (so
+    // that the best model is kept).
+    const bool periodic = ex.checkpoint_every > 0 && r.rl_step % ex.checkpoint_every == 0;
+    if ((periodic || (new_best && ex.keep_best_checkpoint)) && r.rl_step < ex.steps) {
       if (Status st = checkpoint(); !st.ok()) {
         result = st;
         break;
@@ -471,8 +575,7 @@ int main(int argc, char** argv) {
     if (Status st = checkpoint(); !st.ok() && result.ok()) result = st;
   }
   if (result.ok() && finished && !save.empty()) {
-    model::SaveOptions o = save_options(s);
-    result = model::save_policy(*tr.policy(), save, o);
+    result = model::save_policy(*tr.policy(), save, *save_options);
   }
   const store::DispenserStats ds = (*dispenser)->stats();
   std::printf(

@@ -101,8 +101,8 @@ int run(const RunArgs& args) {
   shorthand(args.groups_in_flight, "rollout.groups_in_flight");
   shorthand(args.steps, "experiment.steps");
   shorthand(args.groups_per_step, "experiment.groups_per_step");
-  shorthand(args.eval_prompts, "experiment.eval_prompts");
-  shorthand(args.eval_every, "experiment.eval_every");
+  shorthand(args.eval_prompts, "eval.prompts");
+  shorthand(args.eval_every, "eval.every");
   StatusOr<ExperimentConfig> config = load_config(args.config_file, overrides);
   if (!config.ok()) return fail(config.status());
   const int workers = config->rollout.workers;
@@ -137,6 +137,7 @@ int run(const RunArgs& args) {
     trainer.push_back(flag);
     trainer.push_back(value);
   }
+  if (args.resume) trainer.push_back("--resume");
   ::signal(SIGINT, on_signal);
   ::signal(SIGTERM, on_signal);
   StatusOr<pid_t> trainer_pid = spawn(trainer);

@@ -2,14 +2,20 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "relay/common/file_io.h"
+#include "relay/common/progress.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/threads.h"
 #include "relay/model/weight_manifest.h"
+#include "relay/rollout/eval_metrics.h"
 #include "relay/rollout/generate.h"
 
 namespace relay::cli {
@@ -61,6 +67,7 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
   }
   const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
   model::configure_threads(s.config.run.threads);
+  s.model_dir = dir;
   if (!dir.empty()) {
     RELAY_ASSIGN_OR_RETURN(s.policy, model::load_policy(dir));
     RELAY_ASSIGN_OR_RETURN(s.tokenizer, model::load_tokenizer(dir));
@@ -102,6 +109,29 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
   }
   RELAY_ASSIGN_OR_RETURN(s.engine, rollout::engine_options(s.config.rollout, stops));
   return s;
+}
+
+StatusOr<model::SaveOptions> model_save_options(const RolloutSetup& s) {
+  model::SaveOptions o;
+  o.overwrite = true;
+  if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
+    o.extra_files[model::kCharTokenizerFile] = ct->to_json();
+    return o;
+  }
+  // The files HF tools look for next to the weights; whichever the source
+  // directory has are carried over unchanged.
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "generation_config.json", "vocab.json", "merges.txt"}) {
+    const std::string path = s.model_dir + "/" + name;
+    if (s.model_dir.empty() || !std::filesystem::exists(path)) continue;
+    RELAY_ASSIGN_OR_RETURN(o.extra_files[name], read_file(path));
+  }
+  if (o.extra_files.count("tokenizer.json") == 0) {
+    return FailedPreconditionError(
+        absl::StrCat("model directory ", s.model_dir.empty() ? std::string("(none)") : s.model_dir,
+                     " has no tokenizer.json to save with the model"));
+  }
+  return o;
 }
 
 StatusOr<uint64_t> weights_digest(const model::PolicyImpl& policy) {
@@ -154,9 +184,19 @@ Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
   return OkStatus();
 }
 
-// Greedy accuracy (mean reward) on the held-out prompts.
-StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
-                          const PromptSplit& split, rollout::SafeVerifier& verifier) {
+std::map<std::string, double> EvalResult::metrics() const {
+  std::map<std::string, double> m = {{"accuracy", accuracy}, {"reward", reward}};
+  if (n > 0) {
+    for (const auto& [k, v] : pass_at_k) m[absl::StrCat("pass@", k)] = v;
+    m["sample_reward"] = sample_reward;
+  }
+  return m;
+}
+
+StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Policy& policy,
+                                       const PromptSplit& split, rollout::SafeVerifier& verifier,
+                                       const EvalOptions& o) {
+  if (o.n < 0) return InvalidArgumentError(absl::StrCat("eval.n: must be >= 0, got ", o.n));
   std::vector<std::vector<int64_t>> prompts;
   std::vector<rollout::TaskPrompt> task_prompts;
   for (int64_t i = 0; i < split.eval; ++i) {
@@ -165,19 +205,82 @@ StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
     prompts.push_back(std::move(ids));
     task_prompts.push_back(std::move(p));
   }
-  if (prompts.empty()) return 0.0;
-  rollout::GenerateOptions g;
-  g.max_new_tokens = s.engine.max_new_tokens;
-  g.sampling.greedy = true;
-  g.stop_tokens = s.engine.stop_tokens;
-  RELAY_ASSIGN_OR_RETURN(std::vector<rollout::Generation> out,
-                         rollout::generate(model::clone_policy(*policy), prompts, g));
-  double total = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(out[i].tokens));
-    total += verifier.score(task_prompts[i], text).reward;
+  EvalResult r;
+  r.prompts = static_cast<int64_t>(prompts.size());
+  r.n = o.n;
+  if (prompts.empty()) return r;
+  // Work items: prompt i greedily, then its n samples.
+  const int64_t per_prompt = 1 + o.n;
+  const int64_t total = r.prompts * per_prompt;
+  const int64_t batch = std::max<int64_t>(1, o.batch) * per_prompt;
+  std::optional<Progress> progress;
+  if (!o.progress.empty()) progress.emplace(o.progress, total);
+  model::Policy scorer = model::clone_policy(*policy);
+  std::vector<int64_t> correct(prompts.size(), 0);
+  double greedy_correct = 0, greedy_reward = 0, sample_reward = 0;
+  int64_t greedy_seen = 0;
+  for (int64_t begin = 0; begin < total; begin += batch) {
+    const int64_t end = std::min(total, begin + batch);
+    std::vector<std::vector<int64_t>> greedy_in, sampled_in;
+    std::vector<int64_t> greedy_of, sampled_of;  // prompt index of each input
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t i = w / per_prompt;
+      if (w % per_prompt == 0) {
+        greedy_in.push_back(prompts[i]);
+        greedy_of.push_back(i);
+      } else {
+        sampled_in.push_back(prompts[i]);
+        sampled_of.push_back(i);
+      }
+    }
+    auto run = [&](const std::vector<std::vector<int64_t>>& in, const std::vector<int64_t>& of,
+                   bool greedy) -> Status {
+      if (in.empty()) return OkStatus();
+      rollout::GenerateOptions g;
+      g.max_new_tokens = s.engine.max_new_tokens;
+      g.stop_tokens = s.engine.stop_tokens;
+      g.sampling.greedy = greedy;
+      g.sampling.temperature = o.temperature;
+      // Distinct from the training stream's seeds, and fixed per batch.
+      g.seed =
+          rollout::sequence_seed(s.config.run.seed ^ 0x6576616cULL, static_cast<uint64_t>(begin));
+      RELAY_ASSIGN_OR_RETURN(std::vector<rollout::Generation> out,
+                             rollout::generate(scorer, in, g));
+      for (size_t k = 0; k < out.size(); ++k) {
+        RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(out[k].tokens));
+        const rollout::Score score = verifier.score(task_prompts[of[k]], text);
+        const bool ok = rollout::is_correct(score);
+        if (greedy) {
+          greedy_correct += ok ? 1 : 0;
+          greedy_reward += score.reward;
+        } else {
+          correct[of[k]] += ok ? 1 : 0;
+          sample_reward += score.reward;
+        }
+      }
+      return OkStatus();
+    };
+    RELAY_RETURN_IF_ERROR(run(greedy_in, greedy_of, true));
+    RELAY_RETURN_IF_ERROR(run(sampled_in, sampled_of, false));
+    if (progress) {
+      greedy_seen += static_cast<int64_t>(greedy_in.size());
+      progress->update(end, absl::StrFormat("accuracy %.3f", greedy_correct / greedy_seen));
+    }
   }
-  return total / static_cast<double>(out.size());
+  r.accuracy = greedy_correct / static_cast<double>(r.prompts);
+  r.reward = greedy_reward / static_cast<double>(r.prompts);
+  if (o.n > 0) {
+    r.pass_at_k = rollout::mean_pass_at_k(correct, o.n);
+    r.sample_reward = sample_reward / static_cast<double>(r.prompts * o.n);
+  }
+  if (progress) progress->finish(absl::StrFormat("accuracy %.3f", r.accuracy));
+  return r;
+}
+
+StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
+                          const PromptSplit& split, rollout::SafeVerifier& verifier) {
+  RELAY_ASSIGN_OR_RETURN(EvalResult r, evaluate_held_out(s, policy, split, verifier, {}));
+  return r.accuracy;
 }
 
 // A demonstration: the task's target solution as the response.

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "bin/commands.h"
 #include "relay/common/config.h"
 #include "relay/common/status.h"
+#include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/engine.h"
@@ -24,6 +26,7 @@ namespace relay::cli {
 
 struct RolloutSetup {
   ExperimentConfig config;
+  std::string model_dir;  // where the policy came from; empty = built from model.init
   model::Policy policy{nullptr};
   std::shared_ptr<model::Tokenizer> tokenizer;
   std::shared_ptr<rollout::Task> task;
@@ -61,6 +64,11 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
 // options with every stop token resolved. Errors name the flag or field.
 StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args);
 
+// How to write s's policy as a model directory others can load: the
+// tokenizer goes with it (relay's char tokenizer file, or the Hugging Face
+// tokenizer files of the directory the model came from).
+StatusOr<model::SaveOptions> model_save_options(const RolloutSetup& s);
+
 // The manifest digest of a policy's weights (model/weight_manifest.h).
 StatusOr<uint64_t> weights_digest(const model::PolicyImpl& policy);
 
@@ -76,7 +84,33 @@ Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
                    const rollout::TaskPrompt& prompt, rollout::TrajectoryGroup& g,
                    const ScoredFn& on_scored = nullptr);
 
-// Greedy accuracy (mean reward) on the held-out prompts.
+struct EvalOptions {
+  // Samples per prompt for pass@k at `temperature`; 0 = greedy only.
+  int64_t n = 0;
+  double temperature = 1.0;
+  int64_t batch = 64;    // prompts generated together
+  std::string progress;  // label of a progress display; empty = none
+};
+
+struct EvalResult {
+  int64_t prompts = 0;
+  double accuracy = 0;                  // greedy responses that are correct (rollout::is_correct)
+  double reward = 0;                    // mean greedy reward
+  int64_t n = 0;                        // samples per prompt behind pass_at_k
+  std::map<int64_t, double> pass_at_k;  // k -> mean pass@k (k = 1, 2, 4, ..., n)
+  double sample_reward = 0;             // mean reward of the samples
+  // As metrics: accuracy, reward, and with samples pass@<k> and sample_reward.
+  std::map<std::string, double> metrics() const;
+};
+
+// Held-out evaluation with the rollout engine: each held-out prompt answered
+// greedily, and with o.n > 0 also sampled n times (seeds from run.seed and
+// the prompt's position, so the figures are reproducible).
+StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Policy& policy,
+                                       const PromptSplit& split, rollout::SafeVerifier& verifier,
+                                       const EvalOptions& o);
+
+// Greedy accuracy on the held-out prompts (evaluate_held_out's accuracy).
 StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
                           const PromptSplit& split, rollout::SafeVerifier& verifier);
 

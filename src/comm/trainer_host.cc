@@ -56,7 +56,7 @@ StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& st
   RELAY_RETURN_IF_ERROR(publish_current());
   ++steps_;
   if (options_.compact_every > 0 && steps_ % options_.compact_every == 0) {
-    RELAY_ASSIGN_OR_RETURN(int64_t compacted, store_->compact(trainer_->version()));
+    RELAY_ASSIGN_OR_RETURN(int64_t compacted, store_->compact(trainer_->version(), compact_floor_));
     m["store/compacted"] = static_cast<double>(compacted);
   }
   return m;

@@ -45,11 +45,18 @@ void visit_fields(V& v, ExperimentSection& c) {
   v.field("output_dir", c.output_dir);
   v.field("steps", c.steps);
   v.field("groups_per_step", c.groups_per_step);
-  v.field("eval_prompts", c.eval_prompts);
-  v.field("eval_every", c.eval_every);
   v.field("checkpoint_every", c.checkpoint_every);
   v.field("keep_checkpoints", c.keep_checkpoints);
+  v.field("keep_best_checkpoint", c.keep_best_checkpoint);
   v.section("warm_start", c.warm_start);
+}
+
+template <class V>
+void visit_fields(V& v, EvalConfig& c) {
+  v.field("prompts", c.prompts);
+  v.field("every", c.every);
+  v.field("n", c.n);
+  v.field("temperature", c.temperature);
 }
 
 template <class V>
@@ -324,6 +331,7 @@ void visit_fields(V& v, TrainerConfig& c) {
 template <class V>
 void visit_fields(V& v, ExperimentConfig& c) {
   v.section("experiment", c.experiment);
+  v.section("eval", c.eval);
   v.section("run", c.run);
   v.section("model", c.model);
   v.section("rollout", c.rollout);
@@ -720,8 +728,10 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   if (ex.output_dir.empty()) p.add_string("experiment.output_dir", "must be non-empty", "");
   p.at_least("experiment.steps", ex.steps, 0);
   p.at_least("experiment.groups_per_step", ex.groups_per_step, 1);
-  p.at_least("experiment.eval_prompts", ex.eval_prompts, 0);
-  p.at_least("experiment.eval_every", ex.eval_every, 0);
+  p.at_least("eval.prompts", config.eval.prompts, 0);
+  p.at_least("eval.every", config.eval.every, 0);
+  p.at_least("eval.n", config.eval.n, 0);
+  p.positive("eval.temperature", config.eval.temperature);
   p.at_least("experiment.checkpoint_every", ex.checkpoint_every, 0);
   p.at_least("experiment.keep_checkpoints", ex.keep_checkpoints, 1);
   p.at_least("experiment.warm_start.sft_steps", ex.warm_start.sft_steps, 0);

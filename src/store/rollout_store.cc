@@ -292,14 +292,6 @@ StatusOr<int64_t> RolloutStore::expire_stale(int64_t min_version, int64_t traine
       trainer_version);
 }
 
-StatusOr<int64_t> RolloutStore::expire_newer_than(int64_t version) {
-  return expire_where(
-      [version](int64_t, const v1::StoredGroup* rec) {
-        return rec != nullptr && rec->max_version() > version;
-      },
-      version, /*needs_record=*/true);
-}
-
 StatusOr<int64_t> RolloutStore::expire_where(
     const std::function<bool(int64_t, const v1::StoredGroup*)>& expire, int64_t trainer_version,
     bool needs_record) {
@@ -349,10 +341,10 @@ StatusOr<int64_t> RolloutStore::count_ready(int64_t min_version) const {
   return n;
 }
 
-StatusOr<int64_t> RolloutStore::compact(int64_t current_version) {
+StatusOr<int64_t> RolloutStore::compact(int64_t current_version, int64_t floor) {
   RELAY_RETURN_IF_ERROR(check_writable());
   if (options_.retention_versions < 0) return int64_t{0};
-  const int64_t cutoff = current_version - options_.retention_versions;
+  const int64_t cutoff = std::min(current_version, floor) - options_.retention_versions;
   std::lock_guard<std::mutex> lock(mu_);
   rocksdb::WriteBatch batch;
   int64_t n = 0;
@@ -390,8 +382,70 @@ uint64_t RolloutStore::appended() const {
   return next_seq_ - 1;
 }
 
+StatusOr<StorePosition> RolloutStore::position() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  StorePosition pos;
+  pos.next_seq = next_seq_;
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kSideRecordKey, &value);
+  if (!s.ok() && !s.IsNotFound()) return rocks_error("read dispenser state", s);
+  if (s.ok()) pos.side_record = std::move(value);
+  return pos;
+}
+
+StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t version) {
+  RELAY_RETURN_IF_ERROR(check_writable());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pos.next_seq < 1 || pos.next_seq > next_seq_) {
+    return FailedPreconditionError(
+        absl::StrCat("rollout store ", options_.path, ": cannot rewind to arrival ", pos.next_seq,
+                     ": the store has handed out only ", next_seq_ - 1,
+                     " (is this the run directory the checkpoint came from?)"));
+  }
+  RewindStats stats;
+  rocksdb::WriteBatch batch;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
+    v1::StoredGroup rec;
+    if (!rec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return DataLossError(
+          absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
+    }
+    const bool ready = rec.state() == v1::GROUP_STATE_READY;
+    if (rec.seq() >= pos.next_seq) {
+      // Not in the store at the checkpoint: the resumed run must not see it.
+      if (rec.state() == v1::GROUP_STATE_EXPIRED) continue;
+      rec.set_state(v1::GROUP_STATE_EXPIRED);
+      rec.set_consumed_version(version);
+      if (ready) batch.Delete(ready_key(rec.seq()));
+      ++stats.dropped;
+    } else if (!ready && rec.consumed_version() >= version) {
+      // Taken (or expired) after the checkpoint: READY again, as it was then.
+      rec.set_state(v1::GROUP_STATE_READY);
+      rec.set_consumed_version(-1);
+      batch.Put(ready_key(rec.seq()), ready_value(rec.min_version()));
+      ++stats.restored;
+    } else {
+      continue;
+    }
+    batch.Put(group_key(rec.seq()), rec.SerializeAsString());
+  }
+  if (!it->status().ok()) return rocks_error("scan groups", it->status());
+  if (pos.side_record.empty()) {
+    batch.Delete(kSideRecordKey);
+  } else {
+    batch.Put(kSideRecordKey, pos.side_record);
+  }
+  rocksdb::Status s = db_->Write(write_options(options_), &batch);
+  if (!s.ok()) return rocks_error("rewind", s);
+  return stats;
+}
+
 Status RolloutStore::put_side_record(const std::string& record) {
   RELAY_RETURN_IF_ERROR(check_writable());
+  // Under mu_ so that position() never pairs a side record with an
+  // arrival number it was not written with.
+  std::lock_guard<std::mutex> lock(mu_);
   rocksdb::Status s = db_->Put(write_options(options_), kSideRecordKey, record);
   if (!s.ok()) return rocks_error("write dispenser state", s);
   return OkStatus();

@@ -1,9 +1,14 @@
 #include "relay/trainer/run_checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,83 +18,162 @@ namespace relay::trainer {
 namespace fs = std::filesystem;
 namespace {
 
-// "v<digits>" -> the version; -1 for any other name (staging directories,
-// the reference copy, stray files).
-int64_t version_of(const std::string& name) {
-  if (name.size() < 2 || name[0] != 'v') return -1;
+constexpr char kDirPrefix[] = "step_";
+
+// "step_<digits>" -> the step; -1 for any other name (staging directories,
+// the reference copy, the best link, stray files).
+int64_t step_of(const std::string& name) {
+  const size_t n = sizeof(kDirPrefix) - 1;
+  if (name.size() <= n || name.compare(0, n, kDirPrefix) != 0) return -1;
   int64_t v = 0;
-  for (size_t i = 1; i < name.size(); ++i) {
+  for (size_t i = n; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9' || v > (int64_t{1} << 56)) return -1;
     v = v * 10 + (name[i] - '0');
   }
   return v;
 }
 
-// Complete checkpoints under root, newest first.
+// Complete checkpoints under root, newest first. The best link is skipped
+// (it is a symlink to one of them).
 std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    const int64_t v = version_of(e.path().filename().string());
-    if (v >= 0 && fs::exists(e.path() / kCheckpointInfoFile, ec)) out.emplace_back(v, e.path());
+    if (e.is_symlink(ec)) continue;
+    const int64_t step = step_of(e.path().filename().string());
+    if (step >= 0 && fs::exists(e.path() / kCheckpointInfoFile, ec))
+      out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
 }
 
+// <root>/best -> `target` (a directory name under root), replaced atomically;
+// removed when target is empty.
+Status point_best_link(const fs::path& root, const std::string& target) {
+  const fs::path link = root / kBestCheckpointLink;
+  std::error_code ec;
+  if (target.empty()) {
+    fs::remove(link, ec);
+    return OkStatus();
+  }
+  const fs::path tmp = root / absl::StrCat(".best.tmp-", ::getpid());
+  fs::remove(tmp, ec);
+  fs::create_directory_symlink(target, tmp, ec);
+  if (ec) return InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
+  fs::rename(tmp, link, ec);
+  if (ec) return InternalError(absl::StrCat("cannot replace ", link.string(), ": ", ec.message()));
+  return OkStatus();
+}
+
+// The best evaluated checkpoint among `all` (newest first): highest
+// accuracy, the earliest of equals (a later equal score is no improvement).
+std::optional<CheckpointInfo> best_of(const std::vector<CheckpointInfo>& all) {
+  std::optional<CheckpointInfo> best;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!it->eval_accuracy || std::isnan(*it->eval_accuracy)) continue;
+    if (!best || *it->eval_accuracy > *best->eval_accuracy) best = *it;
+  }
+  return best;
+}
+
+StatusOr<std::vector<CheckpointInfo>> read_all(const fs::path& root) {
+  std::vector<CheckpointInfo> out;
+  for (const auto& [step, path] : list_checkpoints(root)) {
+    RELAY_ASSIGN_OR_RETURN(CheckpointInfo info, read_checkpoint(path.string()));
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 }  // namespace
 
+std::string checkpoint_dir_name(int64_t rl_step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%s%06lld", kDirPrefix, static_cast<long long>(rl_step));
+  return buf;
+}
+
 StatusOr<CheckpointInfo> write_checkpoint(const std::string& root, const Trainer& trainer,
-                                          int64_t rl_step, int64_t rl_start_version,
-                                          model::SaveOptions save_options, int keep) {
-  CheckpointInfo info;
+                                          CheckpointInfo meta, model::SaveOptions save_options,
+                                          const CheckpointRetention& retention) {
+  CheckpointInfo info = std::move(meta);
   info.version = trainer.version();
-  info.rl_step = rl_step;
-  info.rl_start_version = rl_start_version;
-  info.dir = (fs::path(root) / absl::StrCat("v", info.version)).string();
+  info.dir = (fs::path(root) / checkpoint_dir_name(info.rl_step)).string();
   RELAY_ASSIGN_OR_RETURN(save_options.extra_files[kTrainerStateFile], trainer.save_state());
-  const nlohmann::json meta = {
-      {"version", info.version},
-      {"rl_step", rl_step},
-      {"rl_start_version", rl_start_version},
-      {"unix_time_s", std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count()}};
-  save_options.extra_files[kCheckpointInfoFile] = meta.dump(2) + "\n";
+  nlohmann::json j = {{"version", info.version},
+                      {"rl_step", info.rl_step},
+                      {"rl_start_version", info.rl_start_version},
+                      {"seed", info.seed},
+                      {"store_next_seq", info.store_next_seq},
+                      {"unix_time_s", std::chrono::duration_cast<std::chrono::seconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count()}};
+  if (info.eval_accuracy) j["eval_accuracy"] = *info.eval_accuracy;
+  save_options.extra_files[kCheckpointInfoFile] = j.dump(2) + "\n";
+  save_options.extra_files[kDispenserStateFile] = info.dispenser_state;
   save_options.overwrite = true;
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
   RELAY_RETURN_IF_ERROR(model::save_policy(*trainer.policy(), info.dir, save_options));
-  const auto all = list_checkpoints(root);
-  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) {
-    fs::remove_all(all[i].second, ec);  // best effort: an old checkpoint left behind is harmless
+
+  // Retention: the newest keep_last, plus the best one.
+  RELAY_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, read_all(root));
+  const std::optional<CheckpointInfo> best =
+      retention.keep_best ? best_of(all) : std::optional<CheckpointInfo>();
+  for (size_t i = static_cast<size_t>(std::max(retention.keep_last, 1)); i < all.size(); ++i) {
+    if (best && all[i].dir == best->dir) continue;
+    fs::remove_all(all[i].dir, ec);  // best effort: an old checkpoint left behind is harmless
   }
+  RELAY_RETURN_IF_ERROR(
+      point_best_link(root, best ? fs::path(best->dir).filename().string() : std::string()));
+  return info;
+}
+
+StatusOr<CheckpointInfo> read_checkpoint(const std::string& dir) {
+  const fs::path file = fs::path(dir) / kCheckpointInfoFile;
+  RELAY_ASSIGN_OR_RETURN(std::string text, read_file(file.string()));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto integer = [&](const char* key) { return j.contains(key) && j[key].is_number_integer(); };
+  if (!j.is_object() || !integer("version") || !integer("rl_step") ||
+      !integer("rl_start_version") || !integer("seed") || !integer("store_next_seq")) {
+    return DataLossError(
+        absl::StrCat(file.string(),
+                     ": expected a JSON object with integer version, rl_step, rl_start_version, "
+                     "seed and store_next_seq"));
+  }
+  if (j.contains("eval_accuracy") && !j["eval_accuracy"].is_number()) {
+    return DataLossError(absl::StrCat(file.string(), ": eval_accuracy: expected a number"));
+  }
+  CheckpointInfo info;
+  info.dir = dir;
+  info.version = j["version"].get<int64_t>();
+  info.rl_step = j["rl_step"].get<int64_t>();
+  info.rl_start_version = j["rl_start_version"].get<int64_t>();
+  info.seed = j["seed"].get<uint64_t>();
+  info.store_next_seq = j["store_next_seq"].get<uint64_t>();
+  if (j.contains("eval_accuracy")) info.eval_accuracy = j["eval_accuracy"].get<double>();
+  const int64_t named = step_of(fs::path(dir).filename().string());
+  if (named >= 0 && named != info.rl_step) {
+    return DataLossError(absl::StrCat(file.string(), ": rl_step ", info.rl_step,
+                                      " disagrees with its directory name"));
+  }
+  RELAY_ASSIGN_OR_RETURN(info.dispenser_state,
+                         read_file((fs::path(dir) / kDispenserStateFile).string()));
   return info;
 }
 
 StatusOr<std::optional<CheckpointInfo>> latest_checkpoint(const std::string& root) {
   const auto all = list_checkpoints(root);
   if (all.empty()) return std::optional<CheckpointInfo>();
-  const fs::path file = all.front().second / kCheckpointInfoFile;
-  RELAY_ASSIGN_OR_RETURN(std::string text, read_file(file.string()));
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("version") || !j.contains("rl_step") ||
-      !j.contains("rl_start_version") || !j["version"].is_number_integer() ||
-      !j["rl_step"].is_number_integer() || !j["rl_start_version"].is_number_integer()) {
-    return DataLossError(absl::StrCat(
-        file.string(), ": expected a JSON object with integer version, rl_step, rl_start_version"));
-  }
-  CheckpointInfo info;
-  info.dir = all.front().second.string();
-  info.version = j["version"].get<int64_t>();
-  info.rl_step = j["rl_step"].get<int64_t>();
-  info.rl_start_version = j["rl_start_version"].get<int64_t>();
-  if (info.version != all.front().first) {
-    return DataLossError(absl::StrCat(file.string(), ": version ", info.version,
-                                      " disagrees with its directory name"));
-  }
-  return std::optional<CheckpointInfo>(info);
+  RELAY_ASSIGN_OR_RETURN(CheckpointInfo info, read_checkpoint(all.front().second.string()));
+  return std::optional<CheckpointInfo>(std::move(info));
+}
+
+StatusOr<std::optional<CheckpointInfo>> best_checkpoint(const std::string& root) {
+  RELAY_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, read_all(root));
+  return best_of(all);
 }
 
 Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer) {

@@ -379,11 +379,13 @@ TEST_F(CliTest, RunTrainsAsynchronouslyWithTwoWorkers) {
   EXPECT_GE(evals[1], evals[0] + 0.1) << r.out;
   EXPECT_TRUE(fs::exists(base + "/trained/model.safetensors"));
   // The store keeps what was trained on for the retention window (8
-  // versions; compaction every 10 steps deleted the older groups).
+  // versions) before the last checkpoint, which a restart may rewind to:
+  // compaction at step 40 (before that step's checkpoint) kept the groups
+  // consumed from version 30 - 8 on, and deleted the older ones.
   CliResult inspect = RelayCli("store inspect " + base + "/tiny/store --json");
   ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
   nlohmann::json st = nlohmann::json::parse(inspect.out);
-  EXPECT_EQ(st["consumed"].get<int64_t>(), 8 * 16);
+  EXPECT_EQ(st["consumed"].get<int64_t>(), (40 - (30 - 8)) * 16);
   fs::remove_all(base);
 }
 
@@ -498,11 +500,55 @@ TEST_F(CliTest, MainJobConfigReachesNinetyPercent) {
   ASSERT_GE(evals.size(), 3u) << r.out;
   EXPECT_GE(evals.back(), 0.9) << r.out;
   EXPECT_GT(evals.back(), evals[1]) << "RL improves on the warm start";
-  // The final checkpoint is the last version, and config.yaml reloads.
-  EXPECT_TRUE(fs::exists(run + "/checkpoints/v160/model.safetensors"));
+  // The final checkpoint is step 60's, an HF-layout directory with the
+  // tokenizer; the best-by-eval one is linked; config.yaml reloads.
+  const std::string last = run + "/checkpoints/step_000060";
+  for (const char* f : {"config.json", "model.safetensors", "relay_tokenizer.json",
+                        "trainer_state.pt", "checkpoint.json", "dispenser_state.bin"}) {
+    EXPECT_TRUE(fs::exists(last + "/" + f)) << f;
+  }
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/best/checkpoint.json"));
   CliResult check = RelayCli("config check " + run + "/config.yaml");
   EXPECT_EQ(check.exit_code, 0) << check.err;
+
+  // relay eval on the known-right model (the final checkpoint) reproduces the
+  // trainer's final evaluation exactly: same engine, prompts and scoring.
+  const std::string config = std::string(RELAY_SOURCE_DIR) + "/configs/arith.yaml";
+  CliResult right = RelayCli("eval --model " + last + " --task " + config + " --n 4 --json");
+  ASSERT_EQ(right.exit_code, 0) << right.err << right.out;
+  nlohmann::json rj = nlohmann::json::parse(right.out);
+  EXPECT_EQ(rj["prompts"], 128);
+  EXPECT_DOUBLE_EQ(rj["accuracy"].get<double>(), evals.back()) << right.out;
+  EXPECT_GE(rj["accuracy"].get<double>(), 0.9);
+  // pass@k grows with k, and pass@1 is the samples' fraction correct.
+  EXPECT_LE(rj["pass@1"].get<double>(), rj["pass@2"].get<double>());
+  EXPECT_LE(rj["pass@2"].get<double>(), rj["pass@4"].get<double>());
+  EXPECT_GT(rj["pass@4"].get<double>(), 0.5);
+  // The known-wrong model: the same architecture freshly initialised.
+  const std::string fresh = base + "/fresh";
+  ASSERT_EQ(RelayCli("init " + config + " --out " + fresh).exit_code, 0);
+  CliResult wrong = RelayCli("eval --model " + fresh + " --task " + config + " --n 4 --json");
+  ASSERT_EQ(wrong.exit_code, 0) << wrong.err << wrong.out;
+  nlohmann::json wj = nlohmann::json::parse(wrong.out);
+  EXPECT_LE(wj["accuracy"].get<double>(), 0.05) << wrong.out;
+  EXPECT_LE(wj["pass@4"].get<double>(), 0.1) << wrong.out;
   fs::remove_all(base);
+}
+
+TEST_F(CliTest, EvalNamesWhatIsMissing) {
+  const std::string config = std::string(RELAY_SOURCE_DIR) + "/configs/tiny.yaml";
+  CliResult none = RelayCli("eval --model /nonexistent/model --task " + config + " --prompts 4");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("/nonexistent/model"), std::string::npos) << none.err;
+  const std::string dir = ::testing::TempDir() + "/eval_names_" + std::to_string(::getpid());
+  ASSERT_EQ(RelayCli("init " + config + " --out " + dir + " --overwrite").exit_code, 0);
+  CliResult zero = RelayCli("eval --model " + dir + " --task " + config);
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.err.find("eval.prompts"), std::string::npos) << zero.err;
+  CliResult neg = RelayCli("eval --model " + dir + " --task " + config + " --prompts 4 --n -1");
+  EXPECT_NE(neg.exit_code, 0);
+  EXPECT_NE(neg.err.find("eval.n"), std::string::npos) << neg.err;
+  fs::remove_all(dir);
 }
 
 // relay tokenize with relay's char tokenizer file, and with a Hugging Face

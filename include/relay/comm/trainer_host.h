@@ -39,6 +39,10 @@ class TrainerHost {
   // `stop` turns true while waiting; DeadlineExceeded after group_wait_ms.
   StatusOr<trainer::StepMetrics> step(const std::function<bool()>& stop);
 
+  // Compaction keeps every group consumed at `version` or later: the last
+  // checkpoint's version, which a restart rewinds the store to.
+  void set_compact_floor(int64_t version) { compact_floor_ = version; }
+
   // The published version (safe from any thread: what the services report).
   int64_t version() const { return version_.load(); }
 
@@ -49,6 +53,7 @@ class TrainerHost {
   TrainerHostOptions options_;
   std::atomic<int64_t> version_{-1};
   int64_t steps_ = 0;
+  int64_t compact_floor_ = INT64_MAX;
 };
 
 }  // namespace relay::comm

@@ -29,8 +29,9 @@ class Service;
 
 namespace relay::comm {
 
-// What a leased prompt carries: the caller maps a prompt index (and the
-// lease attempt, so a re-leased prompt samples afresh) to tokens.
+// What a leased prompt carries: the caller maps a prompt index and lease
+// attempt to tokens and a sampling seed. relay-trainer seeds by the index
+// alone, so a re-leased prompt samples what it would have the first time.
 struct PromptContent {
   std::string group_id;
   std::vector<int64_t> prompt_tokens;

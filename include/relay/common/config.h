@@ -282,11 +282,24 @@ struct ExperimentSection {
   std::string output_dir = "runs";
   int steps = 100;            // RL optimizer steps (versions published)
   int groups_per_step = 8;    // prompt groups in one step's batch
-  int eval_prompts = 0;       // held-out prompts for greedy accuracy; 0 = no evaluation
-  int eval_every = 0;         // evaluate every N steps too; 0 = only before and after
   int checkpoint_every = 10;  // write a resumable checkpoint every N steps (and at the end)
   int keep_checkpoints = 2;   // newest checkpoints kept; older ones are deleted
+  // Also keep the checkpoint with the best eval accuracy (checkpoints/best);
+  // a step whose evaluation sets a new best is checkpointed.
+  bool keep_best_checkpoint = true;
   WarmStartConfig warm_start;
+};
+
+// Held-out evaluation with the rollout engine: by the trainer (before RL,
+// every N steps, at the end) and by `relay eval`. The last `prompts` prompts
+// of a finite task are held out of training.
+struct EvalConfig {
+  int prompts = 0;  // held-out prompts; 0 = no evaluation
+  int every = 0;    // also evaluate every N RL steps; 0 = only before and after
+  // Samples per prompt for pass@k (k = 1, 2, 4, ... up to n) at
+  // `temperature`; 0 = greedy accuracy only. Greedy accuracy is always reported.
+  int n = 0;
+  double temperature = 1.0;  // > 0; sampling temperature of the n samples
 };
 
 // How the trainer and its workers talk (docs/services.md).
@@ -323,6 +336,7 @@ struct ServicesConfig {
 
 struct ExperimentConfig {
   ExperimentSection experiment;
+  EvalConfig eval;
   RunConfig run;
   ModelConfig model;
   RolloutConfig rollout;

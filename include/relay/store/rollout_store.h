@@ -77,6 +77,18 @@ struct VersionCounts {
   int64_t trajectories = 0;
 };
 
+// Where the store stood at one moment: what a checkpoint records so that a
+// resumed run sees the store as it was then (RolloutStore::rewind).
+struct StorePosition {
+  uint64_t next_seq = 1;    // groups with seq >= this arrived after that moment
+  std::string side_record;  // the prompt dispenser's state then (may be empty)
+};
+
+struct RewindStats {
+  int64_t restored = 0;  // consumed or expired after the position, READY again
+  int64_t dropped = 0;   // arrived after the position, marked EXPIRED
+};
+
 struct StoreStats {
   int64_t ready = 0, consumed = 0, expired = 0;
   uint64_t next_seq = 1;
@@ -122,19 +134,29 @@ class RolloutStore {
   // staleness bound back at once instead of when a scan passes them.
   StatusOr<int64_t> expire_stale(int64_t min_version, int64_t trainer_version);
 
-  // Marks every READY group with a token newer than `version` EXPIRED; how
-  // many. A trainer resumed from a checkpoint at `version` calls it: those
-  // tokens came from versions whose weights were lost with the old process,
-  // so no staleness bound can be applied to them.
-  StatusOr<int64_t> expire_newer_than(int64_t version);
+  // The current position: next arrival number and dispenser state, read
+  // together (append writes both in one batch).
+  StatusOr<StorePosition> position() const;
+
+  // Puts the store back where it stood at `pos`, taken when the trainer was
+  // at `version` (a checkpoint): groups that arrived later are marked
+  // EXPIRED, groups consumed or expired at `version` or later are READY
+  // again, and the dispenser state is pos.side_record. One durable write. A
+  // trainer resumed from that checkpoint then trains on exactly the groups
+  // an uninterrupted run would have, and the dispenser hands out the prompts
+  // it would have. Needs compaction to have kept every group consumed at
+  // `version` or later (compact's `floor`).
+  StatusOr<RewindStats> rewind(const StorePosition& pos, int64_t version);
 
   // READY groups a trainer could take now (within min_version), without
   // changing anything.
   StatusOr<int64_t> count_ready(int64_t min_version) const;
 
   // Deletes CONSUMED and EXPIRED groups with consumed_version <
-  // current_version - retention_versions; returns how many.
-  StatusOr<int64_t> compact(int64_t current_version);
+  // min(current_version, floor) - retention_versions; returns how many. The
+  // trainer passes its last checkpoint's version as `floor`, so every group
+  // a rewind to that checkpoint needs is still there.
+  StatusOr<int64_t> compact(int64_t current_version, int64_t floor = INT64_MAX);
 
   StatusOr<StoredGroup> get(uint64_t seq) const;
   // Every group in arrival order (inspection, replay).

@@ -1,10 +1,23 @@
 #pragma once
 
-// Resumable run checkpoints: <root>/v<version>/ holds the policy in HF layout
-// (model/checkpoint.h), the trainer's state (Trainer::save_state) and
-// checkpoint.json (version, RL step, when). A checkpoint directory appears
-// whole or not at all (one staged rename), so the newest directory is always
-// loadable after a crash.
+// Resumable run checkpoints. <root>/step_<NNNNNN>/ (the RL step, zero-padded
+// to six digits) is an HF-layout model directory (config.json, safetensors,
+// the tokenizer files), so other tools load it as is, plus relay's own:
+//   trainer_state.pt      Trainer::save_state(): AdamW moments, step count,
+//                         fp32 masters, adaptive coefficients
+//   checkpoint.json       version, RL step, the version RL started from, the
+//                         run seed, eval accuracy at this step (if evaluated),
+//                         and the rollout store's position
+//   dispenser_state.bin   the prompt dispenser's cursor and leases then
+// A checkpoint directory appears whole or not at all (one staged rename), so
+// the newest one is always loadable after a crash. Retention keeps the
+// newest `keep_last` and, with keep_best, the best-by-eval one, which
+// <root>/best (a symlink) names.
+//
+// There is no sampler RNG state to save: every random draw is a pure function
+// of run.seed and a counter (a prompt's sampling seed of its position in
+// the prompt stream, clip_cov's selection of the step), so the dispenser's
+// cursor and the trainer's step are the RNG state.
 
 #include <cstdint>
 #include <optional>
@@ -18,25 +31,50 @@ namespace relay::trainer {
 
 inline constexpr char kTrainerStateFile[] = "trainer_state.pt";
 inline constexpr char kCheckpointInfoFile[] = "checkpoint.json";
+inline constexpr char kDispenserStateFile[] = "dispenser_state.bin";
+inline constexpr char kBestCheckpointLink[] = "best";
 
 struct CheckpointInfo {
-  std::string dir;
-  int64_t version = 0;           // the trainer's version when it was written
-  int64_t rl_step = 0;           // RL steps done (warm-start steps are not counted)
-  int64_t rl_start_version = 0;  // version RL started from (after the warm start)
+  std::string dir;                      // set by write_checkpoint / the readers
+  int64_t version = 0;                  // the trainer's version when it was written
+  int64_t rl_step = 0;                  // RL steps done (warm-start steps are not counted)
+  int64_t rl_start_version = 0;         // version RL started from (after the warm start)
+  uint64_t seed = 0;                    // run.seed of the run that wrote it
+  std::optional<double> eval_accuracy;  // held-out greedy accuracy at this step
+  // The rollout store then (store::StorePosition): 0 = not recorded (a
+  // checkpoint written before the store was opened, i.e. an empty store).
+  uint64_t store_next_seq = 0;
+  std::string dispenser_state;  // opaque; empty = none yet
 };
 
-// Writes `trainer`'s policy and state as <root>/v<version>/ (replacing one
-// of the same version), then deletes all but the newest `keep` checkpoints.
-// `save_options.extra_files` (e.g. the tokenizer) go into the same directory.
+struct CheckpointRetention {
+  int keep_last = 2;      // newest checkpoints kept, >= 1
+  bool keep_best = true;  // also the one with the highest eval_accuracy
+};
+
+// "step_000100" for step 100.
+std::string checkpoint_dir_name(int64_t rl_step);
+
+// Writes `trainer`'s policy and state as <root>/step_<rl_step>/ (replacing
+// one of the same step) with `meta`'s fields (dir and version are taken from
+// where it goes and the trainer), then applies `retention` and points
+// <root>/best at the best-by-eval checkpoint. `save_options.extra_files`
+// (the tokenizer files) go into the same directory.
 StatusOr<CheckpointInfo> write_checkpoint(const std::string& root, const Trainer& trainer,
-                                          int64_t rl_step, int64_t rl_start_version,
-                                          model::SaveOptions save_options, int keep);
+                                          CheckpointInfo meta, model::SaveOptions save_options,
+                                          const CheckpointRetention& retention);
+
+// The checkpoint in `dir` (its checkpoint.json and dispenser state).
+// DataLoss naming the file when one does not parse or lacks a field.
+StatusOr<CheckpointInfo> read_checkpoint(const std::string& dir);
 
 // The newest complete checkpoint under `root`, or nullopt when there is none
-// (or `root` does not exist). DataLoss naming the file when the newest one's
-// checkpoint.json does not parse.
+// (or `root` does not exist).
 StatusOr<std::optional<CheckpointInfo>> latest_checkpoint(const std::string& root);
+
+// The checkpoint with the highest eval accuracy under `root` (the earliest
+// of equals), or nullopt when none was evaluated.
+StatusOr<std::optional<CheckpointInfo>> best_checkpoint(const std::string& root);
 
 // Reads the trainer state file of `info` into `trainer` (built over the
 // policy loaded from info.dir).

@@ -238,14 +238,18 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  output_dir: runs\n"
             "  steps: 100\n"
             "  groups_per_step: 8\n"
-            "  eval_prompts: 0\n"
-            "  eval_every: 0\n"
             "  checkpoint_every: 10\n"
             "  keep_checkpoints: 2\n"
+            "  keep_best_checkpoint: true\n"
             "  warm_start:\n"
             "    sft_steps: 0\n"
             "    sft_lr: 0.001\n"
             "    batch: 32\n"
+            "eval:\n"
+            "  prompts: 0\n"
+            "  every: 0\n"
+            "  n: 0\n"
+            "  temperature: 1.0\n"
             "run:\n"
             "  seed: 0\n"
             "  threads: 0\n"
@@ -582,7 +586,7 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "top_k, top_p, stop, record_raw_logprobs, num_slots, interrupt, workers, groups_in_flight, "
        "prefix"},
       {"unknown section", "optimizer:\n  lr: 1\n",
-       "x.yaml:1: optimizer: unknown key; known keys: experiment, run, model, rollout, task, "
+       "x.yaml:1: optimizer: unknown key; known keys: experiment, eval, run, model, rollout, task, "
        "trainer, "
        "services"},
       {"trainer temperature", "trainer:\n  temperature: 0.7\n",

@@ -115,18 +115,64 @@ TEST(RolloutStoreTest, ExpireStaleMarksOnlyReadyGroupsBelowTheBound) {
 // A trainer resumed from a checkpoint at version 3 cannot use tokens of
 // versions 4+ (their weights died with the old process); older READY groups
 // stay, consumed ones are untouched.
-TEST(RolloutStoreTest, ExpireNewerThanDropsOnlyGroupsFromLostVersions) {
-  auto store = open_store(fresh_dir("expire_newer"));
-  for (int v : {2, 3, 4, 5})
-    ASSERT_TRUE(store->append(make_group("v" + std::to_string(v), v), v).ok());
-  ASSERT_EQ(store->take_ready(1, -1, 5).value().size(), 1u);  // v2 consumed
-  EXPECT_EQ(store->expire_newer_than(3).value(), 2);
+// A checkpoint records position() at version 4; the run goes on (a group
+// arrives, two are trained on, one expires, the dispenser moves); rewinding
+// puts back exactly the store the checkpoint saw, durably.
+TEST(RolloutStoreTest, RewindPutsTheStoreBackWhereACheckpointSawIt) {
+  const std::string dir = fresh_dir("rewind");
+  {
+    auto store = open_store(dir);
+    const std::string before_state = "dispenser@checkpoint";
+    ASSERT_TRUE(store->append(make_group("old", 2), 3).ok());                   // seq 1
+    ASSERT_TRUE(store->take_ready(1, -1, 3).ok());                              // old consumed at 3
+    ASSERT_TRUE(store->append(make_group("a", 4), 4, &before_state).ok());      // seq 2
+    ASSERT_TRUE(store->append(make_group("stale", 1), 4, &before_state).ok());  // seq 3
+    const StorePosition pos = store->position().value();
+    EXPECT_EQ(pos.next_seq, 4u);
+    EXPECT_EQ(pos.side_record, before_state);
+
+    // After the checkpoint.
+    const std::string after_state = "dispenser@later";
+    ASSERT_TRUE(store->append(make_group("late", 4), 4, &after_state).ok());  // seq 4
+    ASSERT_EQ(store->take_ready(2, 3, 4).value().size(), 2u);  // a, late; stale expired
+    ASSERT_TRUE(store->append(make_group("later", 5), 5, &after_state).ok());  // seq 5
+    ASSERT_EQ(store->expire_stale(6, 6).value(), 1);                           // later
+
+    const RewindStats r = store->rewind(pos, 4).value();
+    EXPECT_EQ(r.restored, 2) << "a and stale were READY at the checkpoint";
+    EXPECT_EQ(r.dropped, 1) << "late arrived after it (later had already expired)";
+  }
+  auto store = open_store(dir);  // the rewind is durable
+  EXPECT_EQ(store->get(1).value().state, GroupState::kConsumed) << "consumed before: stays";
   EXPECT_EQ(store->get(2).value().state, GroupState::kReady);
-  EXPECT_EQ(store->get(3).value().state, GroupState::kExpired);
+  EXPECT_EQ(store->get(2).value().consumed_version, -1);
+  EXPECT_EQ(store->get(3).value().state, GroupState::kReady);
   EXPECT_EQ(store->get(4).value().state, GroupState::kExpired);
-  EXPECT_EQ(store->get(1).value().state, GroupState::kConsumed);
-  EXPECT_EQ(store->expired_total(), 2u);
-  EXPECT_EQ(store->expire_newer_than(3).value(), 0) << "idempotent";
+  EXPECT_EQ(store->get(5).value().state, GroupState::kExpired);
+  EXPECT_EQ(store->side_record().value(), "dispenser@checkpoint");
+  EXPECT_EQ(store->appended(), 5u) << "arrival numbers are never reused";
+  // The trainer then takes what it took after the checkpoint the first time.
+  EXPECT_EQ(ids(store->take_ready(2, 3, 4).value()), (std::vector<std::string>{"a"}));
+
+  // A position from another store (ahead of this one) is refused.
+  StorePosition ahead;
+  ahead.next_seq = 99;
+  Status bad = store->rewind(ahead, 4).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(bad.message()).find("99"), std::string::npos) << bad;
+}
+
+TEST(RolloutStoreTest, CompactionKeepsWhatARewindNeeds) {
+  auto store = open_store(fresh_dir("compact_floor"), /*retention=*/2);
+  ASSERT_TRUE(store->append(make_group("a", 0), 0).ok());
+  ASSERT_TRUE(store->append(make_group("b", 0), 0).ok());
+  ASSERT_EQ(store->take_ready(1, -1, 1).value().size(), 1u);  // a at 1
+  ASSERT_EQ(store->take_ready(1, -1, 5).value().size(), 1u);  // b at 5
+  // At version 10 the window alone would delete both; a checkpoint at
+  // version 5 keeps b (consumed at 5, which a rewind to it makes READY).
+  EXPECT_EQ(store->compact(10, /*floor=*/5).value(), 1);
+  EXPECT_EQ(store->get(2).value().group.group_id, "b");
+  EXPECT_EQ(store->compact(10).value(), 1);
 }
 
 // Invariant 7: what was acknowledged survives a restart, in the state it had.

@@ -77,7 +77,12 @@ void expect_resume_matches(bool bf16) {
   o.optimizer.warmup_steps = 5;
   auto straight = Trainer::create(policy, o).value();
   train(*straight, groups, 2);
-  auto info = write_checkpoint(root, *straight, 2, 0, {}, 2);
+  CheckpointInfo meta;
+  meta.rl_step = 2;
+  meta.seed = 7;
+  meta.store_next_seq = 12;
+  meta.dispenser_state = std::string("\x01\x00cursor", 8);
+  auto info = write_checkpoint(root, *straight, meta, {}, {});
   ASSERT_TRUE(info.ok()) << info.status();
   train(*straight, groups, 2);
 
@@ -85,6 +90,10 @@ void expect_resume_matches(bool bf16) {
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->version, 2);
   EXPECT_EQ(latest->rl_step, 2);
+  EXPECT_EQ(latest->seed, 7u);
+  EXPECT_EQ(latest->store_next_seq, 12u);
+  EXPECT_EQ(latest->dispenser_state, meta.dispenser_state) << "binary bytes survive";
+  EXPECT_EQ(latest->dir, root + "/step_000002");
   model::LoadOptions lo;
   lo.dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
   model::Policy loaded = model::load_policy(latest->dir, lo).value();
@@ -130,24 +139,75 @@ TEST(RunCheckpointTest, KeepsTheNewestAndFindsTheLatest) {
   auto t = Trainer::create(policy, options()).value();
   for (int i = 1; i <= 3; ++i) {
     train(*t, groups, 1);
-    ASSERT_TRUE(write_checkpoint(root, *t, i, 0, {}, 2).ok());
+    CheckpointInfo meta;
+    meta.rl_step = i;
+    ASSERT_TRUE(write_checkpoint(root, *t, meta, {}, {2, true}).ok());
   }
   // A staging directory or stray entry is not a checkpoint.
-  std::filesystem::create_directories(root + "/v99.staging");
-  std::filesystem::create_directories(root + "/v100");  // no checkpoint.json: incomplete
-  EXPECT_FALSE(std::filesystem::exists(root + "/v1"));
-  EXPECT_TRUE(std::filesystem::exists(root + "/v2"));
+  std::filesystem::create_directories(root + "/step_000099.staging");
+  std::filesystem::create_directories(root + "/step_000100");  // no checkpoint.json: incomplete
+  EXPECT_FALSE(std::filesystem::exists(root + "/step_000001"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/step_000002"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/best")) << "nothing was evaluated";
   auto latest = latest_checkpoint(root).value();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->version, 3);
-  EXPECT_EQ(latest->dir, root + "/v3");
+  EXPECT_EQ(latest->dir, root + "/step_000003");
+}
+
+// keep_last 2 plus the best by eval accuracy: the best survives pruning,
+// <root>/best points at it, an equal later score does not replace it, and
+// a better one does (after which the old best is pruned).
+TEST(RunCheckpointTest, KeepsTheBestByEvalAndLinksIt) {
+  const std::string root = fresh_dir("best");
+  model::Policy policy = make_policy();
+  auto t = Trainer::create(policy, options()).value();
+  auto write = [&](int step, std::optional<double> acc) {
+    CheckpointInfo meta;
+    meta.rl_step = step;
+    meta.eval_accuracy = acc;
+    ASSERT_TRUE(write_checkpoint(root, *t, meta, {}, {2, true}).ok());
+  };
+  auto best_target = [&] { return std::filesystem::read_symlink(root + "/best").string(); };
+  write(0, 0.25);
+  write(10, 0.75);
+  write(20, std::nullopt);
+  write(30, 0.5);
+  EXPECT_FALSE(std::filesystem::exists(root + "/step_000000"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/step_000010")) << "the best is kept";
+  EXPECT_TRUE(std::filesystem::exists(root + "/step_000020"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/step_000030"));
+  EXPECT_EQ(best_target(), "step_000010");
+  write(40, 0.75);
+  EXPECT_EQ(best_target(), "step_000010") << "an equal score is no improvement";
+  auto best = best_checkpoint(root).value();
+  ASSERT_TRUE(best.has_value());
+  EXPECT_EQ(best->rl_step, 10);
+  EXPECT_DOUBLE_EQ(*best->eval_accuracy, 0.75);
+  write(50, 0.875);
+  EXPECT_EQ(best_target(), "step_000050");
+  EXPECT_FALSE(std::filesystem::exists(root + "/step_000010")) << "the old best is pruned";
+  EXPECT_TRUE(std::filesystem::exists(root + "/step_000040"));
+  // The link resolves to a loadable model directory.
+  EXPECT_TRUE(model::load_policy(root + "/best").ok());
+
+  // Without keep_best only the newest two stay, and the link goes.
+  const std::string plain = fresh_dir("best_off");
+  for (int step : {0, 10, 20}) {
+    CheckpointInfo meta;
+    meta.rl_step = step;
+    meta.eval_accuracy = step == 0 ? 1.0 : 0.0;
+    ASSERT_TRUE(write_checkpoint(plain, *t, meta, {}, {2, false}).ok());
+  }
+  EXPECT_FALSE(std::filesystem::exists(plain + "/step_000000"));
+  EXPECT_FALSE(std::filesystem::exists(plain + "/best"));
 }
 
 TEST(RunCheckpointTest, CorruptStateIsAnErrorThatNamesTheFile) {
   const std::string root = fresh_dir("corrupt");
   model::Policy policy = make_policy();
   auto t = Trainer::create(policy, options()).value();
-  auto info = write_checkpoint(root, *t, 0, 0, {}, 2).value();
+  auto info = write_checkpoint(root, *t, CheckpointInfo{}, {}, {}).value();
   const std::string state = info.dir + "/" + kTrainerStateFile;
   { std::ofstream(state, std::ios::trunc) << "not a torch archive"; }
   Status s = restore_checkpoint(info, *t);

@@ -1,0 +1,77 @@
+// relay eval: held-out accuracy and pass@k of a model directory on a task,
+// with the same engine, prompts and scoring the trainer's evaluations use,
+// so `relay eval --model runs/x/checkpoints/step_000060 --task x.yaml`
+// reproduces the trainer's eval/accuracy for that step.
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bin/commands.h"
+#include "bin/setup.h"
+
+namespace relay::cli {
+namespace {
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "relay eval: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int eval_model(const EvalArgs& args) {
+  RolloutArgs ra;
+  ra.config_file = args.config_file;
+  ra.overrides = args.overrides;
+  if (args.n) ra.overrides.push_back(absl::StrCat("eval.n=", *args.n));
+  if (args.prompts) ra.overrides.push_back(absl::StrCat("eval.prompts=", *args.prompts));
+  if (args.temperature) {
+    ra.overrides.push_back(absl::StrCat("eval.temperature=", *args.temperature));
+  }
+  ra.model_dir = args.model_dir;
+  ra.prompts = 1;
+  StatusOr<RolloutSetup> s = setup_rollout(ra);
+  if (!s.ok()) return fail(s.status());
+  const EvalConfig& ev = s->config.eval;
+  if (ev.prompts < 1) {
+    return fail(InvalidArgumentError(absl::StrCat(
+        "eval.prompts: ", args.config_file,
+        " holds out no prompts (eval.prompts is 0); set it there or pass --prompts N")));
+  }
+  PromptSplit split{s->task->size(), ev.prompts};
+  if (split.size >= 0 && split.eval > split.size) {
+    return fail(InvalidArgumentError(absl::StrCat("eval.prompts: task '", s->task->name(), "' has ",
+                                                  split.size, " prompts, asked for ", split.eval)));
+  }
+  rollout::SafeVerifier verifier(
+      s->task,
+      std::chrono::milliseconds(static_cast<int64_t>(s->config.task.verifier_timeout_s * 1000)));
+  EvalOptions o;
+  o.n = ev.n;
+  o.temperature = ev.temperature;
+  if (!args.json) o.progress = "eval";
+  StatusOr<EvalResult> r = evaluate_held_out(*s, s->policy, split, verifier, o);
+  if (!r.ok()) return fail(r.status());
+  if (args.json) {
+    nlohmann::json j = {
+        {"model", args.model_dir}, {"task", s->task->name()}, {"prompts", r->prompts}, {"n", r->n}};
+    for (const auto& [k, v] : r->metrics()) j[k] = v;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("%s on %lld held-out prompts of task '%s'\n", args.model_dir.c_str(),
+              static_cast<long long>(r->prompts), s->task->name().c_str());
+  std::printf("  accuracy (greedy)  %.4f\n", r->accuracy);
+  std::printf("  reward (greedy)    %.4f\n", r->reward);
+  for (const auto& [k, v] : r->pass_at_k) {
+    std::printf("  pass@%-13lld %.4f   (%lld samples per prompt, temperature %g)\n",
+                static_cast<long long>(k), v, static_cast<long long>(r->n), ev.temperature);
+  }
+  if (r->n > 0) std::printf("  sample reward      %.4f\n", r->sample_reward);
+  return 0;
+}
+
+}  // namespace relay::cli
