@@ -34,6 +34,7 @@
 #include "bin/setup.h"
 #include "relay/comm/metrics_endpoint.h"
 #include "relay/comm/rpc.h"
+#include "relay/comm/sample_records.h"
 #include "relay/comm/trainer_host.h"
 #include "relay/comm/trainer_service.h"
 #include "relay/comm/weight_broadcaster.h"
@@ -186,15 +187,24 @@ int main(int argc, char** argv) {
   if (Status st = write_file_atomic(config_file, resolved); !st.ok()) return fail(st);
   MetricsLog metrics;
   if (Status st = metrics.open(metrics_out, run_dir + "/tensorboard"); !st.ok()) return fail(st);
+  // samples.jsonl: a few responses of every RL step, for the dashboard.
+  RunFiles run_data = run_files(run_dir);
+  run_data.metrics = metrics_out;
+  std::ofstream samples_out(run_data.samples, std::ios::app);
+  if (!samples_out) {
+    return fail(InternalError("cannot open " + run_data.samples + " for appending"));
+  }
   std::unique_ptr<comm::MetricsEndpoint> endpoint;
   if (!sv.http_listen.empty()) {
     const size_t colon = sv.http_listen.rfind(':');
     StatusOr<std::unique_ptr<comm::MetricsEndpoint>> e = comm::MetricsEndpoint::start(
-        sv.http_listen.substr(0, colon), std::atoi(sv.http_listen.c_str() + colon + 1));
+        sv.http_listen.substr(0, colon), std::atoi(sv.http_listen.c_str() + colon + 1), run_data);
     if (!e.ok()) return fail(e.status());
     endpoint = *std::move(e);
     metrics.attach(endpoint.get());
     std::printf("metrics at http://%s:%d/metrics\n", sv.http_listen.substr(0, colon).c_str(),
+                endpoint->port());
+    std::printf("dashboard at http://%s:%d/\n", sv.http_listen.substr(0, colon).c_str(),
                 endpoint->port());
   }
 
@@ -430,6 +440,11 @@ int main(int argc, char** argv) {
       (*m)["weight_sync/failures"] = static_cast<double>(bs.failures);
     }
     metrics.record("rl", r.rl_step, *m);
+    samples_out << samples_jsonl_line(r.rl_step, tr.version(),
+                                      comm::sample_records(host.last_groups(), *s.tokenizer, 4))
+                << "\n"
+                << std::flush;
+    if (!samples_out) spdlog::warn("cannot append to {}", run_data.samples);
     if (ex.eval_every > 0 && r.rl_step % ex.eval_every == 0 && r.rl_step < ex.steps) {
       if (Status st = eval(r.rl_step, absl::StrCat("at step ", r.rl_step), tr.policy()); !st.ok()) {
         result = st;
