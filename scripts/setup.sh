@@ -22,8 +22,9 @@ packages=(
   librocksdb-dev
   # the trainer's HTTP endpoint (Prometheus /metrics)
   libcpp-httplib-dev
-  # tests (openssl makes throwaway TLS certificates for the service tests)
-  libgtest-dev libgmock-dev openssl
+  # tests (openssl makes throwaway TLS certificates for the service tests;
+  # chromium loads the dashboard headless in relay_dashboard_tests)
+  libgtest-dev libgmock-dev openssl chromium
 )
 
 missing=()

@@ -129,6 +129,15 @@ struct TokenizeArgs {
 // text) with relay's or a Hugging Face tokenizer.
 int tokenize(const TokenizeArgs& args);
 
+struct ReportArgs {
+  std::string run_dir;       // holds metrics.jsonl; samples.jsonl and config.yaml if present
+  std::string out;           // default: <run_dir>/report.html
+  int64_t sample_steps = 4;  // the last N steps of samples.jsonl are shown
+};
+// Writes the run dashboard as one self-contained HTML file (docs/dashboard.md)
+// and prints its path.
+int report(const ReportArgs& args);
+
 // "1, 2,3" -> {1, 2, 3}; errors name the bad item.
 bool parse_ids(const std::string& text, std::vector<int64_t>* ids, std::string* error);
 

@@ -140,6 +140,15 @@ int main(int argc, char** argv) {
   train->add_option("--metrics-out", tl.metrics_out, "Write each step's metrics as JSONL here");
   train->add_option("--save", tl.save, "Write the trained model here");
 
+  relay::cli::ReportArgs report_args;
+  auto* report = app.add_subcommand(
+      "report", "Write a run's dashboard (charts, latest samples) as one self-contained HTML file");
+  report->add_option("run_dir", report_args.run_dir, "Run directory (holds metrics.jsonl)")
+      ->required();
+  report->add_option("--out", report_args.out, "HTML file to write (default RUN_DIR/report.html)");
+  report->add_option("--sample-steps", report_args.sample_steps,
+                     "Show the sampled responses of the last N steps");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -165,5 +174,6 @@ int main(int argc, char** argv) {
   if (*inspect) return relay::cli::store_inspect(inspect_args);
   if (*run) return relay::cli::run(run_args);
   if (*eval) return relay::cli::eval_model(eval_args);
+  if (*report) return relay::cli::report(report_args);
   return 2;
 }

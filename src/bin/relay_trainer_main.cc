@@ -37,6 +37,7 @@
 #include "bin/setup.h"
 #include "relay/comm/metrics_endpoint.h"
 #include "relay/comm/rpc.h"
+#include "relay/comm/sample_records.h"
 #include "relay/comm/trainer_host.h"
 #include "relay/comm/trainer_service.h"
 #include "relay/comm/weight_broadcaster.h"
@@ -65,10 +66,11 @@ int fail(const Status& s) {
 int64_t ms(double seconds) { return static_cast<int64_t>(std::ceil(seconds * 1000)); }
 
 // Drops the records of RL steps after `rl_step` (and their evaluations)
-// from metrics.jsonl: a run resumed from the checkpoint of step `rl_step`
-// does those steps again, and each step should appear once. Warm-start
-// records stay. The file is rewritten atomically; a missing one is fine.
-Status truncate_metrics_after(const std::string& path, int64_t rl_step) {
+// from metrics.jsonl or samples.jsonl: a run resumed from the checkpoint of
+// step `rl_step` does those steps again, and each step should appear once.
+// Warm-start records stay. The file is rewritten atomically; a missing one
+// is fine.
+Status truncate_records_after(const std::string& path, int64_t rl_step) {
   StatusOr<std::string> text = read_file(path);
   if (!text.ok()) return OkStatus();
   std::string kept;
@@ -91,7 +93,7 @@ Status truncate_metrics_after(const std::string& path, int64_t rl_step) {
     kept += '\n';
   }
   if (dropped == 0) return OkStatus();
-  std::printf("metrics.jsonl: dropped %lld records after step %lld (they will be redone)\n",
+  std::printf("%s: dropped %lld records after step %lld (they will be redone)\n", path.c_str(),
               static_cast<long long>(dropped), static_cast<long long>(rl_step));
   return write_file_atomic(path, kept);
 }
@@ -220,22 +222,31 @@ int main(int argc, char** argv) {
     return fail(FailedPreconditionError(
         absl::StrCat("--resume: ", checkpoints, " holds no checkpoint to resume from")));
   }
+  // samples.jsonl: a few responses of every RL step, for the dashboard.
+  RunFiles run_data = run_files(run_dir);
+  run_data.metrics = metrics_out;
   if (*latest) {
-    if (Status st = truncate_metrics_after(metrics_out, (*latest)->rl_step); !st.ok()) {
-      return fail(st);
+    for (const std::string& f : {metrics_out, run_data.samples}) {
+      if (Status st = truncate_records_after(f, (*latest)->rl_step); !st.ok()) return fail(st);
     }
   }
   MetricsLog metrics;
   if (Status st = metrics.open(metrics_out, run_dir + "/tensorboard"); !st.ok()) return fail(st);
+  std::ofstream samples_out(run_data.samples, std::ios::app);
+  if (!samples_out) {
+    return fail(InternalError("cannot open " + run_data.samples + " for appending"));
+  }
   std::unique_ptr<comm::MetricsEndpoint> endpoint;
   if (!sv.http_listen.empty()) {
     const size_t colon = sv.http_listen.rfind(':');
     StatusOr<std::unique_ptr<comm::MetricsEndpoint>> e = comm::MetricsEndpoint::start(
-        sv.http_listen.substr(0, colon), std::atoi(sv.http_listen.c_str() + colon + 1));
+        sv.http_listen.substr(0, colon), std::atoi(sv.http_listen.c_str() + colon + 1), run_data);
     if (!e.ok()) return fail(e.status());
     endpoint = *std::move(e);
     metrics.attach(endpoint.get());
     std::printf("metrics at http://%s:%d/metrics\n", sv.http_listen.substr(0, colon).c_str(),
+                endpoint->port());
+    std::printf("dashboard at http://%s:%d/\n", sv.http_listen.substr(0, colon).c_str(),
                 endpoint->port());
   }
 
@@ -528,6 +539,11 @@ int main(int argc, char** argv) {
       (*m)["weight_sync/failures"] = static_cast<double>(bs.failures);
     }
     metrics.record("rl", r.rl_step, *m);
+    samples_out << samples_jsonl_line(r.rl_step, tr.version(),
+                                      comm::sample_records(host.last_groups(), *s.tokenizer, 4))
+                << "\n"
+                << std::flush;
+    if (!samples_out) spdlog::warn("cannot append to {}", run_data.samples);
     bool new_best = false;
     if (ev.every > 0 && r.rl_step % ev.every == 0 && r.rl_step < ex.steps) {
       if (Status st = eval(r.rl_step, absl::StrCat("at step ", r.rl_step), tr.policy()); !st.ok()) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace relay::comm {
@@ -29,6 +30,36 @@ std::string prometheus_value(double x) {
   return buf;
 }
 
+// The handlers only read the files named in `files`; they run on httplib's
+// threads while the trainer appends to those files, which is why a partial
+// last line is tolerated (run_data_json).
+void serve_dashboard(httplib::Server& server, const RunFiles& files) {
+  server.Get("/", [page = dashboard_live_html(files.name)](const httplib::Request&,
+                                                           httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(page, "text/html; charset=utf-8");
+  });
+  server.Get("/api/run", [files](const httplib::Request& req, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    RunDataOptions options;
+    if (req.has_param("metrics_from")) {
+      const std::string from = req.get_param_value("metrics_from");
+      if (!absl::SimpleAtoi(from, &options.metrics_from) || options.metrics_from < 0) {
+        res.status = 400;
+        res.set_content(absl::StrCat("metrics_from: not a count: '", from, "'\n"), "text/plain");
+        return;
+      }
+    }
+    StatusOr<std::string> data = run_data_json(files, options);
+    if (!data.ok()) {
+      res.status = absl::IsNotFound(data.status()) ? 404 : 500;
+      res.set_content(absl::StrCat(data.status().message(), "\n"), "text/plain");
+      return;
+    }
+    res.set_content(*data, "application/json");
+  });
+}
+
 }  // namespace
 
 std::string prometheus_text(const std::map<std::string, double>& metrics) {
@@ -43,8 +74,8 @@ std::string prometheus_text(const std::map<std::string, double>& metrics) {
   return out;
 }
 
-StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(const std::string& host,
-                                                                  int port) {
+StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(
+    const std::string& host, int port, std::optional<RunFiles> dashboard) {
   auto server = std::make_unique<httplib::Server>();
   // httplib's default also sets SO_REUSEPORT, which lets a second process
   // listen on the same port and share the traffic; refuse that instead.
@@ -57,11 +88,16 @@ StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(const std::str
   if (bound <= 0) {
     return UnavailableError(absl::StrCat("metrics endpoint: cannot listen on ", host, ":", port));
   }
-  return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(std::move(server), bound));
+  return std::unique_ptr<MetricsEndpoint>(
+      new MetricsEndpoint(std::move(server), bound, std::move(dashboard)));
 }
 
-MetricsEndpoint::MetricsEndpoint(std::unique_ptr<httplib::Server> server, int port)
+MetricsEndpoint::MetricsEndpoint(std::unique_ptr<httplib::Server> server, int port,
+                                 std::optional<RunFiles> dashboard)
     : server_(std::move(server)), port_(port) {
+  // Routes are registered before the server thread starts: httplib's
+  // handler lists are not safe to change while it serves.
+  if (dashboard) serve_dashboard(*server_, *dashboard);
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     std::map<std::string, double> copy;
     {

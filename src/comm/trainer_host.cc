@@ -54,6 +54,7 @@ StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& st
   m["store/expired"] = static_cast<double>(expired + expired_now);
   m["store/wait_versions_mean"] = taken.empty() ? 0.0 : wait_versions / taken.size();
   RELAY_RETURN_IF_ERROR(publish_current());
+  last_groups_ = std::move(groups);
   ++steps_;
   if (options_.compact_every > 0 && steps_ % options_.compact_every == 0) {
     RELAY_ASSIGN_OR_RETURN(int64_t compacted, store_->compact(trainer_->version(), compact_floor_));

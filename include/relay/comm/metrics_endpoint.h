@@ -4,16 +4,23 @@
 //   GET /metrics  every metric's latest value in Prometheus' text format, as
 //                 gauges named relay_<metric> ("reward/mean" ->
 //                 relay_reward_mean), for a Prometheus server to scrape;
-//   GET /healthz  "ok".
+//   GET /healthz  "ok";
+// and, when given a run's files, the live dashboard (common/dashboard.h):
+//   GET /         the dashboard page, which polls
+//   GET /api/run  the run's metrics, latest samples and config as JSON, read
+//                 from the files on each request (?metrics_from=N: only the
+//                 records after the first N).
 // The trainer loop calls update() after each step; requests are served on
 // the endpoint's own threads.
 
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "relay/common/dashboard.h"
 #include "relay/common/status.h"
 
 namespace httplib {
@@ -30,8 +37,10 @@ std::string prometheus_text(const std::map<std::string, double>& metrics);
 class MetricsEndpoint {
  public:
   // Listens on host:port (port 0 = any free port); Unavailable naming the
-  // address when it cannot.
-  static StatusOr<std::unique_ptr<MetricsEndpoint>> start(const std::string& host, int port);
+  // address when it cannot. With `dashboard`, also serves / and /api/run
+  // from those files.
+  static StatusOr<std::unique_ptr<MetricsEndpoint>> start(
+      const std::string& host, int port, std::optional<RunFiles> dashboard = std::nullopt);
   ~MetricsEndpoint();
 
   int port() const { return port_; }
@@ -39,7 +48,8 @@ class MetricsEndpoint {
   void update(const std::map<std::string, double>& metrics);
 
  private:
-  MetricsEndpoint(std::unique_ptr<httplib::Server> server, int port);
+  MetricsEndpoint(std::unique_ptr<httplib::Server> server, int port,
+                  std::optional<RunFiles> dashboard);
   std::unique_ptr<httplib::Server> server_;
   int port_ = 0;
   std::mutex mu_;

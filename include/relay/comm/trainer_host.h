@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "relay/comm/weight_publisher.h"
 #include "relay/common/status.h"
@@ -46,6 +47,10 @@ class TrainerHost {
   // The published version (safe from any thread: what the services report).
   int64_t version() const { return version_.load(); }
 
+  // The groups the last successful step() trained on (empty before one), for
+  // showing what was sampled (comm/sample_records.h). Same thread as step().
+  const std::vector<rollout::TrajectoryGroup>& last_groups() const { return last_groups_; }
+
  private:
   trainer::Trainer* trainer_;
   store::RolloutStore* store_;
@@ -54,6 +59,7 @@ class TrainerHost {
   std::atomic<int64_t> version_{-1};
   int64_t steps_ = 0;
   int64_t compact_floor_ = INT64_MAX;
+  std::vector<rollout::TrajectoryGroup> last_groups_;
 };
 
 }  // namespace relay::comm
