@@ -622,6 +622,14 @@ class Reader {
 // ---------------------------------------------------------------------------
 // Writer: prints the structs as block YAML through the same schema.
 
+// A real number as the Writer prints it: "10000" -> "10000.0", so the file
+// shows the field is a real number.
+std::string real_text(double value) {
+  std::string text = format_double(value);
+  if (text.find_first_not_of("-0123456789") == std::string::npos) text += ".0";
+  return text;
+}
+
 class Writer {
  public:
   explicit Writer(YAML::Emitter& out) : out_(out) {}
@@ -645,14 +653,41 @@ class Writer {
   }
 
   void field(const char* key, double& value) {
-    std::string text = format_double(value);
-    // "10000" -> "10000.0", so the file shows the field is a real number.
-    if (text.find_first_not_of("-0123456789") == std::string::npos) text += ".0";
-    out_ << YAML::Key << key << YAML::Value << text;
+    out_ << YAML::Key << key << YAML::Value << real_text(value);
   }
 
  private:
   YAML::Emitter& out_;
+};
+
+// ---------------------------------------------------------------------------
+// FieldLister: the leaf keys as dotted paths with the values the Writer prints.
+
+class FieldLister {
+ public:
+  template <class C>
+  void section(const char* key, C& c) {
+    const std::string outer = prefix_;
+    prefix_ = join_path(prefix_, key);
+    visit_fields(*this, c);
+    prefix_ = outer;
+  }
+  void field(const char* key, std::string& value) { add(key, value); }
+  void field(const char* key, bool& value) { add(key, value ? "true" : "false"); }
+  void field(const char* key, int& value) { add(key, absl::StrCat(value)); }
+  void field(const char* key, uint64_t& value) { add(key, absl::StrCat(value)); }
+  void field(const char* key, double& value) { add(key, real_text(value)); }
+  void field(const char* key, std::vector<std::string>& value) {
+    add(key, absl::StrCat("[", absl::StrJoin(value, ", "), "]"));
+  }
+
+  std::vector<std::pair<std::string, std::string>> fields;
+
+ private:
+  void add(const char* key, std::string value) {
+    fields.emplace_back(join_path(prefix_, key), std::move(value));
+  }
+  std::string prefix_;
 };
 
 // ---------------------------------------------------------------------------
@@ -1171,6 +1206,13 @@ std::string to_yaml(const ExperimentConfig& config) {
   visit_fields(writer, copy);
   out << YAML::EndMap;
   return absl::StrCat(out.c_str(), "\n");
+}
+
+std::vector<std::pair<std::string, std::string>> config_fields(const ExperimentConfig& config) {
+  ExperimentConfig copy = config;  // the schema walks mutable structs
+  FieldLister lister;
+  visit_fields(lister, copy);
+  return std::move(lister.fields);
 }
 
 }  // namespace relay

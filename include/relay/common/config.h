@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "relay/common/status.h"
@@ -363,5 +364,13 @@ Status validate(const ExperimentConfig& config);
 // The fully resolved config (defaults filled in) as YAML that load_config
 // accepts back unchanged.
 std::string to_yaml(const ExperimentConfig& config);
+
+// Every leaf key of `config` as a dotted YAML path with its value, in schema
+// order: {"rollout.n", "8"}, {"trainer.lr", "1e-05"}, {"model.path", ""},
+// {"rollout.stop", "[]"}. Scalars read as to_yaml writes them (unquoted); a
+// list is its items joined as "[a, b]". With a default-constructed config
+// these are the defaults docs/config.md documents
+// (tests/unit/common/config_reference_test.cc checks it).
+std::vector<std::pair<std::string, std::string>> config_fields(const ExperimentConfig& config);
 
 }  // namespace relay
