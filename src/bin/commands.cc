@@ -21,6 +21,7 @@
 
 #include "relay/common/config.h"
 #include "relay/common/file_io.h"
+#include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
 #include "relay/model/threads.h"
@@ -206,6 +207,35 @@ int tokenize(const TokenizeArgs& args) {
   return 0;
 }
 
+namespace {
+
+// With --chat-template: `text` becomes the rendered conversation (--system,
+// then --text as the user's message) and `stop` its end-of-turn token.
+Status render_chat_text(const GenerateArgs& args, const model::Tokenizer& tokenizer,
+                        std::string* text, std::optional<int64_t>* stop) {
+  RELAY_ASSIGN_OR_RETURN(
+      model::ChatTemplate t,
+      model::resolve_chat_template(args.chat_template, tokenizer, "--chat-template"));
+  if (t == model::ChatTemplate::kNone) {
+    if (!args.system_prompt.empty()) {
+      return InvalidArgumentError("--system: needs --chat-template (chatml, llama3 or auto)");
+    }
+    return OkStatus();
+  }
+  std::vector<model::ChatMessage> messages;
+  if (!args.system_prompt.empty()) messages.push_back({"system", args.system_prompt});
+  messages.push_back({"user", args.text});
+  if (std::optional<model::ChatProblem> problem = model::find_chat_problem(t, messages)) {
+    const bool system = !args.system_prompt.empty() && problem->path.rfind("[0]", 0) == 0;
+    return InvalidArgumentError(absl::StrCat(system ? "--system" : "--text", ": ", problem->what));
+  }
+  *text = model::render_chat(t, messages);
+  *stop = tokenizer.token_id(model::end_of_turn(t));
+  return OkStatus();
+}
+
+}  // namespace
+
 int generate(const GenerateArgs& args) {
   StatusOr<model::Policy> policy = model::load_policy(args.model_dir);
   if (!policy.ok()) return fail("generate", policy.status());
@@ -214,11 +244,16 @@ int generate(const GenerateArgs& args) {
 
   std::vector<int64_t> prompt;
   std::string error;
+  std::optional<int64_t> chat_stop;  // the chat template's end-of-turn token
   if (!args.text.empty()) {
     if (!tokenizer)
       return fail("generate",
                   NotFoundError(absl::StrCat("--text needs a tokenizer in ", args.model_dir)));
-    StatusOr<std::vector<int64_t>> encoded = tokenizer->encode(args.text);
+    std::string text = args.text;
+    if (Status st = render_chat_text(args, *tokenizer, &text, &chat_stop); !st.ok()) {
+      return fail("generate", st);
+    }
+    StatusOr<std::vector<int64_t>> encoded = tokenizer->encode(text);
     if (!encoded.ok()) return fail("generate", encoded.status());
     prompt = *encoded;
   } else if (args.ids.empty()) {
@@ -239,6 +274,7 @@ int generate(const GenerateArgs& args) {
   }
   const int64_t eos = (*policy)->config().eos_token_id;
   if (!args.no_eos_stop && eos >= 0) opts.stop_tokens.push_back(eos);
+  if (chat_stop) opts.stop_tokens.push_back(*chat_stop);
 
   StatusOr<std::vector<rollout::Generation>> result = rollout::generate(*policy, {prompt}, opts);
   if (!result.ok()) return fail("generate", result.status());
@@ -362,7 +398,11 @@ int rollout(const RolloutArgs& args) {
                     });
     if (!st.ok()) return fail("rollout", st);
     out["trajectories"] = std::move(list);
-    absl::StrAppend(&lines, out.dump(), "\n");
+    // A byte-level BPE response can end inside a UTF-8 sequence (cut at
+    // max_new_tokens) or sample bytes that form none: JSON shows those bytes
+    // as U+FFFD rather than failing; response_tokens keep the exact ids.
+    absl::StrAppend(&lines, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "\n");
   }
   if (!args.out.empty()) {
     if (Status st = write_file_atomic(args.out, lines); !st.ok()) return fail("rollout", st);

@@ -40,6 +40,10 @@ struct GenerateArgs {
   std::string model_dir;
   std::string ids;   // "1,2,3"; or
   std::string text;  // encoded with the directory's tokenizer
+  // none | chatml | llama3 | auto: render `text` as a user message (after
+  // `system_prompt`, if any) and stop at the end-of-turn token too.
+  std::string chat_template = "none";
+  std::string system_prompt;
   int64_t max_new_tokens = 16;
   bool greedy = false;
   double temperature = 1.0;

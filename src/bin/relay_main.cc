@@ -58,6 +58,13 @@ int main(int argc, char** argv) {
   auto* text_opt =
       generate->add_option("--text", gen.text, "Prompt text (uses the model's tokenizer)");
   ids_opt->excludes(text_opt);
+  auto* chat_opt =
+      generate
+          ->add_option("--chat-template", gen.chat_template,
+                       "Render --text as a chat user message: none | chatml | llama3 | auto")
+          ->needs(text_opt);
+  generate->add_option("--system", gen.system_prompt, "System message (with --chat-template)")
+      ->needs(chat_opt);
   generate->add_option("--max-new-tokens", gen.max_new_tokens, "Tokens to generate at most");
   auto* greedy = generate->add_flag("--greedy", gen.greedy, "Argmax decoding");
   generate->add_option("--temperature", gen.temperature, "Sampling temperature (> 0)")

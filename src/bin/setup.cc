@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "relay/common/file_io.h"
 #include "relay/common/progress.h"
+#include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/threads.h"
 #include "relay/model/weight_manifest.h"
@@ -87,8 +88,15 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
     s.policy->to(dtype);
     s.tokenizer = std::make_shared<model::CharTokenizer>(std::move(tokenizer));
   }
+  // The chat template needs the tokenizer (its special tokens, for auto);
+  // with one, the task renders prompts and targets and adds its end-of-turn
+  // token to the stop strings below.
+  model::ChatOptions chat;
+  RELAY_ASSIGN_OR_RETURN(chat.chat_template,
+                         model::resolve_chat_template(s.config.model.chat_template, *s.tokenizer));
+  chat.system_prompt = s.config.model.system_prompt;
   RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Task> task,
-                         rollout::make_task(s.config.task, s.config.run.seed));
+                         rollout::make_task(s.config.task, s.config.run.seed, chat));
   s.task = std::move(task);
   if (s.task->size() >= 0 && args.start + args.prompts > s.task->size()) {
     return InvalidArgumentError(absl::StrCat("--prompts: task '", s.task->name(), "' has ",

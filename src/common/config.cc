@@ -110,6 +110,8 @@ void visit_fields(V& v, ModelConfig& c) {
   v.field("path", c.path);
   v.field("dtype", c.dtype);
   v.field("tokenizer", c.tokenizer);
+  v.field("chat_template", c.chat_template);
+  v.field("system_prompt", c.system_prompt);
   v.section("init", c.init);
 }
 
@@ -808,6 +810,17 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   p.one_of("run.log_level", run.log_level, {"trace", "debug", "info", "warn", "error", "off"});
 
   p.one_of("model.dtype", config.model.dtype, {"float32", "bfloat16", "float16"});
+  // Whether the tokenizer has the format's special tokens is known only once
+  // it is loaded (rollout setup checks it, naming model.chat_template).
+  p.one_of("model.chat_template", config.model.chat_template, {"none", "chatml", "llama3", "auto"});
+  if (config.model.chat_template == "none" && !config.model.system_prompt.empty()) {
+    // A system message exists only in a chat format; ignoring it would
+    // silently train on other prompts than the ones configured.
+    p.add_string("model.system_prompt",
+                 "needs model.chat_template (chatml, llama3 or auto); without a chat format there "
+                 "is no system message",
+                 config.model.system_prompt);
+  }
   const ModelInitConfig& init = config.model.init;
   p.one_of("model.init.arch", init.arch, {"llama", "qwen2"});
   p.at_least("model.init.layers", init.layers, 1);

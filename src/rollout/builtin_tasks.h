@@ -19,16 +19,32 @@ namespace relay::rollout {
 // "task.<...>" field (or the file and line) in its error.
 StatusOr<std::unique_ptr<Task>> make_arithmetic_task(const ArithmeticTaskConfig& config,
                                                      uint64_t seed);
+// `chat_template` is the format the prompts will be rendered in (JsonlKeys).
 StatusOr<std::unique_ptr<Task>> make_math_answer_task(const std::string& path,
-                                                      const MathAnswerTaskConfig& config);
+                                                      const MathAnswerTaskConfig& config,
+                                                      model::ChatTemplate chat_template);
 StatusOr<std::unique_ptr<Task>> make_jsonl_task(const std::string& path,
-                                                const JsonlTaskConfig& config);
+                                                const JsonlTaskConfig& config,
+                                                model::ChatTemplate chat_template);
+
+// Wraps `task` so that its prompts are rendered in chat.chat_template (see
+// task.h). Fails when chat.system_prompt holds one of the format's special
+// tokens. REQUIRES: chat.chat_template != kNone.
+StatusOr<std::unique_ptr<Task>> make_chat_task(std::unique_ptr<Task> task,
+                                               const model::ChatOptions& chat);
 
 // Which fields of a JSONL line make a prompt.
 struct JsonlKeys {
-  std::string prompt;  // required string
+  // Required: a string, or (with a chat template) a list of {"role", "content"}
+  // messages, which goes to TaskPrompt::messages, leaving `prompt` empty.
+  std::string prompt;
   std::string answer;  // required string or number (a number is rendered as its JSON text)
   std::string target;  // optional string; "" = the task has no targets
+  // The format the prompts will be rendered in. kNone: a message list is an
+  // error. Otherwise every prompt, message and target is checked for it
+  // (find_chat_problem; no special token of the format in a string prompt
+  // or a target).
+  model::ChatTemplate chat_template = model::ChatTemplate::kNone;
 };
 
 // Reads the whole JSONL file at `path`: one prompt per non-blank line, in

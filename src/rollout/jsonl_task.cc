@@ -53,6 +53,83 @@ std::string parse_error_text(const json::parse_error& e) {
   return std::string(what);
 }
 
+// j[key] as a list of chat messages; `where` is "<path>:<line>". Errors name
+// the element: "field 'prompt[1].content': missing".
+StatusOr<std::vector<model::ChatMessage>> parse_messages(const json& list, const std::string& key,
+                                                         const std::string& where) {
+  std::vector<model::ChatMessage> messages;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& m = list[i];
+    const std::string at = absl::StrCat(where, ": field '", key, "[", i, "]");
+    if (!m.is_object()) {
+      return InvalidArgumentError(absl::StrCat(at, "': expected an object with \"role\" and ",
+                                               "\"content\", got ", m.type_name()));
+    }
+    for (const auto& [name, value] : m.items()) {
+      if (name != "role" && name != "content") {
+        return InvalidArgumentError(absl::StrCat(at, ".", name,
+                                                 "': unknown key; a message has only \"role\" "
+                                                 "and \"content\""));
+      }
+    }
+    const auto text = [&](const char* name, std::string& out) -> Status {
+      const auto it = m.find(name);
+      if (it == m.end()) return InvalidArgumentError(absl::StrCat(at, ".", name, "': missing"));
+      if (!it->is_string()) {
+        return InvalidArgumentError(
+            absl::StrCat(at, ".", name, "': expected a string, got ", it->type_name()));
+      }
+      out = it->get<std::string>();
+      return OkStatus();
+    };
+    model::ChatMessage message;
+    RELAY_RETURN_IF_ERROR(text("role", message.role));
+    RELAY_RETURN_IF_ERROR(text("content", message.content));
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
+// The prompt field: a non-empty string, or with a chat template a list of
+// messages (TaskPrompt::messages). Either way checked for the template.
+Status parse_prompt_field(const json& j, const JsonlKeys& keys, const std::string& where,
+                          TaskPrompt& p) {
+  const auto it = j.find(keys.prompt);
+  if (it != j.end() && it->is_array()) {
+    if (keys.chat_template == model::ChatTemplate::kNone) {
+      return InvalidArgumentError(absl::StrCat(
+          where, ": field '", keys.prompt,
+          "': a list of messages needs a chat template; set model.chat_template to chatml, "
+          "llama3 or auto"));
+    }
+    RELAY_ASSIGN_OR_RETURN(p.messages, parse_messages(*it, keys.prompt, where));
+    if (std::optional<model::ChatProblem> problem =
+            model::find_chat_problem(keys.chat_template, p.messages)) {
+      return InvalidArgumentError(
+          absl::StrCat(where, ": field '", keys.prompt, problem->path, "': ", problem->what));
+    }
+    return OkStatus();
+  }
+  if (it != j.end() && !it->is_string()) {
+    return InvalidArgumentError(absl::StrCat(
+        where, ": field '", keys.prompt, "': expected a string",
+        keys.chat_template == model::ChatTemplate::kNone ? "" : " or a list of messages", ", got ",
+        it->type_name()));
+  }
+  RELAY_ASSIGN_OR_RETURN(p.prompt, required_text(j, keys.prompt, where, /*allow_number=*/false));
+  if (p.prompt.empty()) {
+    return InvalidArgumentError(absl::StrCat(where, ": field '", keys.prompt, "': empty"));
+  }
+  if (std::string_view token = model::find_chat_token(keys.chat_template, p.prompt);
+      !token.empty()) {
+    return InvalidArgumentError(absl::StrCat(
+        where, ": field '", keys.prompt, "': contains '", std::string(token),
+        "', but with model.chat_template set a text prompt becomes one user message; give the "
+        "text alone or a list of messages (or chat_template none for prompts already rendered)"));
+  }
+  return OkStatus();
+}
+
 // One non-blank line; `where` is "<path>:<line>".
 StatusOr<TaskPrompt> parse_prompt_line(std::string_view line, const std::string& where,
                                        const JsonlKeys& keys) {
@@ -68,13 +145,16 @@ StatusOr<TaskPrompt> parse_prompt_line(std::string_view line, const std::string&
   }
   TaskPrompt p;
   p.id = where;
-  RELAY_ASSIGN_OR_RETURN(p.prompt, required_text(j, keys.prompt, where, /*allow_number=*/false));
-  if (p.prompt.empty()) {
-    return InvalidArgumentError(absl::StrCat(where, ": field '", keys.prompt, "': empty"));
-  }
+  RELAY_RETURN_IF_ERROR(parse_prompt_field(j, keys, where, p));
   RELAY_ASSIGN_OR_RETURN(p.reference, required_text(j, keys.answer, where, /*allow_number=*/true));
   if (!keys.target.empty()) {
     RELAY_ASSIGN_OR_RETURN(p.target, field_text(j, keys.target, where, /*allow_number=*/false));
+    if (std::string_view token = model::find_chat_token(keys.chat_template, p.target.value_or(""));
+        !token.empty()) {
+      return InvalidArgumentError(
+          absl::StrCat(where, ": field '", keys.target, "': contains '", std::string(token),
+                       "'; the chat template appends the end-of-turn token itself"));
+    }
   }
   return p;
 }
@@ -204,7 +284,8 @@ StatusOr<std::vector<TaskPrompt>> read_jsonl_prompts(const std::string& path,
 }
 
 StatusOr<std::unique_ptr<Task>> make_jsonl_task(const std::string& path,
-                                                const JsonlTaskConfig& config) {
+                                                const JsonlTaskConfig& config,
+                                                model::ChatTemplate chat_template) {
   if (config.match != "exact" && config.match != "regex") {
     return InvalidArgumentError(
         absl::StrCat("task.jsonl.match: must be one of exact | regex, got '", config.match, "'"));
@@ -215,9 +296,9 @@ StatusOr<std::unique_ptr<Task>> make_jsonl_task(const std::string& path,
   if (config.answer_key.empty()) {
     return InvalidArgumentError("task.jsonl.answer_key: must be non-empty");
   }
-  RELAY_ASSIGN_OR_RETURN(
-      std::vector<TaskPrompt> prompts,
-      read_jsonl_prompts(path, {config.prompt_key, config.answer_key, config.target_key}));
+  RELAY_ASSIGN_OR_RETURN(std::vector<TaskPrompt> prompts,
+                         read_jsonl_prompts(path, {config.prompt_key, config.answer_key,
+                                                   config.target_key, chat_template}));
   std::vector<Regex> regexes;
   if (config.match == "regex") {
     regexes.reserve(prompts.size());

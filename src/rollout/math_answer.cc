@@ -314,8 +314,8 @@ namespace {
 // JSONL lines {"question", "answer", optional "solution"}. Reward =
 // (1 - w) * correct + w * formatted, where formatted = the response has a
 // complete \boxed{} and w = format_reward. The question is given to the
-// policy verbatim: put any instruction ("put the answer in \boxed{}") in the
-// data.
+// policy verbatim (or as a list of messages, with a chat template): put any
+// instruction ("put the answer in \boxed{}") in the data.
 class MathAnswerTask final : public Task {
  public:
   MathAnswerTask(std::vector<TaskPrompt> prompts, double format_reward)
@@ -349,14 +349,16 @@ class MathAnswerTask final : public Task {
 }  // namespace
 
 StatusOr<std::unique_ptr<Task>> make_math_answer_task(const std::string& path,
-                                                      const MathAnswerTaskConfig& config) {
+                                                      const MathAnswerTaskConfig& config,
+                                                      model::ChatTemplate chat_template) {
   const double w = config.format_reward;
   if (!(std::isfinite(w) && w >= 0 && w <= 1)) {
     return InvalidArgumentError(
         absl::StrCat("task.math_answer.format_reward: must be in [0, 1], got ", w));
   }
-  RELAY_ASSIGN_OR_RETURN(std::vector<TaskPrompt> prompts,
-                         read_jsonl_prompts(path, {"question", "answer", "solution"}));
+  RELAY_ASSIGN_OR_RETURN(
+      std::vector<TaskPrompt> prompts,
+      read_jsonl_prompts(path, {"question", "answer", "solution", chat_template}));
   for (const TaskPrompt& p : prompts) {
     if (normalize_math_answer(p.reference).empty()) {
       return InvalidArgumentError(absl::StrCat(p.id, ": field 'answer': empty"));

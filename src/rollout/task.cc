@@ -12,7 +12,10 @@
 
 namespace relay::rollout {
 
-StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed) {
+namespace {
+
+StatusOr<std::unique_ptr<Task>> make_plain_task(const TaskConfig& config, uint64_t seed,
+                                                model::ChatTemplate chat_template) {
   if (config.name == "arithmetic") return make_arithmetic_task(config.arithmetic, seed);
   if (config.name != "math_answer" && config.name != "jsonl") {
     return InvalidArgumentError(absl::StrCat("task.name: unknown task '", config.name,
@@ -22,8 +25,26 @@ StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t see
     return InvalidArgumentError(
         absl::StrCat("task.path: must name a JSONL file for task '", config.name, "'"));
   }
-  if (config.name == "math_answer") return make_math_answer_task(config.path, config.math_answer);
-  return make_jsonl_task(config.path, config.jsonl);
+  if (config.name == "math_answer") {
+    return make_math_answer_task(config.path, config.math_answer, chat_template);
+  }
+  return make_jsonl_task(config.path, config.jsonl, chat_template);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed,
+                                          const model::ChatOptions& chat) {
+  if (chat.chat_template == model::ChatTemplate::kNone && !chat.system_prompt.empty()) {
+    // A system message exists only in a chat format; dropping it silently
+    // would train on prompts other than the ones configured.
+    return InvalidArgumentError(
+        "model.system_prompt: needs model.chat_template (chatml, llama3 or auto)");
+  }
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<Task> task,
+                         make_plain_task(config, seed, chat.chat_template));
+  if (chat.chat_template == model::ChatTemplate::kNone) return task;
+  return make_chat_task(std::move(task), chat);
 }
 
 StatusOr<TaskPrompt> prompt_at(const std::vector<TaskPrompt>& prompts, int64_t index,

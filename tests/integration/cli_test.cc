@@ -18,6 +18,7 @@
 #include "relay/common/tensorboard.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/weight_manifest.h"
+#include "testing/byte_tokenizer_json.h"
 
 namespace relay {
 namespace {
@@ -275,6 +276,85 @@ TEST_F(CliTest, RolloutAppendsToTheStoreAndInspectReportsIt) {
   CliResult missing = RelayCli("store inspect " + dir + "_missing");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find("no store at " + dir + "_missing"), std::string::npos) << missing.err;
+}
+
+// model.chat_template end to end: a model directory with a byte-level
+// tokenizer.json holding ChatML's tokens (byte b = id b; <|endoftext|> 256,
+// <|im_start|> 257, <|im_end|> 258), a JSONL task whose prompt is a message
+// list. The prompt the engine gets is the rendered conversation; the forced
+// target ends with <|im_end|>, which stops the response; the verifier's exact
+// match sees "ok" without it.
+TEST_F(CliTest, RolloutRendersChatPromptsAndStopsAtTheEndOfTurn) {
+  const std::string base = ::testing::TempDir() + "/cli_chat_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  const std::string model = base + "/model";
+  CliResult r = RelayCli("init " + kTinyConfig + " --out " + model + " model.init.vocab=259");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  fs::remove(model + "/relay_tokenizer.json");
+  std::ofstream(model + "/tokenizer.json")
+      << relay::testing::byte_tokenizer_json({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
+             .dump();
+  const std::string data = base + "/chat.jsonl";
+  std::ofstream(data) << R"({"prompt": [{"role": "user", "content": "hi"}], "answer": "ok",)"
+                      << R"( "target": "ok"})"
+                      << "\n";
+  const std::string out = base + "/rollout.jsonl";
+  r = RelayCli("rollout " + kTinyConfig + " --model " + model + " --prompts 1 --out " + out +
+               " task.name=jsonl task.path=" + data +
+               " model.chat_template=auto 'model.system_prompt=Be brief.' rollout.n=2"
+               " rollout.prefix.n_prefix=1 rollout.prefix.strategy=fixed"
+               " rollout.prefix.min_ratio=1.0 rollout.prefix.max_ratio=1.0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(out);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const nlohmann::json g = nlohmann::json::parse(line);
+  const std::string prompt =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  EXPECT_EQ(g["prompt"], prompt);
+  std::vector<int64_t> want;
+  const auto bytes = [&want](const std::string& text) {
+    for (unsigned char c : text) want.push_back(c);
+  };
+  want.push_back(257);
+  bytes("system\nBe brief.");
+  want.push_back(258);
+  bytes("\n");
+  want.push_back(257);
+  bytes("user\nhi");
+  want.push_back(258);
+  bytes("\n");
+  want.push_back(257);
+  bytes("assistant\n");
+  EXPECT_EQ(g["prompt_tokens"], nlohmann::json(want));
+  const nlohmann::json& t = g["trajectories"][0];                    // the whole target, forced
+  EXPECT_EQ(t["response_tokens"], nlohmann::json({111, 107, 258}));  // 'o', 'k', <|im_end|>
+  EXPECT_EQ(t["finish_reason"], "stop");
+  EXPECT_EQ(t["response"], "ok<|im_end|>");
+  EXPECT_EQ(t["reward"], 1.0) << "the verifier must see 'ok', without <|im_end|>";
+
+  // relay generate renders --text the same way.
+  r = RelayCli("generate --model " + model +
+               " --text hi --chat-template auto --system 'Be brief.' --greedy --max-new-tokens 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("text: " + prompt + "|"), std::string::npos) << r.out;
+
+  // The char tokenizer has no chat tokens.
+  r = RelayCli("generate --model " + *model_dir_ + " --text 1 --chat-template llama3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("relay generate: --chat-template: 'llama3' needs '<|begin_of_text|>'"),
+            std::string::npos)
+      << r.err;
+  r = RelayCli("rollout " + kTinyConfig + " --model " + *model_dir_ +
+               " model.chat_template=chatml");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err,
+            "relay rollout: model.chat_template: 'chatml' needs '<|im_start|>', '<|im_end|>' as "
+            "single tokens of the model's tokenizer, which it does not have (the char tokenizer "
+            "has no chat tokens; give a model directory whose tokenizer.json has them, or set "
+            "none)\n");
+  fs::remove_all(base);
 }
 
 TEST_F(CliTest, RolloutRejectsAStopTextThatIsNotOneToken) {

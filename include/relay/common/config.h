@@ -44,6 +44,15 @@ struct ModelConfig {
   std::string path;               // HF-layout directory (config.json + *.safetensors); empty = init
   std::string dtype = "float32";  // float32 | bfloat16 | float16: parameters in memory
   std::string tokenizer = "char";  // char (built-in tasks) | a tokenizer.json path (later)
+  // Chat format prompts are rendered in (docs/model.md, "Chat templates"):
+  // none (prompt text as written) | chatml (Qwen) | llama3 (Llama 3 Instruct) |
+  // auto (chatml or llama3, from the tokenizer's special tokens; an error when
+  // it has neither or both). chatml and llama3 need the tokenizer to have the
+  // format's special tokens; the char tokenizer has none.
+  std::string chat_template = "none";
+  // With a chat template: a system message put before every prompt that has
+  // none of its own. "" = no system message (relay adds no default one).
+  std::string system_prompt;
   ModelInitConfig init;
 };
 

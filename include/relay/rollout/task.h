@@ -12,6 +12,11 @@
 // "math_answer" (JSONL question/answer, \boxed{} or last-number extraction),
 // "jsonl" (JSONL prompts with an exact or regex verifier).
 //
+// With a chat template (model.chat_template) make_task wraps the task so that
+// every prompt is a rendered conversation ending with the assistant header,
+// every target ends with the end-of-turn token, that token is a stop string,
+// and score() sees the response without it (model/chat_template.h).
+//
 // Verifiers are user-facing code paths that see arbitrary model output; run
 // them through SafeVerifier, which turns a throw or a timeout into reward 0
 // and a counted error instead of a dead worker.
@@ -28,15 +33,23 @@
 
 #include "relay/common/config.h"
 #include "relay/common/status.h"
+#include "relay/model/chat_template.h"
 
 namespace relay::rollout {
 
 struct TaskPrompt {
-  int64_t index = 0;                  // position in the task's stream or file
-  std::string id;                     // stable, human-readable: "arithmetic/17", "data/q.jsonl:12"
-  std::string prompt;                 // text given to the policy
-  std::string reference;              // what the verifier compares against (may be empty)
-  std::optional<std::string> target;  // a target solution, for prefix guidance
+  int64_t index = 0;  // position in the task's stream or file
+  std::string id;     // stable, human-readable: "arithmetic/17", "data/q.jsonl:12"
+  // Text given to the policy; with a chat template, `messages` rendered.
+  std::string prompt;
+  // With a chat template: the conversation `prompt` renders (the system
+  // prompt, then the file's messages or the prompt text as one user message).
+  // Empty without one.
+  std::vector<model::ChatMessage> messages;
+  std::string reference;  // what the verifier compares against (may be empty)
+  // A target solution, for prefix guidance and warm starts; with a chat
+  // template it ends with the end-of-turn token.
+  std::optional<std::string> target;
 };
 
 struct Score {
@@ -52,7 +65,8 @@ class Task {
   virtual int64_t size() const = 0;
   // Prompt `index`; OutOfRange past the end of a finite task.
   virtual StatusOr<TaskPrompt> prompt(int64_t index) const = 0;
-  // Scores `response` (the decoded response text, stop text included) for
+  // Scores `response` (the decoded response text, stop text included, except
+  // a chat template's end-of-turn token, which the chat wrapper removes) for
   // `prompt`. A malformed response is a low score, not an error; errors are
   // for broken tasks. May throw (SafeVerifier guards callers). Must be safe
   // to call concurrently (an abandoned call may still be running). The
@@ -65,9 +79,13 @@ class Task {
 };
 
 // Builds the task named by config.name. `seed` drives generated streams.
-// Errors name the config field or the file and line (JSONL tasks read and
-// check their whole file here, so a bad line fails at startup, not mid-run).
-StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed);
+// `chat` is the resolved model.chat_template and model.system_prompt
+// (resolve_chat_template); with kNone prompts are used as written and a JSONL
+// message list is an error. Errors name the config field or the file and line
+// (JSONL tasks read and check their whole file here, so a bad line fails at
+// startup, not mid-run).
+StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed,
+                                          const model::ChatOptions& chat = {});
 
 // Runs a task's verifier with a time limit. A verifier that throws, returns
 // an error, returns a non-finite reward or runs past the limit yields reward

@@ -37,6 +37,8 @@ void expect_same(const ExperimentConfig& a, const ExperimentConfig& b) {
   EXPECT_EQ(a.model.path, b.model.path);
   EXPECT_EQ(a.model.dtype, b.model.dtype);
   EXPECT_EQ(a.model.tokenizer, b.model.tokenizer);
+  EXPECT_EQ(a.model.chat_template, b.model.chat_template);
+  EXPECT_EQ(a.model.system_prompt, b.model.system_prompt);
   const ModelInitConfig& ai = a.model.init;
   const ModelInitConfig& bi = b.model.init;
   EXPECT_EQ(ai.arch, bi.arch);
@@ -258,6 +260,8 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  path: \"\"\n"
             "  dtype: float32\n"
             "  tokenizer: char\n"
+            "  chat_template: none\n"
+            "  system_prompt: \"\"\n"
             "  init:\n"
             "    arch: llama\n"
             "    layers: 2\n"
@@ -444,6 +448,9 @@ TEST(ConfigTest, ToYamlRoundTripsThroughParseConfig) {
   custom.model.path = "~";  // must stay a string, not become null
   custom.model.dtype = "float16";
   custom.model.tokenizer = "true";  // must stay a string, not become a bool
+  custom.model.chat_template = "llama3";
+  // Quotes, a colon, a newline and YAML indicators must come back unchanged.
+  custom.model.system_prompt = "You are: \"terse\".\n- # Answer in one line.";
   custom.model.init.arch = "qwen2";
   custom.model.init.hidden = 96;
   custom.model.init.heads = 6;
@@ -709,6 +716,12 @@ TEST(ConfigTest, ValidateChecksEachRule) {
        "run.threads: must be >= 0, got -1"},
       {"dtype", [](ExperimentConfig& c) { c.model.dtype = "fp8"; },
        "model.dtype: must be one of float32, bfloat16, float16, got 'fp8'"},
+      {"chat template", [](ExperimentConfig& c) { c.model.chat_template = "qwen"; },
+       "model.chat_template: must be one of none, chatml, llama3, auto, got 'qwen'"},
+      {"system prompt without template",
+       [](ExperimentConfig& c) { c.model.system_prompt = "Be brief."; },
+       "model.system_prompt: needs model.chat_template (chatml, llama3 or auto); without a chat "
+       "format there is no system message, got 'Be brief.'"},
       {"arch", [](ExperimentConfig& c) { c.model.init.arch = "gpt2"; },
        "model.init.arch: must be one of llama, qwen2, got 'gpt2'"},
       {"layers", [](ExperimentConfig& c) { c.model.init.layers = 0; },
