@@ -70,7 +70,11 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
   model::configure_threads(s.config.run.threads);
   s.model_dir = dir;
   if (!dir.empty()) {
-    RELAY_ASSIGN_OR_RETURN(s.policy, model::load_policy(dir));
+    // model.dtype applies to loaded models too: a bf16 checkpoint trained in
+    // bf16 must not silently become fp32 (or the reverse).
+    model::LoadOptions lo;
+    RELAY_ASSIGN_OR_RETURN(lo.dtype, model::parse_torch_dtype(s.config.model.dtype));
+    RELAY_ASSIGN_OR_RETURN(s.policy, model::load_policy(dir, lo));
     RELAY_ASSIGN_OR_RETURN(s.tokenizer, model::load_tokenizer(dir));
   } else {
     // No checkpoint: a fresh model from model.init and run.seed, exactly what

@@ -403,6 +403,7 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
                      " (is this the run directory the checkpoint came from?)"));
   }
   RewindStats stats;
+  int64_t unexpired = 0;  // EXPIRED after the position, READY again
   rocksdb::WriteBatch batch;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
@@ -421,6 +422,7 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
       ++stats.dropped;
     } else if (!ready && rec.consumed_version() >= version) {
       // Taken (or expired) after the checkpoint: READY again, as it was then.
+      if (rec.state() == v1::GROUP_STATE_EXPIRED) ++unexpired;
       rec.set_state(v1::GROUP_STATE_READY);
       rec.set_consumed_version(-1);
       batch.Put(ready_key(rec.seq()), ready_value(rec.min_version()));
@@ -431,6 +433,14 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
     batch.Put(group_key(rec.seq()), rec.SerializeAsString());
   }
   if (!it->status().ok()) return rocks_error("scan groups", it->status());
+  // The expired count follows the groups' states: the dispenser's staleness
+  // room is (appended - expired), and dropped groups must give their place
+  // back just as groups expired by the bound do.
+  const uint64_t expired_after =
+      expired_total_ + static_cast<uint64_t>(stats.dropped) - static_cast<uint64_t>(unexpired);
+  std::string total;
+  put_u64(&total, expired_after);
+  batch.Put(kExpiredKey, total);
   if (pos.side_record.empty()) {
     batch.Delete(kSideRecordKey);
   } else {
@@ -438,6 +448,7 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
   }
   rocksdb::Status s = db_->Write(write_options(options_), &batch);
   if (!s.ok()) return rocks_error("rewind", s);
+  expired_total_ = expired_after;
   return stats;
 }
 

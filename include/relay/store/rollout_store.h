@@ -113,7 +113,8 @@ class RolloutStore {
 
   // Groups ever appended (arrival numbers handed out), compaction or not.
   uint64_t appended() const;
-  // Groups ever marked EXPIRED (never trained on), compaction or not.
+  // Groups marked EXPIRED (never trained on), compaction or not; a rewind
+  // adds the groups it drops and subtracts those it makes READY again.
   uint64_t expired_total() const;
   // The prompt dispenser's persisted state (an opaque record); empty string
   // when none was written.

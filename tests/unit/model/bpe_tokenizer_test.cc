@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "relay/common/file_io.h"
+#include "testing/byte_tokenizer_json.h"
 
 namespace relay::model {
 namespace {
@@ -16,28 +17,7 @@ namespace {
 using nlohmann::json;
 using Ids = std::vector<int64_t>;
 
-// GPT-2's byte -> character table, written out independently of the code
-// under test: printable Latin-1 maps to itself, the other bytes to U+0100...
-std::string byte_symbol(int b) {
-  static std::vector<std::string> table = [] {
-    std::vector<std::string> t(256);
-    int next = 256;
-    for (int i = 0; i < 256; ++i) {
-      const bool printable = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174;
-      const int cp = printable ? i : next++;
-      std::string s;
-      if (cp < 0x80) {
-        s.push_back(static_cast<char>(cp));
-      } else {
-        s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-      }
-      t[i] = s;
-    }
-    return t;
-  }();
-  return table[b];
-}
+using testing::byte_symbol;  // GPT-2's byte -> character table
 
 // A small tokenizer.json: byte b has id b ("Ġ" = space = 32, "Ċ" = '\n' =
 // 10), then these merges (rank = index), then added tokens from 300.

@@ -138,6 +138,7 @@ TEST(RolloutStoreTest, RewindPutsTheStoreBackWhereACheckpointSawIt) {
     ASSERT_TRUE(store->append(make_group("later", 5), 5, &after_state).ok());  // seq 5
     ASSERT_EQ(store->expire_stale(6, 6).value(), 1);                           // later
 
+    EXPECT_EQ(store->expired_total(), 2u) << "stale and later";
     const RewindStats r = store->rewind(pos, 4).value();
     EXPECT_EQ(r.restored, 2) << "a and stale were READY at the checkpoint";
     EXPECT_EQ(r.dropped, 1) << "late arrived after it (later had already expired)";
@@ -151,6 +152,10 @@ TEST(RolloutStoreTest, RewindPutsTheStoreBackWhereACheckpointSawIt) {
   EXPECT_EQ(store->get(5).value().state, GroupState::kExpired);
   EXPECT_EQ(store->side_record().value(), "dispenser@checkpoint");
   EXPECT_EQ(store->appended(), 5u) << "arrival numbers are never reused";
+  // The dispenser's staleness room counts appended - expired: the three
+  // groups the checkpoint saw (old, a, stale), not the dropped ones.
+  EXPECT_EQ(store->expired_total(), 2u) << "late and later; stale is READY again";
+  EXPECT_EQ(store->appended() - store->expired_total(), 3u);
   // The trainer then takes what it took after the checkpoint the first time.
   EXPECT_EQ(ids(store->take_ready(2, 3, 4).value()), (std::vector<std::string>{"a"}));
 
@@ -160,6 +165,20 @@ TEST(RolloutStoreTest, RewindPutsTheStoreBackWhereACheckpointSawIt) {
   Status bad = store->rewind(ahead, 4).status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(bad.message()).find("99"), std::string::npos) << bad;
+}
+
+// Dropped groups give their place in the staleness bound back: the
+// dispenser's room counts appended - expired, so a rewind that dropped many
+// later arrivals without counting them would leave no room at all.
+TEST(RolloutStoreTest, RewindCountsDroppedGroupsAsExpired) {
+  auto store = open_store(fresh_dir("rewind_count"));
+  ASSERT_TRUE(store->append(make_group("a", 0), 0).ok());
+  ASSERT_TRUE(store->append(make_group("b", 0), 0).ok());
+  const StorePosition pos = store->position().value();
+  for (const char* id : {"c", "d", "e"}) ASSERT_TRUE(store->append(make_group(id, 1), 1).ok());
+  EXPECT_EQ(store->rewind(pos, 0).value().dropped, 3);
+  EXPECT_EQ(store->expired_total(), 3u);
+  EXPECT_EQ(store->appended() - store->expired_total(), 2u) << "a and b, as at the checkpoint";
 }
 
 TEST(RolloutStoreTest, CompactionKeepsWhatARewindNeeds) {
