@@ -98,24 +98,34 @@ int main(int argc, char** argv) {
                              wo);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  auto run_finished = [](const Status& s) { return s.code() == absl::StatusCode::kOutOfRange; };
+  auto trainer_gone = [](const Status& s) {
+    return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled;
+  };
   // Registers, retrying while the trainer is unreachable (still starting, or
-  // restarting on its run directory) for up to --reconnect-s.
+  // restarting on its run directory; a call cut off by a server shutting
+  // down is CANCELLED) for up to --reconnect-s.
   auto connect = [&]() -> Status {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(reconnect_s);
     Status started = worker.start();
-    while (!started.ok() && started.code() == absl::StatusCode::kUnavailable && !g_stop &&
+    while (!started.ok() && trainer_gone(started) && !g_stop &&
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       started = worker.start();
     }
     return started;
   };
-  auto run_finished = [](const Status& s) { return s.code() == absl::StatusCode::kOutOfRange; };
-  auto trainer_gone = [](const Status& s) {
-    return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled;
-  };
   Status result = connect();
-  if (!result.ok()) return fail(result);
+  if (!result.ok()) {
+    // Stopped (SIGTERM) before ever registering, or joining a run that has
+    // already finished: nothing was leased, so nothing is lost.
+    if (g_stop || run_finished(result)) {
+      std::printf("worker %s: stopping before registering (%s)\n", wo.name.c_str(),
+                  g_stop ? "signal" : "the run is finished");
+      return 0;
+    }
+    return fail(result);
+  }
   std::printf("worker %s: running version %lld\n", worker.worker_id().c_str(),
               static_cast<long long>(worker.version()));
   std::fflush(stdout);
