@@ -453,6 +453,13 @@ int train_local(const TrainLocalArgs& args) {
   StatusOr<RolloutSetup> setup = setup_rollout(ra);
   if (!setup.ok()) return fail("train-local", setup.status());
   RolloutSetup& s = *setup;
+  if (s.config.trainer.world_size != 1) {
+    return fail("train-local",
+                InvalidArgumentError(absl::StrCat(
+                    "trainer.world_size is ", s.config.trainer.world_size,
+                    ": train-local is one process; data-parallel training runs under relay run "
+                    "or relay-trainer")));
+  }
   if (args.steps < 0 || args.groups_per_step < 1 || args.sft_steps < 0 || args.eval_prompts < 0) {
     return fail("train-local",
                 InvalidArgumentError("--steps, --sft-steps and --eval-prompts must be >= 0 and "

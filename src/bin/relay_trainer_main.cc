@@ -35,10 +35,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bin/setup.h"
+#include "bin/trainer_ranks.h"
 #include "relay/comm/metrics_endpoint.h"
 #include "relay/comm/rpc.h"
 #include "relay/comm/sample_records.h"
 #include "relay/comm/trainer_host.h"
+#include "relay/comm/trainer_ranks.h"
 #include "relay/comm/trainer_service.h"
 #include "relay/comm/weight_broadcaster.h"
 #include "relay/common/file_io.h"
@@ -189,6 +191,39 @@ int main(int argc, char** argv) {
   cli::RolloutSetup& s = *setup;
   const ExperimentSection& ex = s.config.experiment;
   const ServicesConfig& sv = s.config.services;
+  StatusOr<trainer::TrainerOptions> to = trainer::trainer_options(s.config);
+  if (!to.ok()) return fail(to.status());
+  to->pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
+
+  // trainer.world_size > 1: every rank runs this program with the same
+  // config. Rank 0 is the trainer below; the others make its trainer calls
+  // on their shards of each batch and touch nothing else (no ports, no run
+  // directory).
+  StatusOr<comm::TrainerRank> place = cli::trainer_rank(s.config);
+  if (!place.ok()) return fail(place.status());
+  StatusOr<std::shared_ptr<trainer::Collectives>> group =
+      cli::join_trainer_ranks(s.config, *place, s.policy->parameters().front().device().str());
+  if (!group.ok()) return fail(group.status());
+  if (place->rank > 0) return cli::run_follower_rank(s, *to, *place, *group);
+  std::unique_ptr<comm::RankLeader> leader;
+  if (*group) leader = std::make_unique<comm::RankLeader>(*group);
+  // Every way out of main stops the other ranks (they would otherwise wait
+  // for rank 0 until its store goes away).
+  struct StopFollowers {
+    comm::RankLeader* leader;
+    ~StopFollowers() {
+      if (leader == nullptr) return;
+      if (Status st = leader->stop(); !st.ok()) {
+        std::fprintf(stderr, "warning: stopping the other trainer ranks: %s\n",
+                     std::string(st.message()).c_str());
+      }
+    }
+  } stop_followers{leader.get()};
+  const int64_t bucket_bytes = int64_t{s.config.trainer.allreduce_bucket_mb} << 20;
+  auto data_parallel = [&] {
+    return leader ? leader->data_parallel(bucket_bytes) : trainer::DataParallel{};
+  };
+
   StatusOr<std::string> token = cli::auth_token(sv, token_flag);
   if (!token.ok()) return fail(token.status());
 
@@ -255,9 +290,6 @@ int main(int argc, char** argv) {
   if (split.size >= 0 && split.size - split.eval < 1) {
     return fail(InvalidArgumentError("eval.prompts: leaves no prompt to train on"));
   }
-  StatusOr<trainer::TrainerOptions> to = trainer::trainer_options(s.config);
-  if (!to.ok()) return fail(to.status());
-  to->pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
   StatusOr<model::SaveOptions> save_options = cli::model_save_options(s);
   if (!save_options.ok()) return fail(save_options.status());
   rollout::SafeVerifier verifier(s.task,
@@ -309,6 +341,13 @@ int main(int argc, char** argv) {
     return info;
   };
 
+  // The other ranks build the same RL trainer: rank 0's weights, reference
+  // and trainer state (after a resume: the checkpoint's).
+  auto start_followers = [&](const trainer::Trainer& t, const model::Policy& ref) -> Status {
+    if (!leader) return OkStatus();
+    RELAY_ASSIGN_OR_RETURN(std::string state, t.save_state());
+    return leader->start("rl", *t.policy(), t.version(), ref, state);
+  };
   // Resume, or warm-start and write checkpoint zero so that a restart never
   // repeats the warm start.
   Resumed r;
@@ -339,9 +378,10 @@ int main(int argc, char** argv) {
     if (!policy.ok()) return fail(policy.status());
     s.policy = *policy;
     StatusOr<std::unique_ptr<trainer::Trainer>> tr =
-        trainer::Trainer::create(s.policy, *to, info.version, reference);
+        trainer::Trainer::create(s.policy, *to, info.version, reference, data_parallel());
     if (!tr.ok()) return fail(tr.status());
     if (Status st = trainer::restore_checkpoint(info, **tr); !st.ok()) return fail(st);
+    if (Status st = start_followers(**tr, reference); !st.ok()) return fail(st);
     r = {*std::move(tr), info.rl_step, info.rl_start_version};
     // The store goes back to where it stood at the checkpoint: groups that
     // arrived later came from weights that died with the previous process,
@@ -371,20 +411,28 @@ int main(int argc, char** argv) {
     int64_t version = 0;
     if (ex.warm_start.sft_steps > 0) {
       cli::WarmStart ws{ex.warm_start.sft_steps, ex.warm_start.sft_lr, ex.warm_start.batch};
+      if (leader) {
+        if (Status st = leader->start("sft", *s.policy, version, nullptr, ""); !st.ok()) {
+          return fail(st);
+        }
+      }
       Progress progress("warm start", ws.steps);
       StatusOr<int64_t> after = cli::warm_start(
-          s, *to, split, version, ws, [&](int64_t k, const trainer::StepMetrics& m) {
+          s, *to, split, version, ws,
+          [&](int64_t k, const trainer::StepMetrics& m) {
             metrics.record("sft", k, m);
             progress.update(k, absl::StrFormat("sft_loss %.4f", m.at("sft_loss")));
-          });
+          },
+          data_parallel());
       if (!after.ok()) return fail(after.status());
       progress.finish();
       version = *after;
       if (Status st = eval(0, "after warm start", s.policy); !st.ok()) return fail(st);
     }
     StatusOr<std::unique_ptr<trainer::Trainer>> tr =
-        trainer::Trainer::create(s.policy, *to, version, reference);
+        trainer::Trainer::create(s.policy, *to, version, reference, data_parallel());
     if (!tr.ok()) return fail(tr.status());
+    if (Status st = start_followers(**tr, reference); !st.ok()) return fail(st);
     r = {*std::move(tr), 0, version};
     if (to->needs_reference() && s.config.trainer.reference.empty()) {
       // The KL reference is the policy RL starts from; a resumed run needs it.
@@ -600,6 +648,10 @@ int main(int argc, char** argv) {
       static_cast<long long>(ds.accepted), static_cast<long long>(ds.expired_leases),
       static_cast<long long>(ds.released), static_cast<long long>(ds.rejected_late),
       static_cast<long long>(ds.in_flight));
+  if (leader) {
+    if (Status st = leader->stop(); !st.ok() && result.ok()) result = st;
+    cli::print_weights_digest(*tr.policy(), 0);
+  }
   if (!result.ok()) return fail(result);
   std::printf("%s: version %lld, step %lld of %d\n", finished ? "done" : "stopped",
               static_cast<long long>(host.version()), static_cast<long long>(r.rl_step), ex.steps);

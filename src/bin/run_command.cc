@@ -3,21 +3,27 @@
 // workers, a worker that dies is restarted, the cores are split between the
 // processes, the workers are stopped when the trainer ends, and Ctrl-C (or
 // SIGTERM) drains them all: workers give their leases back, the trainer
-// checkpoints.
+// checkpoints. With trainer.world_size > 1 it starts that many trainer
+// ranks, torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -41,12 +47,26 @@ std::string own_dir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
-StatusOr<pid_t> spawn(const std::vector<std::string>& args) {
+// Starts `args` with this process's environment plus `env` ("NAME=value",
+// replacing a variable of the same name).
+StatusOr<pid_t> spawn(const std::vector<std::string>& args,
+                      const std::vector<std::string>& env = {}) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view var(*e);
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& x) {
+      const size_t eq = x.find('=');
+      return var.substr(0, eq + 1) == std::string_view(x).substr(0, eq + 1);
+    });
+    if (!replaced) envp.push_back(*e);
+  }
+  for (const std::string& x : env) envp.push_back(const_cast<char*>(x.c_str()));
+  envp.push_back(nullptr);
   pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
   if (rc != 0) {
     return InternalError(absl::StrCat("cannot start ", args[0], ": ", std::strerror(rc)));
   }
@@ -82,6 +102,23 @@ int fail(const Status& s) {
   return 1;
 }
 
+// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick).
+StatusOr<int> free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return InternalError(absl::StrCat("cannot pick a loopback port: ", std::strerror(err)));
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
 }  // namespace
 
 // Threads for each process when run.threads is 0: the cores split between
@@ -106,9 +143,11 @@ int run(const RunArgs& args) {
   StatusOr<ExperimentConfig> config = load_config(args.config_file, overrides);
   if (!config.ok()) return fail(config.status());
   const int workers = config->rollout.workers;
+  const int ranks = config->trainer.world_size;
   if (config->run.threads == 0) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    overrides.push_back(absl::StrCat("run.threads=", threads_per_process(cores, workers)));
+    overrides.push_back(
+        absl::StrCat("run.threads=", threads_per_process(cores, workers + ranks - 1)));
   }
   const std::string run_dir =
       (std::filesystem::path(config->experiment.output_dir) / config->experiment.name).string();
@@ -140,8 +179,54 @@ int run(const RunArgs& args) {
   if (args.resume) trainer.push_back("--resume");
   ::signal(SIGINT, on_signal);
   ::signal(SIGTERM, on_signal);
-  StatusOr<pid_t> trainer_pid = spawn(trainer);
+  // trainer.world_size > 1: that many relay-trainer ranks on this machine,
+  // rendezvousing as torchrun's variables say (trainer.rendezvous, when set,
+  // wins over MASTER_ADDR/MASTER_PORT in relay-trainer).
+  std::vector<std::string> rank_env;
+  if (ranks > 1) {
+    StatusOr<int> master_port = free_loopback_port();
+    if (!master_port.ok()) return fail(master_port.status());
+    rank_env = {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", *master_port),
+                absl::StrCat("WORLD_SIZE=", ranks)};
+  }
+  auto rank_args = [&](int rank) {
+    std::vector<std::string> env = rank_env;
+    if (ranks > 1) {
+      env.push_back(absl::StrCat("RANK=", rank));
+      env.push_back(absl::StrCat("LOCAL_RANK=", rank));
+    }
+    return env;
+  };
+  StatusOr<pid_t> trainer_pid = spawn(trainer, rank_args(0));
   if (!trainer_pid.ok()) return fail(trainer_pid.status());
+  // The other ranks take the same arguments; they open no port and write
+  // nothing to the run directory, and exit when rank 0 stops them.
+  std::vector<pid_t> followers;
+  auto stop_followers = [&](std::chrono::milliseconds grace) {
+    int worst = 0;
+    for (pid_t& pid : followers) {
+      const auto deadline = std::chrono::steady_clock::now() + grace;
+      int code = -1;
+      while ((code = poll_exit(pid)) < 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (code < 0) code = stop_child(pid, std::chrono::milliseconds(0));
+      if (code != 0) std::fprintf(stderr, "relay run: trainer rank exited with %d\n", code);
+      worst = std::max(worst, code);
+      pid = -1;
+    }
+    followers.clear();
+    return worst;
+  };
+  for (int rank = 1; rank < ranks; ++rank) {
+    StatusOr<pid_t> pid = spawn(trainer, rank_args(rank));
+    if (!pid.ok()) {
+      stop_child(*trainer_pid, std::chrono::seconds(30));
+      stop_followers(std::chrono::seconds(5));
+      return fail(pid.status());
+    }
+    followers.push_back(*pid);
+  }
 
   // The trainer writes its port once it serves (after any warm start).
   std::string port;
@@ -149,10 +234,15 @@ int run(const RunArgs& args) {
     if (std::ifstream in(port_file); in) std::getline(in, port);
     if (!port.empty()) break;
     if (int code = poll_exit(*trainer_pid); code >= 0) {
+      stop_followers(std::chrono::seconds(5));
       return fail(
           InternalError(absl::StrCat("relay-trainer exited with ", code, " before serving")));
     }
-    if (g_interrupted) return stop_child(*trainer_pid, std::chrono::seconds(30));
+    if (g_interrupted) {
+      const int code = stop_child(*trainer_pid, std::chrono::seconds(30));
+      stop_followers(std::chrono::seconds(10));
+      return code;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::filesystem::remove(port_file, ec);
@@ -183,6 +273,7 @@ int run(const RunArgs& args) {
     if (!pid.ok()) {
       stop_all();
       stop_child(*trainer_pid, std::chrono::seconds(30));
+      stop_followers(std::chrono::seconds(10));
       return fail(pid.status());
     }
     pool[i].pid = *pid;
@@ -236,10 +327,13 @@ int run(const RunArgs& args) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   stop_all();
+  // Rank 0 stops the others on its way out; a rank still running 10 s later
+  // is killed.
+  const int follower_code = stop_followers(std::chrono::seconds(10));
   if (trainer_code != 0) {
     std::fprintf(stderr, "relay run: relay-trainer exited with %d\n", trainer_code);
   }
-  return trainer_code;
+  return trainer_code != 0 ? trainer_code : follower_code;
 }
 
 }  // namespace relay::cli

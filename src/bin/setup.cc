@@ -8,12 +8,14 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "relay/common/file_io.h"
 #include "relay/common/progress.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
+#include "relay/model/device.h"
 #include "relay/model/threads.h"
 #include "relay/model/weight_manifest.h"
 #include "relay/rollout/eval_metrics.h"
@@ -92,6 +94,19 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
     s.policy->to(dtype);
     s.tokenizer = std::make_shared<model::CharTokenizer>(std::move(tokenizer));
   }
+  // run.device: the model moves there once; everything that runs it follows
+  // its weights. "cuda" is the GPU of this process's $LOCAL_RANK, so that
+  // one process per GPU on a node (trainer ranks, workers) needs no
+  // per-process config.
+  int local_rank = 0;
+  if (const char* lr = std::getenv("LOCAL_RANK"); lr != nullptr && *lr != '\0') {
+    if (!absl::SimpleAtoi(lr, &local_rank) || local_rank < 0) {
+      return InvalidArgumentError(absl::StrCat("$LOCAL_RANK: not a rank: '", lr, "'"));
+    }
+  }
+  RELAY_ASSIGN_OR_RETURN(const c10::Device device,
+                         model::parse_device(s.config.run.device, local_rank));
+  if (!device.is_cpu()) s.policy->to(device);
   // The chat template needs the tokenizer (its special tokens, for auto);
   // with one, the task renders prompts and targets and adds its end-of-turn
   // token to the stop strings below.
@@ -120,6 +135,7 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
     stops.push_back(id);
   }
   RELAY_ASSIGN_OR_RETURN(s.engine, rollout::engine_options(s.config.rollout, stops));
+  RELAY_ASSIGN_OR_RETURN(s.engine.autocast, model::parse_autocast(s.config.run.autocast));
   return s;
 }
 
@@ -324,11 +340,11 @@ StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t 
 StatusOr<int64_t> warm_start(
     const RolloutSetup& s, const trainer::TrainerOptions& options, const PromptSplit& split,
     int64_t version, const WarmStart& ws,
-    const std::function<void(int64_t, const trainer::StepMetrics&)>& on_step) {
-  trainer::TrainerOptions sft_options = options;
-  sft_options.optimizer.lr = ws.lr;
-  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<trainer::Trainer> sft,
-                         trainer::Trainer::create(s.policy, sft_options, version));
+    const std::function<void(int64_t, const trainer::StepMetrics&)>& on_step,
+    const trainer::DataParallel& dp) {
+  RELAY_ASSIGN_OR_RETURN(
+      std::unique_ptr<trainer::Trainer> sft,
+      trainer::Trainer::create(s.policy, warm_start_options(options, ws), version, nullptr, dp));
   for (int64_t k = 0; k < ws.steps; ++k) {
     std::vector<rollout::TrajectoryGroup> demos;
     for (int64_t i = 0; i < ws.batch; ++i) {
@@ -341,6 +357,13 @@ StatusOr<int64_t> warm_start(
     if (on_step) on_step(k + 1, m);
   }
   return sft->version();
+}
+
+trainer::TrainerOptions warm_start_options(const trainer::TrainerOptions& options,
+                                           const WarmStart& ws) {
+  trainer::TrainerOptions sft = options;
+  sft.optimizer.lr = ws.lr;
+  return sft;
 }
 
 StatusOr<std::string> auth_token(const ServicesConfig& services, const std::string& flag) {

@@ -127,11 +127,17 @@ struct WarmStart {
 // Supervised warm start of s.policy from `version`: `ws.steps` SFT steps on
 // the training prompts' targets, with an optimizer of its own (Adam's
 // moments from supervised steps are no guide for the RL objective). Returns
-// the version after it; `on_step(k, metrics)` sees each step.
+// the version after it; `on_step(k, metrics)` sees each step. With `dp`
+// active, this is rank 0 of a data-parallel trainer (comm/trainer_ranks.h)
+// whose other ranks already run a trainer of warm_start_options().
 StatusOr<int64_t> warm_start(
     const RolloutSetup& s, const trainer::TrainerOptions& options, const PromptSplit& split,
     int64_t version, const WarmStart& ws,
-    const std::function<void(int64_t, const trainer::StepMetrics&)>& on_step);
+    const std::function<void(int64_t, const trainer::StepMetrics&)>& on_step,
+    const trainer::DataParallel& dp = {});
+// The warm start's trainer options: the RL trainer's with the SFT learning rate.
+trainer::TrainerOptions warm_start_options(const trainer::TrainerOptions& options,
+                                           const WarmStart& ws);
 
 // The shared bearer token: `flag` when given, else services.token_file's
 // first line, else $RELAY_TOKEN, else none (empty). Errors name the field.

@@ -1,4 +1,5 @@
-// The only file of relay that includes c10d headers (slow to parse, and their
+// One of the two files of relay that include c10d headers (the other is
+// trainer_group.cc): they are slow to parse, and their
 // classes differ between LibTorch 1.13 and 2.x: ProcessGroupGloo derives from
 // ProcessGroup in one and from Backend in the other, so the process group is
 // held through a template below instead of a common base).

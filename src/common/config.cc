@@ -88,6 +88,8 @@ void visit_fields(V& v, RunConfig& c) {
   v.field("seed", c.seed);
   v.field("threads", c.threads);
   v.field("log_level", c.log_level);
+  v.field("device", c.device);
+  v.field("autocast", c.autocast);
 }
 
 template <class V>
@@ -315,6 +317,10 @@ void visit_fields(V& v, TrainerConfig& c) {
   v.field("reference", c.reference);
   v.field("max_reuse", c.max_reuse);
   v.field("max_extra_batches", c.max_extra_batches);
+  v.field("world_size", c.world_size);
+  v.field("rendezvous", c.rendezvous);
+  v.field("allreduce_bucket_mb", c.allreduce_bucket_mb);
+  v.field("collective_timeout_s", c.collective_timeout_s);
   v.section("advantage", c.advantage);
   v.section("ppo", c.ppo);
   v.section("gspo", c.gspo);
@@ -808,6 +814,16 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   const RunConfig& run = config.run;
   p.at_least("run.threads", run.threads, 0);
   p.one_of("run.log_level", run.log_level, {"trace", "debug", "info", "warn", "error", "off"});
+  {
+    const std::string& d = run.device;
+    const bool cuda_index =
+        d.size() > 5 && d.rfind("cuda:", 0) == 0 &&
+        std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (d != "cpu" && d != "cuda" && !cuda_index) {
+      p.add_string("run.device", "must be cpu, cuda or cuda:<index>", d);
+    }
+  }
+  p.one_of("run.autocast", run.autocast, {"none", "bfloat16", "float16"});
 
   p.one_of("model.dtype", config.model.dtype, {"float32", "bfloat16", "float16"});
   // Whether the tokenizer has the format's special tokens is known only once
@@ -938,6 +954,9 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   p.non_negative("trainer.loss_scale_factor", trainer.loss_scale_factor);
   p.at_least("trainer.max_reuse", trainer.max_reuse, 0);
   p.at_least("trainer.max_extra_batches", trainer.max_extra_batches, 0);
+  p.at_least("trainer.world_size", trainer.world_size, 1);
+  p.at_least("trainer.allreduce_bucket_mb", trainer.allreduce_bucket_mb, 1);
+  p.positive("trainer.collective_timeout_s", trainer.collective_timeout_s);
 
   const auto clip_pair = [&p](const std::string& section, double low, double high) {
     p.in_range(section + ".clip_low", low, 0, 1, /*open_hi=*/true);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_join.h"
+#include "relay/model/device.h"
 
 namespace relay::rollout {
 
@@ -236,6 +237,8 @@ StatusOr<std::vector<TrajectoryGroup>> Engine::run() {
 
 StatusOr<std::vector<TrajectoryGroup>> Engine::step() {
   torch::NoGradGuard no_grad;
+  const model::AutocastGuard autocast(policy_->parameters().front().device().type(),
+                                      options_.autocast);
   std::deque<Submission> incoming;
   std::optional<PendingUpdate> update;
   bool abort_now = false;

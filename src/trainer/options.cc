@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "relay/model/device.h"
 
 namespace relay::trainer {
 namespace {
@@ -168,6 +169,7 @@ StatusOr<TrainerOptions> trainer_options(const ExperimentConfig& config) {
   o.optimizer.total_steps = co.total_steps;
   o.optimizer.min_lr_ratio = co.min_lr_ratio;
   o.optimizer.fp32_master_weights = co.fp32_master_weights;
+  RELAY_ASSIGN_OR_RETURN(o.autocast, model::parse_autocast(config.run.autocast));
   return o;
 }
 

@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "relay/model/device.h"
 #include "relay/trainer/batch.h"
+#include "relay/trainer/data_parallel.h"
 #include "relay/trainer/rollout_correction.h"
 
 namespace relay::trainer {
@@ -100,6 +102,10 @@ bool corrects(const RolloutCorrectionOptions& rc) {
 
 double masked_mean(const at::Tensor& x, const at::Tensor& mask) { return summarize(x, mask).mean; }
 
+c10::DeviceType device_type_of(const model::Policy& policy) {
+  return policy->parameters().front().device().type();
+}
+
 at::Tensor index_of(const std::vector<int64_t>& rows) { return torch::tensor(rows, torch::kInt64); }
 
 // [rows, w] -> the rows' places in a [B, L] host tensor.
@@ -120,8 +126,11 @@ struct Trainer::Scores {
 };
 
 Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
-                 model::Policy reference)
-    : policy_(std::move(policy)), options_(std::move(options)), version_(version) {
+                 model::Policy reference, DataParallel data_parallel)
+    : policy_(std::move(policy)),
+      options_(std::move(options)),
+      dp_(std::move(data_parallel)),
+      version_(version) {
   const OptimizerOptions& o = options_.optimizer;
   for (const at::Tensor& p : policy_->parameters()) {
     if (o.fp32_master_weights && p.scalar_type() != torch::kFloat32) {
@@ -245,9 +254,14 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
 }
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, TrainerOptions options,
-                                                   int64_t version, model::Policy reference) {
+                                                   int64_t version, model::Policy reference,
+                                                   DataParallel data_parallel) {
   if (!policy) return InvalidArgumentError("Trainer: policy is null");
   RELAY_RETURN_IF_ERROR(validate_options(options));
+  if (data_parallel.bucket_bytes < 1) {
+    return InvalidArgumentError(absl::StrCat("trainer.allreduce_bucket_mb: must be > 0, got ",
+                                             data_parallel.bucket_bytes, " bytes"));
+  }
   if (reference && options.needs_reference()) {
     auto theirs = reference->named_parameters();
     for (const auto& item : policy->named_parameters()) {
@@ -260,8 +274,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, Trainer
       }
     }
   }
-  return std::unique_ptr<Trainer>(
-      new Trainer(std::move(policy), std::move(options), version, std::move(reference)));
+  return std::unique_ptr<Trainer>(new Trainer(std::move(policy), std::move(options), version,
+                                              std::move(reference), std::move(data_parallel)));
 }
 
 double Trainer::reward_kl_coef() const { return reward_kl_->value(); }
@@ -331,7 +345,7 @@ StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::Trajector
   return batch;
 }
 
-Trainer::Scores Trainer::score_before_update(const TrainBatch& batch) {
+StatusOr<Trainer::Scores> Trainer::score_before_update(const TrainBatch& batch) {
   torch::NoGradGuard no_grad;
   const int64_t B = batch.size(), L = batch.response_mask.size(1);
   model::ScoreOptions so;
@@ -340,8 +354,11 @@ Trainer::Scores Trainer::score_before_update(const TrainBatch& batch) {
   s.logprobs = torch::zeros({B, L}, torch::kFloat32);
   s.entropy = torch::zeros({B, L}, torch::kFloat32);
   if (reference_) s.reference = torch::zeros({B, L}, torch::kFloat32);
-  for (const auto& rows : split_by_token_budget(batch, options_.micro_batch_tokens)) {
+  std::vector<int64_t> all(static_cast<size_t>(B));
+  std::iota(all.begin(), all.end(), 0);
+  for (const auto& rows : my_micro_batches(batch, all)) {
     TrainBatch mb = select_rows(batch, rows);
+    const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
     model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
     scatter_rows(s.logprobs, rows, gather_response(out.logprobs, mb));
     scatter_rows(s.entropy, rows, gather_response(out.entropy, mb));
@@ -350,7 +367,35 @@ Trainer::Scores Trainer::score_before_update(const TrainBatch& batch) {
                    gather_response(reference_->score(mb.input_ids, mb.lengths, so), mb));
     }
   }
+  if (dp_.active()) {
+    // Each row was scored on one rank and is zero on the others.
+    for (at::Tensor* t : {&s.logprobs, &s.entropy, &s.reference}) {
+      if (t->defined()) RELAY_RETURN_IF_ERROR(dp_.group->all_reduce_sum(*t));
+    }
+  }
   return s;
+}
+
+std::vector<int64_t> Trainer::my_shard(const TrainBatch& batch,
+                                       const std::vector<int64_t>& rows) const {
+  if (!dp_.active()) return rows;
+  std::vector<int64_t> tokens;
+  for (int64_t r : rows) tokens.push_back(batch.lengths[r].item<int64_t>());
+  return shard_rows_by_tokens(rows, tokens, dp_.world_size())[static_cast<size_t>(dp_.rank())];
+}
+
+std::vector<std::vector<int64_t>> Trainer::my_micro_batches(
+    const TrainBatch& batch, const std::vector<int64_t>& rows) const {
+  const std::vector<int64_t> shard = my_shard(batch, rows);
+  std::vector<std::vector<int64_t>> parts;
+  if (shard.empty()) return parts;
+  for (const auto& local :
+       split_by_token_budget(select_rows(batch, shard), options_.micro_batch_tokens)) {
+    std::vector<int64_t> part;
+    for (int64_t r : local) part.push_back(shard[static_cast<size_t>(r)]);
+    parts.push_back(std::move(part));
+  }
+  return parts;
 }
 
 // Whether the step can go without the pre-update pass: rollout correction's
@@ -363,6 +408,7 @@ bool Trainer::can_skip_pass(const TrainBatch& batch) const {
 }
 
 StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>& groups) {
+  if (dp_.lead) RELAY_RETURN_IF_ERROR(dp_.lead("step", groups));
   const TrainerOptions& o = options_;
   StepMetrics m;
   std::vector<uint64_t> keys;
@@ -376,7 +422,9 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   const bool skip_pass = can_skip_pass(batch);
   m["pass/skipped"] = skip_pass ? 1 : 0;
   Scores before;
-  if (!skip_pass) before = score_before_update(batch);
+  if (!skip_pass) {
+    RELAY_ASSIGN_OR_RETURN(before, score_before_update(batch));
+  }
 
   // Behavior log-probs; missing ones (allowed only by config) become the
   // trainer's own: ratio 1, the on-policy fallback, and counted above.
@@ -520,27 +568,30 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
       }
       std::vector<int64_t> mini(order.begin() + (B * mb_i) / n_mini,
                                 order.begin() + (B * (mb_i + 1)) / n_mini);
-      TrainBatch mini_batch = select_rows(batch, mini);
-      std::vector<std::vector<int64_t>> parts;
+      // One normalizer for the whole mini-batch, counted over the
+      // micro-batches a single rank would make: neither the split into
+      // micro-batches nor the one across ranks changes the update.
       std::vector<at::Tensor> masks, forced_masks;
-      for (const auto& local : split_by_token_budget(mini_batch, o.micro_batch_tokens)) {
+      for (const auto& local :
+           split_by_token_budget(select_rows(batch, mini), o.micro_batch_tokens)) {
         std::vector<int64_t> rows;
         for (int64_t r : local) rows.push_back(mini[r]);
         TrainBatch part = select_rows(batch, rows);
         masks.push_back(part.response_mask);
         forced_masks.push_back(part.offpolicy_mask.logical_and(part.response_mask));
-        parts.push_back(std::move(rows));
       }
-      // One normalizer for the whole mini-batch: the split into
-      // micro-batches does not change the update.
       const GlobalNormalizer norm = make_global_normalizer(masks, o.loss_scale_factor);
       const GlobalNormalizer forced_norm = make_global_normalizer(forced_masks);
+      const std::vector<std::vector<int64_t>> parts = my_micro_batches(batch, mini);
       optimizer_->zero_grad();
       for (const auto& rows : parts) {
         TrainBatch mb = select_rows(batch, rows);
         at::Tensor index = index_of(rows);
         PolicyLossInputs in;
         at::Tensor entropy;
+        // The forward pass only: backward replays its casts by itself.
+        std::optional<model::AutocastGuard> autocast;
+        autocast.emplace(device_type_of(policy_), o.autocast);
         if (entropy_coef > 0 || record) {
           model::ScoreOutput out =
               policy_->score_with_entropy(mb.input_ids, mb.lengths, score_options);
@@ -550,6 +601,7 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
           in.logprobs =
               gather_response(policy_->score(mb.input_ids, mb.lengths, score_options), mb);
         }
+        autocast.reset();
         if (record) {
           scatter_rows(seen_logp, rows, in.logprobs);
           scatter_rows(seen_entropy, rows, entropy);
@@ -600,8 +652,18 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
         acc_tokens += tokens;
       }
       if (record) {
+        Status s = OkStatus();
+        if (dp_.active()) {
+          // Every rank diagnoses the whole mini-batch.
+          at::Tensor seen = seen_rows.to(torch::kFloat32);
+          for (at::Tensor* t : {&seen_logp, &seen_entropy, &seen}) {
+            if (s.ok()) s = dp_.group->all_reduce_sum(*t);
+          }
+          seen_rows = seen.gt(0);
+        }
         const at::Tensor rows_mask = mask.logical_and(seen_rows.unsqueeze(1));
-        if (Status s = diagnose(seen_logp, seen_entropy, rows_mask); !s.ok()) {
+        if (s.ok()) s = diagnose(seen_logp, seen_entropy, rows_mask);
+        if (!s.ok()) {
           optimizer_->zero_grad();
           for (auto& p : policy_->parameters()) p.mutable_grad().reset();
           policy_->eval();
@@ -616,6 +678,40 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   }
   policy_->eval();
 
+  if (dp_.active()) {
+    // Each rank accumulated its own micro-batches.
+    std::map<std::string, double> sums;
+    for (const auto& [k, v] : extra_sum) sums["extra:" + k] = v;
+    sums["loss"] = loss_sum;
+    sums["pg"] = pg_sum;
+    sums["kl"] = kl_sum;
+    sums["tokens"] = acc_tokens;
+    sums["clip"] = acc.clip_fraction;
+    sums["clip_low"] = acc.clip_fraction_low;
+    sums["clip_high"] = acc.clip_fraction_high;
+    sums["dual_clip"] = acc.dual_clip_fraction;
+    sums["ppo_kl"] = acc.ppo_kl;
+    sums["ratio"] = acc.mean_ratio;
+    sums["behav_w"] = acc.behav_imp_weight;
+    sums["behav_capped"] = acc.behav_capped_fraction;
+    RELAY_RETURN_IF_ERROR(all_reduce_named_sums(*dp_.group, sums));
+    extra_sum.clear();
+    for (const auto& [k, v] : sums) {
+      if (k.rfind("extra:", 0) == 0) extra_sum[k.substr(6)] = v;
+    }
+    loss_sum = sums["loss"];
+    pg_sum = sums["pg"];
+    kl_sum = sums["kl"];
+    acc_tokens = sums["tokens"];
+    acc.clip_fraction = sums["clip"];
+    acc.clip_fraction_low = sums["clip_low"];
+    acc.clip_fraction_high = sums["clip_high"];
+    acc.dual_clip_fraction = sums["dual_clip"];
+    acc.ppo_kl = sums["ppo_kl"];
+    acc.mean_ratio = sums["ratio"];
+    acc.behav_imp_weight = sums["behav_w"];
+    acc.behav_capped_fraction = sums["behav_capped"];
+  }
   const double t = std::max(1.0, acc_tokens);
   m["clip_fraction"] = acc.clip_fraction / t;
   m["clip_fraction/low"] = acc.clip_fraction_low / t;
@@ -664,6 +760,13 @@ StatusOr<double> Trainer::apply_gradients() {
       params[i].mutable_grad().reset();
     }
   }
+  if (dp_.active()) {
+    // Summed in fp32 (the master copies' gradients when there are any).
+    if (Status s = all_reduce_gradients(*dp_.group, params_, dp_.bucket_bytes); !s.ok()) {
+      optimizer_->zero_grad();
+      return s;
+    }
+  }
   const double max_norm =
       o.max_grad_norm > 0 ? o.max_grad_norm : std::numeric_limits<double>::infinity();
   const double grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm);
@@ -686,26 +789,30 @@ StatusOr<double> Trainer::apply_gradients() {
 }
 
 StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGroup>& groups) {
+  if (dp_.lead) RELAY_RETURN_IF_ERROR(dp_.lead("sft_step", groups));
   BatchOptions bo;
   bo.trainer_version = version_;
   bo.pad_token_id = options_.pad_token_id;
   RELAY_ASSIGN_OR_RETURN(TrainBatch batch, build_batch(groups, bo));
   model::ScoreOptions score_options;
   score_options.temperature = options_.temperature;
-  std::vector<std::vector<int64_t>> parts =
-      split_by_token_budget(batch, options_.micro_batch_tokens);
-  std::vector<TrainBatch> micro;
   std::vector<at::Tensor> masks;
-  for (const auto& rows : parts) {
-    micro.push_back(select_rows(batch, rows));
-    masks.push_back(micro.back().response_mask);
+  for (const auto& rows : split_by_token_budget(batch, options_.micro_batch_tokens)) {
+    masks.push_back(select_rows(batch, rows).response_mask);
   }
   const GlobalNormalizer norm = make_global_normalizer(masks);
+  std::vector<int64_t> all(static_cast<size_t>(batch.size()));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<TrainBatch> micro;
+  for (const auto& rows : my_micro_batches(batch, all)) micro.push_back(select_rows(batch, rows));
   policy_->train();
   optimizer_->zero_grad();
   double loss_sum = 0;
   for (const TrainBatch& mb : micro) {
+    std::optional<model::AutocastGuard> autocast;
+    autocast.emplace(device_type_of(policy_), options_.autocast);
     at::Tensor logp = gather_response(policy_->score(mb.input_ids, mb.lengths, score_options), mb);
+    autocast.reset();
     at::Tensor loss =
         sft_loss(logp, mb.response_mask.to(logp.device()), LossAggMode::kTokenMean, norm);
     loss.backward();
@@ -714,6 +821,11 @@ StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGro
   StatusOr<double> grad_norm = apply_gradients();
   policy_->eval();
   RELAY_RETURN_IF_ERROR(grad_norm.status());
+  if (dp_.active()) {
+    std::map<std::string, double> sums{{"loss", loss_sum}};
+    RELAY_RETURN_IF_ERROR(all_reduce_named_sums(*dp_.group, sums));
+    loss_sum = sums["loss"];
+  }
   ++version_;
   return StepMetrics{{"sft_loss", loss_sum},
                      {"grad_norm", *grad_norm},

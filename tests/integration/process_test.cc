@@ -496,6 +496,40 @@ TEST_F(ProcessTest, RelayRunRestartsAWorkerThatDies) {
   for (pid_t p : live) EXPECT_FALSE(fs::exists("/proc/" + std::to_string(p))) << "worker " << p;
 }
 
+// `relay run` with trainer.world_size 2: two relay-trainer processes that
+// rendezvous through MASTER_ADDR/MASTER_PORT, split each batch and
+// all-reduce the gradients. Both take part in the warm start and every RL
+// step, and hold the same weights, bit for bit, when rank 0 stops them.
+TEST_F(ProcessTest, RelayRunWithTwoTrainerRanksKeepsThemIdentical) {
+  const std::string config = std::string(RELAY_SOURCE_DIR) + "/configs/arith.yaml";
+  auto run = start(
+      {RELAY_CLI_PATH, "run", config, "trainer.world_size=2", "rollout.workers=1",
+       "experiment.steps=3", "experiment.groups_per_step=4", "rollout.n=4",
+       "experiment.warm_start.sft_steps=5", "eval.prompts=0", "experiment.output_dir=" + base_},
+      base_ + "/run.log");
+  ASSERT_EQ(run->wait(240s), 0) << run->output();
+  const std::string out = run->output();
+  EXPECT_NE(out.find("done: version 8, step 3 of 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("trainer rank 1: stopped by rank 0 after 8 steps (0 failed)"),
+            std::string::npos)
+      << out;
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(out, m0, std::regex("trainer rank 0: weights digest ([0-9a-f]+)")))
+      << out;
+  ASSERT_TRUE(std::regex_search(out, m1, std::regex("trainer rank 1: weights digest ([0-9a-f]+)")))
+      << out;
+  EXPECT_EQ(m0[1].str(), m1[1].str()) << "the ranks' weights differ";
+  // Only rank 0 serves (one "serving on port" line) and writes the run.
+  EXPECT_EQ(registrations(out), 1) << out;
+  size_t serving = 0;
+  for (size_t at = out.find("serving on port"); at != std::string::npos;
+       at = out.find("serving on port", at + 1)) {
+    ++serving;
+  }
+  EXPECT_EQ(serving, 1u) << out;
+  EXPECT_EQ(rl_steps(base_ + "/arith/metrics.jsonl"), 3);
+}
+
 // The RL metrics of each step in a run's metrics.jsonl.
 std::map<int64_t, nlohmann::json> rl_metrics(const std::string& path) {
   std::map<int64_t, nlohmann::json> out;

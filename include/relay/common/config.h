@@ -22,6 +22,12 @@ struct RunConfig {
   uint64_t seed = 0;               // seeds model init, sampling and data order
   int threads = 0;                 // intra-op threads for this process; 0 = all cores
   std::string log_level = "info";  // trace | debug | info | warn | error | off
+  // Where the model lives: cpu | cuda (= cuda:$LOCAL_RANK) | cuda:<i>. cuda
+  // needs a CUDA build (docs/cluster.md).
+  std::string device = "cpu";
+  // Forward passes under autocast: none | bfloat16 | float16 (matrix
+  // products in that precision, softmax and losses in fp32).
+  std::string autocast = "none";
 };
 
 // Architecture of a fresh model built from a seed (model.init). Ignored when
@@ -263,6 +269,15 @@ struct TrainerConfig {
   // With drop_equal_reward_groups: extra rollout batches collected per step to
   // refill the groups dropped (DAPO); 0 = train on what is left.
   int max_extra_batches = 0;
+  // Data parallelism: world_size trainer ranks, one process each. Rank 0
+  // serves workers and owns the store; each step's batch is split across the
+  // ranks by tokens and gradients are summed over them (docs/cluster.md).
+  int world_size = 1;
+  // host:port of the c10d TCPStore rank 0 opens for the rendezvous; empty =
+  // $MASTER_ADDR:$MASTER_PORT (torchrun / Slurm style).
+  std::string rendezvous;
+  int allreduce_bucket_mb = 25;       // gradients are all-reduced in buckets of this size
+  double collective_timeout_s = 300;  // a collective (or a rank) silent this long fails the run
   AdvantageConfig advantage;
   PpoConfig ppo;
   GspoConfig gspo;

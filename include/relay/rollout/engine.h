@@ -66,6 +66,8 @@ struct EngineOptions {
   std::vector<int64_t> stop_tokens;  // a sampled stop token ends its sequence and is kept
   InterruptPolicy interrupt = InterruptPolicy::kRecompute;
   PrefixOptions prefix;
+  // The model's forward passes under autocast in this precision (run.autocast).
+  std::optional<c10::ScalarType> autocast;
 };
 
 // From config (rollout section); stop tokens come from the caller, which

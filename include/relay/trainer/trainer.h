@@ -24,14 +24,18 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <c10/core/ScalarType.h>
 
 #include "relay/common/status.h"
 #include "relay/model/policy.h"
 #include "relay/rollout/trajectory.h"
 #include "relay/trainer/advantages.h"
 #include "relay/trainer/batch.h"
+#include "relay/trainer/data_parallel.h"
 #include "relay/trainer/kl.h"
 #include "relay/trainer/policy_loss.h"
 #include "relay/trainer/rollout_correction.h"
@@ -113,6 +117,9 @@ struct TrainerOptions {
   double sft_coef = 0.0;  // > 0: + coef x NLL of the off-policy (forced) tokens
   OptimizerOptions optimizer;
   int64_t pad_token_id = 0;
+  // Forward passes under autocast in this precision (run.autocast); the
+  // weights, gradients and optimizer keep their own dtypes.
+  std::optional<c10::ScalarType> autocast;
 
   // True when the options need a reference policy (KL in the loss or reward).
   bool needs_reference() const { return kl_coef > 0 || reward_kl.controller.kl_coef > 0; }
@@ -126,9 +133,13 @@ class Trainer {
   // `policy` is trained in place. When the options need a reference policy
   // (needs_reference()), it is `reference` (frozen here; it must have the
   // policy's architecture) or, when null, a frozen copy of `policy` as it is now.
+  // With `data_parallel` active, this is one rank of a group whose ranks all
+  // make the same calls with the same groups and hold the same weights
+  // (data_parallel.h); each computes its shard and the results are summed.
   static StatusOr<std::unique_ptr<Trainer>> create(model::Policy policy, TrainerOptions options,
                                                    int64_t version = 0,
-                                                   model::Policy reference = nullptr);
+                                                   model::Policy reference = nullptr,
+                                                   DataParallel data_parallel = {});
   ~Trainer();
 
   // Errors before the first optimizer update (bad batch, missing log-probs,
@@ -162,14 +173,20 @@ class Trainer {
 
  private:
   struct Scores;
-  Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference);
+  Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference,
+          DataParallel data_parallel);
+  // This rank's rows of `rows` (all of them on a single rank).
+  std::vector<int64_t> my_shard(const TrainBatch& batch, const std::vector<int64_t>& rows) const;
+  // This rank's micro-batches of `rows`: its shard, split by the token budget.
+  std::vector<std::vector<int64_t>> my_micro_batches(const TrainBatch& batch,
+                                                     const std::vector<int64_t>& rows) const;
   // The staleness bound, the reuse cap, the log-prob check and the data
   // filters; their counts go to `m`.
   StatusOr<TrainBatch> prepare_batch(const std::vector<rollout::TrajectoryGroup>& groups,
                                      StepMetrics& m, std::vector<uint64_t>* keys) const;
   // No-grad pass over the whole batch: the trainer's log-probs and entropy
   // (and the reference's) in the response layout, on the host.
-  Scores score_before_update(const TrainBatch& batch);
+  StatusOr<Scores> score_before_update(const TrainBatch& batch);
   bool can_skip_pass(const TrainBatch& batch) const;
   // Clips, sets the scheduled LR and steps the optimizer; the gradient norm.
   StatusOr<double> apply_gradients();
@@ -177,6 +194,7 @@ class Trainer {
   model::Policy policy_;
   model::Policy reference_{nullptr};
   TrainerOptions options_;
+  DataParallel dp_;
   // The tensors AdamW steps: the parameters, or their fp32 master copies.
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> master_;  // empty unless master weights are in use

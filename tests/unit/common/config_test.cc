@@ -256,6 +256,8 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  seed: 0\n"
             "  threads: 0\n"
             "  log_level: info\n"
+            "  device: cpu\n"
+            "  autocast: none\n"
             "model:\n"
             "  path: \"\"\n"
             "  dtype: float32\n"
@@ -329,6 +331,10 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  reference: \"\"\n"
             "  max_reuse: 0\n"
             "  max_extra_batches: 0\n"
+            "  world_size: 1\n"
+            "  rendezvous: \"\"\n"
+            "  allreduce_bucket_mb: 25\n"
+            "  collective_timeout_s: 300.0\n"
             "  advantage:\n"
             "    estimator: grpo\n"
             "    norm_by_std: true\n"
@@ -600,7 +606,9 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "x.yaml:2: trainer.temperature: unknown key; known keys: max_staleness, lr, loss, proximal, "
        "micro_batch_tokens, ppo_epochs, mini_batches, allow_missing_logprobs, "
        "drop_equal_reward_groups, mask_truncated, kl_coef, kl_estimator, sft_coef, "
-       "loss_scale_factor, reference, max_reuse, max_extra_batches, advantage, ppo, gspo, gmpo, "
+       "loss_scale_factor, reference, max_reuse, max_extra_batches, world_size, rendezvous, "
+       "allreduce_bucket_mb, "
+       "collective_timeout_s, advantage, ppo, gspo, gmpo, "
        "cispo, sapo, clip_cov, kl_cov, luffy, entropy, reward_kl, rollout_correction, "
        "optimizer"},
       {"trainer nested typo", "trainer:\n  advantage:\n    estimater: rloo\n",
@@ -714,6 +722,16 @@ TEST(ConfigTest, ValidateChecksEachRule) {
        "rollout.workers: must be >= 1, got 0"},
       {"threads", [](ExperimentConfig& c) { c.run.threads = -1; },
        "run.threads: must be >= 0, got -1"},
+      {"device", [](ExperimentConfig& c) { c.run.device = "gpu0"; },
+       "run.device: must be cpu, cuda or cuda:<index>, got 'gpu0'"},
+      {"device index", [](ExperimentConfig& c) { c.run.device = "cuda:"; },
+       "run.device: must be cpu, cuda or cuda:<index>, got 'cuda:'"},
+      {"world size", [](ExperimentConfig& c) { c.trainer.world_size = 0; },
+       "trainer.world_size: must be >= 1, got 0"},
+      {"bucket", [](ExperimentConfig& c) { c.trainer.allreduce_bucket_mb = 0; },
+       "trainer.allreduce_bucket_mb: must be >= 1, got 0"},
+      {"autocast", [](ExperimentConfig& c) { c.run.autocast = "bf16"; },
+       "run.autocast: must be one of none, bfloat16, float16, got 'bf16'"},
       {"dtype", [](ExperimentConfig& c) { c.model.dtype = "fp8"; },
        "model.dtype: must be one of float32, bfloat16, float16, got 'fp8'"},
       {"chat template", [](ExperimentConfig& c) { c.model.chat_template = "qwen"; },

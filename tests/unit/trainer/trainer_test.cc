@@ -96,6 +96,43 @@ TEST(TrainerTest, OnPolicyStepHasRatioOneAndNoClipping) {
   EXPECT_FALSE(torch::equal(before, policy->lm_head->weight)) << "the step changed nothing";
 }
 
+// run.autocast bfloat16 (on the CPU here; the same guard drives CUDA's):
+// the trainer's forward passes run their matrix products in bf16, which
+// shows as a small mismatch against fp32 behavior log-probs, while the
+// weights stay fp32 and the update stays close to the fp32 one.
+TEST(TrainerTest, AutocastRunsTheForwardPassesInLowPrecision) {
+  model::Policy initial = make_policy(1);
+  auto groups = sample_groups(initial, 1.0);
+  TrainerOptions o;
+  o.optimizer.lr = 1e-2;
+  o.optimizer.eps = 1e-3;  // the update a smooth function of the gradient
+  o.micro_batch_tokens = 40;
+  model::Policy fp32 = model::clone_policy(*initial);
+  model::Policy bf16 = model::clone_policy(*initial);
+  auto m32 = Trainer::create(fp32, o).value()->step(groups);
+  o.autocast = c10::ScalarType::BFloat16;
+  auto m16 = Trainer::create(bf16, o).value()->step(groups);
+  ASSERT_TRUE(m32.ok()) << m32.status();
+  ASSERT_TRUE(m16.ok()) << m16.status();
+  EXPECT_LT(m32->at("mismatch/logprob_abs_diff_max"), 1e-4);
+  EXPECT_GT(m16->at("mismatch/logprob_abs_diff_max"), 1e-4) << "autocast changed nothing";
+  // bf16 keeps 8 bits of mantissa: the largest per-token difference is
+  // visible, the average one small.
+  EXPECT_LT(m16->at("mismatch/logprob_abs_diff_max"), 0.5);
+  EXPECT_LT(m16->at("mismatch/k3"), 1e-3);
+  EXPECT_EQ(bf16->lm_head->weight.scalar_type(), torch::kFloat32);
+  EXPECT_NEAR(m16->at("grad_norm"), m32->at("grad_norm"), 0.05 * m32->at("grad_norm"));
+  const at::Tensor d32 = fp32->lm_head->weight - initial->lm_head->weight;
+  const at::Tensor d16 = bf16->lm_head->weight - initial->lm_head->weight;
+  // AdamW's first step is about lr x sign(gradient), so compare directions:
+  // elements with tiny gradients may flip, the update as a whole may not.
+  const double cosine = (d16 * d32).sum().item<double>() / (d16.norm() * d32.norm()).item<double>();
+  EXPECT_GT(cosine, 0.9);
+  std::printf("autocast: mismatch max %.3g k3 %.3g, grad_norm %.4g vs %.4g, cosine %.4f\n",
+              m16->at("mismatch/logprob_abs_diff_max"), m16->at("mismatch/k3"),
+              m16->at("grad_norm"), m32->at("grad_norm"), cosine);
+}
+
 // A mismatched sampling temperature is exactly the bug the mismatch metrics
 // exist to expose.
 TEST(TrainerTest, TemperatureMismatchShowsInTheMismatchMetrics) {

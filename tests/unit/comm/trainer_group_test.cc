@@ -1,0 +1,434 @@
+// Data-parallel training over a real c10d Gloo group: two ranks as threads
+// of this process, rendezvous through a TCPStore on loopback.
+
+#include "relay/comm/trainer_group.h"
+#include "relay/comm/trainer_ranks.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "relay/rollout/engine.h"
+#include "relay/trainer/data_parallel.h"
+#include "relay/trainer/trainer.h"
+#include "testing/tensor_testing.h"
+
+namespace relay::comm {
+namespace {
+
+using trainer::StepMetrics;
+using trainer::Trainer;
+using trainer::TrainerOptions;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::function<std::optional<std::string>(const std::string&)> env_of(
+    std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(TrainerRankTest, ReadsTorchrunStyleEnvironment) {
+  auto r = trainer_rank_from_env(4, "",
+                                 env_of({{"RANK", "3"},
+                                         {"WORLD_SIZE", "4"},
+                                         {"LOCAL_RANK", "1"},
+                                         {"MASTER_ADDR", "node7"},
+                                         {"MASTER_PORT", "29500"}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->world_size, 4);
+  EXPECT_EQ(r->local_rank, 1);
+  EXPECT_EQ(r->host, "node7");
+  EXPECT_EQ(r->port, 29500);
+  // trainer.rendezvous wins over MASTER_ADDR/PORT; LOCAL_RANK defaults to RANK.
+  r = trainer_rank_from_env(2, "10.0.0.1:1234",
+                            env_of({{"RANK", "1"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->host, "10.0.0.1");
+  EXPECT_EQ(r->port, 1234);
+  EXPECT_EQ(r->local_rank, 1);
+  // A single rank needs nothing.
+  r = trainer_rank_from_env(1, "", env_of({}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->rank, 0);
+}
+
+TEST(TrainerRankTest, BadEnvironmentNamesTheVariable) {
+  auto error = [](int world, const std::string& rdv, std::map<std::string, std::string> vars) {
+    auto r = trainer_rank_from_env(world, rdv, env_of(std::move(vars)));
+    EXPECT_FALSE(r.ok());
+    return r.ok() ? std::string() : std::string(r.status().message());
+  };
+  EXPECT_NE(error(2, "h:1", {{"RANK", "1"}, {"WORLD_SIZE", "3"}}).find("$WORLD_SIZE is 3"),
+            std::string::npos);
+  EXPECT_NE(error(2, "h:1", {}).find("$RANK must say"), std::string::npos);
+  EXPECT_NE(error(2, "h:1", {{"RANK", "2"}}).find("$RANK is 2: must be in [0, 2)"),
+            std::string::npos);
+  EXPECT_NE(error(2, "h:1", {{"RANK", "one"}}).find("$RANK: not an integer"), std::string::npos);
+  EXPECT_NE(error(2, "", {{"RANK", "0"}}).find("$MASTER_ADDR"), std::string::npos);
+  EXPECT_NE(error(2, "", {{"RANK", "0"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "99999"}})
+                .find("$MASTER_PORT: '99999' is not a port"),
+            std::string::npos);
+  EXPECT_NE(error(2, "nohost", {{"RANK", "0"}}).find("trainer.rendezvous: expected host:port"),
+            std::string::npos);
+  EXPECT_NE(error(1, "", {{"RANK", "1"}}).find("trainer.world_size is 1"), std::string::npos);
+}
+
+TEST(ShardRowsTest, EveryRowOnceWithBalancedTokens) {
+  const std::vector<int64_t> rows = {10, 11, 12, 13, 14, 15, 16};
+  const std::vector<int64_t> tokens = {50, 10, 40, 10, 30, 20, 20};
+  auto shards = trainer::shard_rows_by_tokens(rows, tokens, 2);
+  ASSERT_EQ(shards.size(), 2u);
+  std::vector<int64_t> seen;
+  int64_t load[2] = {0, 0};
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_TRUE(std::is_sorted(shards[s].begin(), shards[s].end()));
+    for (int64_t r : shards[s]) {
+      seen.push_back(r);
+      load[s] += tokens[static_cast<size_t>(r - 10)];
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, rows);
+  EXPECT_EQ(load[0] + load[1], 180);
+  EXPECT_LE(std::abs(load[0] - load[1]), 10);  // longest first: 90 / 90 here
+  // More shards than rows: the extra shards are empty, nothing is lost.
+  shards = trainer::shard_rows_by_tokens({0, 1}, {5, 7}, 4);
+  EXPECT_EQ(shards[0], std::vector<int64_t>{1});
+  EXPECT_EQ(shards[1], std::vector<int64_t>{0});
+  EXPECT_TRUE(shards[2].empty());
+  EXPECT_TRUE(shards[3].empty());
+}
+
+model::Policy make_policy(uint64_t seed) {
+  model::Policy p(testing::TinyConfig());
+  model::init_weights(*p, seed, 0.3);
+  p->eval();
+  return p;
+}
+
+// Engine-sampled groups with rewards that give every group a learning signal.
+std::vector<rollout::TrajectoryGroup> sample_groups(const model::Policy& policy, int num_groups,
+                                                    int k) {
+  model::Policy copy = model::clone_policy(*policy);
+  rollout::EngineOptions eo;
+  eo.num_slots = 8;
+  eo.max_new_tokens = 7;
+  auto engine = rollout::Engine::create(copy, eo, 0, 1).value();
+  for (int g = 0; g < num_groups; ++g) {
+    rollout::PromptGroup pg;
+    pg.group_id = std::to_string(g);
+    pg.prompt = {1, 3 + g, 7, 2 + g};
+    pg.k = k;
+    pg.seed = 10 + g;
+    EXPECT_TRUE(engine->submit(pg).ok());
+  }
+  auto groups = engine->run().value();
+  for (auto& g : groups) {
+    for (size_t i = 0; i < g.trajectories.size(); ++i) {
+      auto& t = g.trajectories[i];
+      t.reward = std::count(t.response_tokens.begin(), t.response_tokens.end(), 5) > 0 ? 1.0 : 0.0;
+      if (g.trajectories.size() > 1 && i < 2) t.reward = static_cast<double>(i == 0);
+    }
+  }
+  return groups;
+}
+
+TrainerOptions dp_options() {
+  TrainerOptions o;
+  o.optimizer.lr = 1e-2;
+  // AdamW's step is lr * m / (sqrt(v) + eps): with eps 1e-8 a gradient near
+  // 1e-8 turns an fp32 rounding difference of the summation order into a
+  // visible difference of the step. A larger eps keeps the update a smooth
+  // function of the gradient, so single- and two-rank updates can be
+  // compared at fp32 tolerance.
+  o.optimizer.eps = 1e-3;
+  o.micro_batch_tokens = 40;  // several micro-batches per rank
+  o.mini_batches = 2;
+  o.ppo_epochs = 2;
+  o.entropy.coef = 0.01;
+  return o;
+}
+
+struct RankResult {
+  Status status = OkStatus();
+  std::vector<StepMetrics> metrics;
+  std::vector<at::Tensor> params;
+};
+
+// Runs `calls` (step or sft_step per entry) on `world` ranks as threads.
+std::vector<RankResult> run_ranks(int world, const model::Policy& initial,
+                                  const TrainerOptions& options,
+                                  const std::vector<rollout::TrajectoryGroup>& groups,
+                                  const std::vector<std::string>& calls, int64_t bucket_bytes) {
+  const int port = free_port();
+  std::vector<RankResult> results(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      RankResult& out = results[static_cast<size_t>(rank)];
+      TrainerGroupOptions go;
+      go.rank.rank = rank;
+      go.rank.world_size = world;
+      go.rank.host = "127.0.0.1";
+      go.rank.port = port;
+      go.timeout = std::chrono::seconds(60);
+      StatusOr<std::shared_ptr<trainer::Collectives>> group = join_trainer_group(go);
+      if (!group.ok()) {
+        out.status = group.status();
+        return;
+      }
+      trainer::DataParallel dp;
+      dp.group = *group;
+      dp.bucket_bytes = bucket_bytes;
+      model::Policy policy = model::clone_policy(*initial);
+      auto t = Trainer::create(policy, options, 0, nullptr, dp);
+      if (!t.ok()) {
+        out.status = t.status();
+        return;
+      }
+      for (const std::string& call : calls) {
+        StatusOr<StepMetrics> m = call == "sft" ? (*t)->sft_step(groups) : (*t)->step(groups);
+        if (!m.ok()) {
+          out.status = m.status();
+          return;
+        }
+        out.metrics.push_back(*m);
+      }
+      for (const at::Tensor& p : policy->parameters()) out.params.push_back(p.detach().clone());
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+RankResult run_single(const model::Policy& initial, const TrainerOptions& options,
+                      const std::vector<rollout::TrajectoryGroup>& groups,
+                      const std::vector<std::string>& calls) {
+  RankResult out;
+  model::Policy policy = model::clone_policy(*initial);
+  auto t = Trainer::create(policy, options).value();
+  for (const std::string& call : calls) {
+    StatusOr<StepMetrics> m = call == "sft" ? t->sft_step(groups) : t->step(groups);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (m.ok()) out.metrics.push_back(*m);
+  }
+  for (const at::Tensor& p : policy->parameters()) out.params.push_back(p.detach().clone());
+  return out;
+}
+
+void expect_same_training(const RankResult& single, const std::vector<RankResult>& ranks,
+                          const at::Tensor& before_flat) {
+  for (const RankResult& r : ranks) ASSERT_TRUE(r.status.ok()) << r.status;
+  // Bit-identical weights on every rank.
+  for (size_t i = 1; i < ranks.size(); ++i) {
+    ASSERT_EQ(ranks[i].params.size(), ranks[0].params.size());
+    for (size_t p = 0; p < ranks[0].params.size(); ++p) {
+      EXPECT_TRUE(torch::equal(ranks[i].params[p], ranks[0].params[p]))
+          << "rank " << i << " parameter " << p << " differs from rank 0";
+    }
+    // Every metric is computed from summed or identical data.
+    for (size_t s = 0; s < ranks[0].metrics.size(); ++s) {
+      for (const auto& [k, v] : ranks[0].metrics[s]) {
+        if (std::isnan(v)) continue;
+        EXPECT_EQ(ranks[i].metrics[s].at(k), v) << "call " << s << " metric " << k;
+      }
+    }
+  }
+  // The update equals the single-rank update: compared as the change of
+  // the flattened weights, relative to its size.
+  std::vector<at::Tensor> a, b;
+  for (size_t p = 0; p < single.params.size(); ++p) {
+    a.push_back(single.params[p].reshape({-1}));
+    b.push_back(ranks[0].params[p].reshape({-1}));
+  }
+  const at::Tensor d_single = torch::cat(a) - before_flat;
+  const at::Tensor d_dp = torch::cat(b) - before_flat;
+  const double scale = d_single.abs().max().item<double>();
+  ASSERT_GT(scale, 0) << "the weights did not change";
+  EXPECT_LT((d_dp - d_single).abs().max().item<double>(), 1e-4 * scale);
+  // And so do the metrics (sums over different partitions of the same rows).
+  ASSERT_EQ(single.metrics.size(), ranks[0].metrics.size());
+  for (size_t s = 0; s < single.metrics.size(); ++s) {
+    for (const auto& [k, v] : single.metrics[s]) {
+      if (std::isnan(v) || k.rfind("time", 0) == 0) continue;
+      ASSERT_TRUE(ranks[0].metrics[s].count(k)) << "call " << s << " lacks metric " << k;
+      EXPECT_NEAR(ranks[0].metrics[s].at(k), v, 1e-4 * std::max(1.0, std::abs(v)))
+          << "call " << s << " metric " << k;
+    }
+  }
+}
+
+at::Tensor flat(const model::Policy& p) {
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& t : p->parameters()) parts.push_back(t.detach().reshape({-1}));
+  return torch::cat(parts);
+}
+
+TEST(DataParallelTrainerTest, TwoRanksMatchOneRankAndStayBitIdentical) {
+  model::Policy initial = make_policy(3);
+  const auto groups = sample_groups(initial, 3, 4);
+  const TrainerOptions options = dp_options();
+  const std::vector<std::string> calls = {"sft", "step", "step"};
+  RankResult single = run_single(initial, options, groups, calls);
+  // A 4 KiB bucket splits the gradients into many buckets (and gives the
+  // larger matrices buckets of their own).
+  std::vector<RankResult> ranks = run_ranks(2, initial, options, groups, calls, 4096);
+  expect_same_training(single, ranks, flat(initial));
+  EXPECT_GT(ranks[0].metrics[1].at("optimizer_steps"), 3);
+}
+
+TEST(DataParallelTrainerTest, RankWithoutRowsStillTakesPart) {
+  // One trajectory, mini-batches of it, two ranks: one rank has no rows in
+  // every pass and contributes zeros.
+  model::Policy initial = make_policy(4);
+  auto groups = sample_groups(initial, 1, 2);
+  TrainerOptions options = dp_options();
+  options.mini_batches = 2;  // one row each
+  const std::vector<std::string> calls = {"step", "sft"};
+  RankResult single = run_single(initial, options, groups, calls);
+  std::vector<RankResult> ranks = run_ranks(3, initial, options, groups, calls, int64_t{1} << 20);
+  expect_same_training(single, ranks, flat(initial));
+}
+
+// Joins rank `rank` of `world` at 127.0.0.1:port.
+std::shared_ptr<trainer::Collectives> join(int rank, int world, int port) {
+  TrainerGroupOptions go;
+  go.rank.rank = rank;
+  go.rank.world_size = world;
+  go.rank.host = "127.0.0.1";
+  go.rank.port = port;
+  go.timeout = std::chrono::seconds(60);
+  StatusOr<std::shared_ptr<trainer::Collectives>> group = join_trainer_group(go);
+  EXPECT_TRUE(group.ok()) << group.status();
+  return group.ok() ? *group : nullptr;
+}
+
+TEST(RankLeaderTest, FollowerMirrorsWarmStartResumeAndSteps) {
+  // Rank 0 as relay-trainer drives it: a warm start, then an RL trainer
+  // resumed from state that already holds AdamW moments, with an explicit
+  // KL reference; the follower starts from other weights and must end with
+  // rank 0's, bit for bit.
+  model::Policy initial = make_policy(3);
+  const auto groups = sample_groups(initial, 3, 4);
+  TrainerOptions rl = dp_options();
+  rl.kl_coef = 0.1;
+  TrainerOptions sft = rl;
+  sft.optimizer.lr = 3e-2;
+  const int port = free_port();
+  model::Policy leader_policy = model::clone_policy(*initial);
+  model::Policy follower_policy = make_policy(99);
+  Status follower_status = InternalError("not run");
+  std::vector<std::string> follower_calls;
+  std::thread follower([&] {
+    auto group = join(1, 2, port);
+    if (!group) return;
+    FollowerOptions fo;
+    fo.bucket_bytes = 4096;
+    fo.options = [&](const std::string& role) -> StatusOr<TrainerOptions> {
+      if (role == "sft") return sft;
+      return rl;
+    };
+    fo.on_step = [&](const std::string& call, const StatusOr<StepMetrics>& m) {
+      follower_calls.push_back(m.ok() ? call : call + " failed");
+    };
+    follower_status = follow_rank_leader(group, follower_policy, fo);
+  });
+  auto group = join(0, 2, port);
+  ASSERT_TRUE(group);
+  RankLeader leader(group);
+  ASSERT_TRUE(leader.start("sft", *leader_policy, 0, nullptr, "").ok());
+  {
+    auto t = Trainer::create(leader_policy, sft, 0, nullptr, leader.data_parallel(4096)).value();
+    ASSERT_TRUE(t->sft_step(groups).ok());
+  }
+  // "Resume": state from a trainer that has stepped on its own.
+  model::Policy reference = make_policy(5);
+  std::string state;
+  {
+    auto alone = Trainer::create(leader_policy, rl, 1, reference).value();
+    ASSERT_TRUE(alone->step(groups).ok());
+    state = alone->save_state().value();
+  }
+  auto t = Trainer::create(leader_policy, rl, 1, reference, leader.data_parallel(4096)).value();
+  ASSERT_TRUE(t->restore_state(state, "test").ok());
+  ASSERT_TRUE(leader.start("rl", *leader_policy, t->version(), reference, state).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(t->step(groups).ok());
+  ASSERT_TRUE(leader.stop().ok());
+  ASSERT_TRUE(leader.stop().ok());  // a second stop does nothing
+  follower.join();
+  ASSERT_TRUE(follower_status.ok()) << follower_status;
+  EXPECT_EQ(follower_calls, (std::vector<std::string>{"sft_step", "step", "step"}));
+  const auto a = leader_policy->parameters();
+  const auto b = follower_policy->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t p = 0; p < a.size(); ++p) {
+    EXPECT_TRUE(torch::equal(a[p], b[p])) << "parameter " << p;
+  }
+  // After the stop, a step cannot be forwarded any more.
+  auto late = t->step(groups);
+  ASSERT_FALSE(late.ok());
+  EXPECT_NE(late.status().message().find("other trainer ranks were stopped"), std::string::npos)
+      << late.status();
+}
+
+TEST(RankLeaderTest, FollowerReportsRankZeroGone) {
+  const int port = free_port();
+  Status follower_status = OkStatus();
+  std::shared_ptr<trainer::Collectives> leader_group;
+  std::thread follower([&] {
+    auto group = join(1, 2, port);
+    if (!group) return;
+    FollowerOptions fo;
+    fo.options = [](const std::string&) -> StatusOr<TrainerOptions> { return TrainerOptions{}; };
+    follower_status = follow_rank_leader(group, make_policy(1), fo);
+  });
+  leader_group = join(0, 2, port);
+  ASSERT_TRUE(leader_group);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  leader_group.reset();  // rank 0 dies: its store goes with it
+  follower.join();
+  ASSERT_FALSE(follower_status.ok());
+  EXPECT_NE(follower_status.message().find("rank 0 is gone"), std::string::npos) << follower_status;
+}
+
+TEST(DataParallelTrainerTest, RendezvousWithoutTheOtherRanksFailsNamingTheEndpoint) {
+  TrainerGroupOptions go;
+  go.rank.rank = 1;
+  go.rank.world_size = 2;
+  go.rank.host = "127.0.0.1";
+  go.rank.port = free_port();  // nobody listens
+  go.timeout = std::chrono::milliseconds(1500);
+  auto group = join_trainer_group(go);
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(group.status().message().find("rank 1 of 2: rendezvous at 127.0.0.1:"),
+            std::string::npos)
+      << group.status();
+}
+
+}  // namespace
+}  // namespace relay::comm
