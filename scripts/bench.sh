@@ -89,7 +89,8 @@ blas = sh(f"ldd {probe} | sed -n 's/.*libblas.so.3 => \\([^ ]*\\).*/\\1/p'")
 m["blas"] = os.path.realpath(blas) if blas else "not linked"
 pkg = sh(f"dpkg -S {m['blas']} 2>/dev/null | cut -d: -f1") if blas else ""
 if pkg:
-    m["blas"] += f" ({pkg} {sh(f'dpkg-query -W -f=\"${{Version}}\" {pkg}')})"
+    version = sh("dpkg-query -W -f '${Version}' " + pkg)
+    m["blas"] += f" ({pkg} {version})"
 m["os"] = sh(". /etc/os-release && echo $PRETTY_NAME")
 m["compiler"] = sh("c++ --version | head -1")
 m["load_before"] = open("/proc/loadavg").read().split()[:3]
@@ -125,7 +126,7 @@ knows() { grep -qa -- "$2" "$1"; }
 
 if [ "$quick" = 1 ]; then
   q=(--quick)
-  decode_args=(--models tiny,qwen2-100m --batches 8 --reps 1)
+  decode_args=(--models tiny,qwen2-100m --batches 8 --reps 1 --only kv)
   e2e=(1 0 2)  # repetitions, then staleness bounds
 else
   q=()
