@@ -20,13 +20,15 @@
 #                 trainer's time between steps: evals, checkpoints, log lines).
 #                 Workers keep generating during those gaps, so "net" slightly
 #                 favours runs whose workers can run further ahead.
-# Ratios are this bound's median over the smallest bound's (0 = synchronous):
-# for samples/s above 1 is faster, for time-to-accuracy below 1 is faster.
+# Ratios are against the smallest bound given (0 = synchronous), paired by
+# seed: this bound's figure over the sync run's with the same seed, then the
+# median over seeds (time-to-accuracy depends on the seed far more than on the
+# machine). For samples/s above 1 is faster, for time-to-accuracy below 1.
 #
 #   bench/staleness_bench.sh [CONFIG] [REPS] [STALENESS...]
 #   e.g. bench/staleness_bench.sh configs/arith.yaml 3 0 1 2 4
 #
-# Environment: RELAY_BIN (default build/src/relay), EVAL_EVERY (default 5; 0
+# Environment: RELAY_BIN (default build/src/relay), EVAL_EVERY (default 2; 0
 # skips the time-to-accuracy runs), TARGET (default 0.9), STEPS_CAP (default
 # 200), BENCH_JSON (a file to write one JSON object per bound to, for
 # scripts/bench.sh).
@@ -39,7 +41,7 @@ shift 2 || true
 bounds=("$@")
 [ ${#bounds[@]} -eq 0 ] && bounds=(0 1 2 4)
 relay=${RELAY_BIN:-build/src/relay}
-eval_every=${EVAL_EVERY:-5}
+eval_every=${EVAL_EVERY:-2}
 target=${TARGET:-0.9}
 steps_cap=${STEPS_CAP:-200}
 [ -x "$relay" ] || { echo "staleness_bench: $relay not built" >&2; exit 1; }
@@ -142,43 +144,50 @@ def med(xs):
     return statistics.median(xs) if xs else None
 def fmt(x, spec):
     return "-" if x is None else format(x, spec)
-tput = {}
-acc = {}
+def ratio(x, b):
+    return None if x is None or b is None or b == 0 else x / b
+# by[kind][bound][rep] = row
+by = {"tput": {}, "acc": {}}
 for r in rows:
-    (tput if r["kind"] == "tput" else acc).setdefault(r["bound"], []).append(r)
+    by[r["kind"]].setdefault(r["bound"], {})[r["rep"]] = r
+tput, acc = by["tput"], by["acc"]
 bounds = sorted(tput)
-base_sps = med([r["samples"] / r["rl_s"] for r in tput[bounds[0]]])
-base_tta = med([r["tta_s"] for r in acc.get(bounds[0], [])])
-base_net = med([r["tta_net_s"] for r in acc.get(bounds[0], [])])
-print(f"| max_staleness | samples/s (median; runs) | vs sync | RL wall s | mean staleness "
-      f"| time to {target} s (runs) | time vs sync | net of evals s | time vs sync | step reached "
-      f"| final accuracy |")
+sync = bounds[0]
+sps = lambda r: r["samples"] / r["rl_s"]
+print(f"| max_staleness | samples/s: median (per seed) | vs sync | RL wall s | mean staleness "
+      f"| final accuracy | s to {target}: median (per seed) | step reached | vs sync "
+      f"| net of evals s | vs sync |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 out = []
 for s in bounds:
-    v = tput[s]
-    sps = [r["samples"] / r["rl_s"] for r in v]
-    m = med(sps)
-    a = acc.get(s, [])
-    tta = med([r["tta_s"] for r in a])
-    net = med([r["tta_net_s"] for r in a])
-    missed = sum(r["tta_s"] is None for r in a)
-    runs = ", ".join(fmt(r["tta_s"], ".2f") for r in a)
-    ratio = lambda x, b: None if b is None or x is None or b == 0 else x / b
-    row = {"bench": "e2e", "bound": s, "samples_per_s": m, "samples_vs_sync": m / base_sps,
+    reps = sorted(tput[s])
+    v = [tput[s][k] for k in reps]
+    a = [acc.get(s, {}).get(k) for k in reps]
+    # Ratios are paired by seed (repetition), then the median is taken.
+    sps_ratio = med([ratio(sps(tput[s][k]), sps(tput[sync][k])) for k in reps
+                     if k in tput[sync]])
+    def paired(key):
+        return med([ratio(acc[s][k][key], acc[sync][k][key]) for k in reps
+                    if k in acc.get(s, {}) and k in acc.get(sync, {})])
+    row = {"bench": "e2e", "bound": s, "runs": len(v),
+           "samples_per_s": med([sps(r) for r in v]), "samples_vs_sync": sps_ratio,
            "rl_s": med([r["rl_s"] for r in v]), "staleness": med([r["staleness"] for r in v]),
-           "tta_s": tta, "tta_vs_sync": ratio(tta, base_tta), "tta_net_s": net,
-           "tta_net_vs_sync": ratio(net, base_net),
-           "hit_step": med([r["hit_step"] for r in a]), "missed": missed, "runs": len(v),
-           "final_accuracy": med([r["final_accuracy"] for r in v]), "target": float(target),
-           "eval_every": int(eval_every),
-           "start_accuracy": med([r.get("start_accuracy") for r in a])}
+           "final_accuracy": med([r["final_accuracy"] for r in v]),
+           "tta_s": med([r and r["tta_s"] for r in a]), "tta_vs_sync": paired("tta_s"),
+           "tta_net_s": med([r and r["tta_net_s"] for r in a]),
+           "tta_net_vs_sync": paired("tta_net_s"),
+           "hit_step": med([r and r["hit_step"] for r in a]),
+           "missed": sum(1 for r in a if r is not None and r["tta_s"] is None),
+           "target": float(target), "eval_every": int(eval_every),
+           "start_accuracy": med([r and r.get("start_accuracy") for r in a])}
     out.append(row)
-    print(f"| {s} | {m:.0f} ({', '.join(f'{x:.0f}' for x in sps)}) | {m / base_sps:.2f}x | "
-          f"{row['rl_s']:.2f} | {row['staleness']:.2f} | {fmt(tta, '.2f')} ({runs}) | "
-          f"{fmt(row['tta_vs_sync'], '.2f')}x | {fmt(net, '.2f')} | "
-          f"{fmt(row['tta_net_vs_sync'], '.2f')}x | {fmt(row['hit_step'], '.0f')} | "
-          f"{row['final_accuracy']:.3f} |")
+    per = lambda xs, spec: " / ".join(fmt(x, spec) for x in xs)
+    print(f"| {s} | {fmt(row['samples_per_s'], '.0f')} ({per([sps(r) for r in v], '.0f')}) | "
+          f"{fmt(sps_ratio, '.2f')}x | {row['rl_s']:.2f} | {row['staleness']:.2f} | "
+          f"{row['final_accuracy']:.3f} | {fmt(row['tta_s'], '.2f')} "
+          f"({per([r and r['tta_s'] for r in a], '.2f')}) | "
+          f"{per([r and r['hit_step'] for r in a], '.0f')} | {fmt(row['tta_vs_sync'], '.2f')}x | "
+          f"{fmt(row['tta_net_s'], '.2f')} | {fmt(row['tta_net_vs_sync'], '.2f')}x |")
 if any(r["missed"] for r in out):
     print(f"(runs that never reached {target} are left out of the time medians: "
           + ", ".join(f"max_staleness {r['bound']}: {r['missed']}" for r in out if r["missed"])
