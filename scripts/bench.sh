@@ -82,9 +82,9 @@ m["memory_gib"] = round(int(mem) / 2**20, 1) if mem else None
 m["torch"] = sh("dpkg-query -W -f '${Version}' libtorch-dev 2>/dev/null") or "unknown"
 hdr = "/usr/include/torch/csrc/api/include/torch/version.h"
 if os.path.exists(hdr):
-    v = re.search(r'TORCH_VERSION "([^"]+)"', open(hdr).read())
-    if v:
-        m["torch"] += f" (headers {v.group(1)})"
+    parts = re.findall(r"TORCH_VERSION_(?:MAJOR|MINOR|PATCH) (\d+)", open(hdr).read())
+    if len(parts) == 3:
+        m["torch"] += f" (headers {'.'.join(parts)})"
 blas = sh(f"ldd {probe} | sed -n 's/.*libblas.so.3 => \\([^ ]*\\).*/\\1/p'")
 m["blas"] = os.path.realpath(blas) if blas else "not linked"
 pkg = sh(f"dpkg -S {m['blas']} 2>/dev/null | cut -d: -f1") if blas else ""
