@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,6 +27,22 @@ inline double seconds_since(Clock::time_point t0) {
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The shape of configs/tiny.yaml (75,840 parameters): llama, 2 layers,
+// hidden 64, 4 heads / 2 KV heads, FFN 128, the char tokenizer's 28 tokens.
+inline model::PolicyConfig tiny_config() {
+  model::PolicyConfig t;
+  t.model_type = "llama";
+  t.vocab_size = 28;
+  t.hidden_size = 64;
+  t.intermediate_size = 128;
+  t.num_hidden_layers = 2;
+  t.num_attention_heads = 4;
+  t.num_key_value_heads = 2;
+  t.max_position_embeddings = 128;
+  t.tie_word_embeddings = true;
+  return t;
 }
 
 // A ~100M-parameter Qwen2 (100,108,032 parameters): 12 layers, hidden 768,
@@ -74,5 +92,42 @@ inline rollout::TrajectoryGroup synthetic_group(int index, int k, int prompt, in
   }
   return g;
 }
+
+// One machine-readable result row: a JSON object printed on one line
+// (scripts/bench.sh reads them). Keys and string values are plain ASCII.
+class JsonRow {
+ public:
+  explicit JsonRow(const std::string& bench) { add("bench", bench); }
+  JsonRow& add(const std::string& key, const std::string& value) {
+    std::string v;
+    for (char c : value) {
+      if (c == '"' || c == '\\') v += '\\';
+      v += (c == '\n' || c == '\t') ? ' ' : c;
+    }
+    return raw(key, "\"" + v + "\"");
+  }
+  JsonRow& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  JsonRow& add(const std::string& key, double value) {
+    if (!std::isfinite(value)) return raw(key, "null");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6g", value);
+    return raw(key, buf);
+  }
+  JsonRow& add(const std::string& key, int64_t value) { return raw(key, std::to_string(value)); }
+  JsonRow& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
+  // Prints the row and a newline on `f`.
+  void print(std::FILE* f = stdout) const {
+    std::fprintf(f, "{%s}\n", body_.c_str());
+    std::fflush(f);
+  }
+
+ private:
+  JsonRow& raw(const std::string& key, const std::string& value) {
+    if (!body_.empty()) body_ += ", ";
+    body_ += "\"" + key + "\": " + value;
+    return *this;
+  }
+  std::string body_;
+};
 
 }  // namespace relay::bench

@@ -26,6 +26,10 @@
 // measured without I/O and printed below the table.
 //
 //   ingest_bench [--groups G] [--reps N] [--clients 1,2,4] [--batches 1,16] [--dir D]
+//                [--quick] [--json]
+// --quick = --groups 256 --reps 3 --clients 1,4 --batches 16 (given first, later
+// flags override it). --json prints one JSON object per row on stdout and the
+// table on stderr.
 //
 // Each figure is the median of --reps runs, each on a fresh store; the rows
 // alternate inside each repetition, so drift affects them all alike.
@@ -79,6 +83,7 @@ struct Args {
   std::vector<int> clients = {1, 2, 4};
   std::vector<int> batches = {1, 16};
   std::string dir = "/tmp/relay_ingest_bench";
+  bool json = false;
 };
 
 [[noreturn]] void die(const std::string& what) {
@@ -295,9 +300,22 @@ CpuCosts measure_cpu(const std::vector<TrajectoryGroup>& groups, const Args& a) 
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    const char* v = argv[i + 1];
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (k == "--quick") {
+      a.groups = 256;
+      a.reps = 3;
+      a.clients = {1, 4};
+      a.batches = {16};
+      continue;
+    }
+    if (k == "--json") {
+      a.json = true;
+      continue;
+    }
+    if (v == nullptr) die("unknown option or missing value: " + k);
+    ++i;
     if (k == "--groups")
       a.groups = std::atoi(v);
     else if (k == "--reps")
@@ -308,10 +326,8 @@ int main(int argc, char** argv) {
       a.batches = parse_list(v);
     else if (k == "--dir")
       a.dir = v;
-    else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      return 2;
-    }
+    else
+      die("unknown option " + k);
   }
   if (a.groups < 1 || a.reps < 1) die("--groups and --reps must be >= 1");
   std::filesystem::create_directories(a.dir);
@@ -367,12 +383,14 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(a.dir);
 
   const double n = a.groups;
-  std::printf(
+  std::FILE* out = a.json ? stderr : stdout;  // the human-readable table
+  std::fprintf(
+      out,
       "ingest_bench: %d groups x K=%d, P=%d, R=%d tokens (%.2f MB serialized, %.1f KB/group); "
       "median of %d; %.0f s\n",
       a.groups, a.k, a.prompt, a.response, mb, 1e3 * mb / n, a.reps, seconds_since(start));
-  std::printf("%-18s %7s %5s %10s %8s %8s %12s %6s\n", "path", "clients", "batch", "groups/s",
-              "MB/s", "vs store", "cpu us/group", "lease");
+  std::fprintf(out, "%-18s %7s %5s %10s %8s %8s %12s %6s\n", "path", "clients", "batch", "groups/s",
+               "MB/s", "vs store", "cpu us/group", "lease");
   const double base = n / median(rows.front().seconds);
   for (const Row& row : rows) {
     const double s = median(row.seconds);
@@ -382,10 +400,19 @@ int main(int argc, char** argv) {
     if (!row.lease_share.empty()) {
       std::snprintf(lease, sizeof lease, "%.0f%%", 100 * median(row.lease_share));
     }
-    std::printf("%-18s %7s %5s %10.1f %8.1f %8.2f %12.0f %6s\n", row.path.c_str(), c.c_str(),
-                b.c_str(), n / s, mb / s, (n / s) / base, median(row.cpu_us), lease);
+    std::fprintf(out, "%-18s %7s %5s %10.1f %8.1f %8.2f %12.0f %6s\n", row.path.c_str(), c.c_str(),
+                 b.c_str(), n / s, mb / s, (n / s) / base, median(row.cpu_us), lease);
+    if (a.json) {
+      relay::bench::JsonRow j("ingest");
+      j.add("path", row.path).add("clients", row.clients).add("batch", row.batch);
+      j.add("groups_per_s", n / s).add("mb_per_s", mb / s).add("vs_store", (n / s) / base);
+      j.add("cpu_us_per_group", median(row.cpu_us));
+      if (!row.lease_share.empty()) j.add("lease_share", median(row.lease_share));
+      j.add("groups", a.groups).add("reps", a.reps).print();
+    }
   }
-  std::printf(
+  std::fprintf(
+      out,
       "per group, no I/O: client encode (to_proto + serialize) %.1f us, server decode (parse + "
       "from_proto) %.1f us, validate + normalize %.1f us\n",
       median(encode), median(decode), median(validate));

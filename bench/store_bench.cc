@@ -13,6 +13,9 @@
 // (reads, decodes and marks them consumed in one synced write per batch).
 //
 //   store_bench [--groups G] [--k K] [--prompt P] [--response R] [--reps N] [--dir D]
+//               [--quick] [--json]
+// --quick = --groups 256 --reps 3. --json prints one JSON object per row on
+// stdout and the table on stderr.
 //
 // Each figure is the median of --reps runs, each on a fresh store.
 
@@ -48,6 +51,7 @@ struct Args {
   int response = 256;
   int reps = 5;
   std::string dir = "/tmp/relay_store_bench";
+  bool json = false;
 };
 
 double run_raw(const std::vector<std::string>& bytes, const std::string& path) {
@@ -102,9 +106,22 @@ double run_store(const std::vector<TrajectoryGroup>& groups, const std::string& 
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    const char* v = argv[i + 1];
+    if (k == "--quick") {
+      a.groups = 256;
+      a.reps = 3;
+      continue;
+    }
+    if (k == "--json") {
+      a.json = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "unknown option or missing value: %s\n", k.c_str());
+      return 2;
+    }
+    const char* v = argv[++i];
     if (k == "--groups")
       a.groups = std::atoi(v);
     else if (k == "--k")
@@ -121,6 +138,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
+  }
+  if (a.groups < 1 || a.reps < 1) {
+    std::fprintf(stderr, "--groups and --reps must be >= 1\n");
+    return 2;
   }
   std::filesystem::create_directories(a.dir);
   std::mt19937 rng(7);
@@ -144,17 +165,26 @@ int main(int argc, char** argv) {
   }
   std::filesystem::remove_all(a.dir);
   const double n = a.groups;
-  std::printf(
-      "store_bench: %d groups x K=%d, P=%d, R=%d tokens (%.2f MB serialized, %.1f KB/group); "
-      "median of %d\n",
-      a.groups, a.k, a.prompt, a.response, mb, 1e3 * mb / n, a.reps);
-  std::printf("%-14s %12s %10s %10s\n", "path", "groups/s", "MB/s", "vs raw");
-  auto row = [&](const char* name, double s) {
-    std::printf("%-14s %12.1f %10.1f %10.2f\n", name, n / s, mb / s, median(raw) / s);
+  std::FILE* out = a.json ? stderr : stdout;  // the human-readable table
+  std::fprintf(out,
+               "store_bench: %d groups x K=%d, P=%d, R=%d tokens (%.2f MB serialized, %.1f "
+               "KB/group); median of %d\n",
+               a.groups, a.k, a.prompt, a.response, mb, 1e3 * mb / n, a.reps);
+  std::fprintf(out, "%-14s %12s %10s %10s\n", "path", "groups/s", "MB/s", "vs raw");
+  auto row = [&](const char* name, double s, bool ratio) {
+    char vs[16] = "-";
+    if (ratio) std::snprintf(vs, sizeof vs, "%.2f", median(raw) / s);
+    std::fprintf(out, "%-14s %12.1f %10.1f %10s\n", name, n / s, mb / s, vs);
+    if (a.json) {
+      relay::bench::JsonRow j("store");
+      j.add("path", name).add("groups_per_s", n / s).add("mb_per_s", mb / s);
+      if (ratio) j.add("vs_raw", median(raw) / s);
+      j.add("groups", a.groups).add("reps", a.reps).print();
+    }
   };
-  row("raw file", median(raw));
-  row("store", median(synced));
-  row("store-nosync", median(nosync));
-  std::printf("%-14s %12.1f %10.1f %10s\n", "take (x64)", n / median(take), mb / median(take), "-");
+  row("raw file", median(raw), true);
+  row("store", median(synced), true);
+  row("store-nosync", median(nosync), true);
+  row("take (x64)", median(take), false);
   return 0;
 }

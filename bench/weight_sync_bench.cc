@@ -2,22 +2,34 @@
 // one version of a ~100M-parameter model (qwen2-100m of rollout_bench, fp32,
 // ~400 MB) from a trainer to C clients, each client a thread of this process.
 //
-//   raw    (baseline) c10d ProcessGroupGloo broadcast of the same bytes in
-//          buckets of the same size, two in flight, from one flat buffer into
-//          one flat buffer per client: no copies, no checksums, no manifest;
+//   tcp    (baseline) the same bytes through plain TCP sockets on 127.0.0.1:
+//          one sender thread writes 4 MiB at a time to each client's socket
+//          in turn, one receiver thread per client reads into a preallocated
+//          (already touched) buffer. No framing, no checks: the floor any
+//          network transport on this machine compares against;
+//   gloo   c10d ProcessGroupGloo broadcast of the same bytes in buckets of the
+//          same size as relay's, two in flight, from one flat buffer into one
+//          flat buffer per client: no copies, no checksums, no manifest;
 //   relay  WeightSyncServer::broadcast -> WeightSyncClient::receive: header,
 //          manifest, buckets copied out of the snapshot and hashed, trailer,
-//          reassembled into per-tensor tensors and verified (bucket checksums
-//          and the manifest digest);
+//          landed in one payload buffer and verified (bucket checksums and
+//          the manifest digest), returned as per-tensor views;
 //   grpc   the fallback: TrainerService + RpcServer on 127.0.0.1 and C
 //          TrainerClient::fetch_weights calls at once (4 MiB chunks, each
 //          checksummed, digest checked).
 // A row's time runs from the send until every client holds the version;
-// GB/s = version bytes / time (what each client gets); ratio = raw time / this
-// row's time (1 = as fast as a bare broadcast). The median of --reps runs;
-// relay's first broadcast (group formation) is not timed.
+// GB/s = version bytes / time (what each client gets: with C clients the
+// sender moves C times as much); "vs tcp" = tcp time / this row's time (1 =
+// as fast as the plain socket copy), "vs gloo" likewise against gloo. Every
+// mode is set up once per client count (connections, groups, servers); then
+// each repetition runs every mode once, in turn, so drift hits all alike.
+// The first repetition is not timed (it warms connections and pages, and
+// relay's forms its group). Figures are medians of --reps.
 //
-//   weight_sync_bench [--clients 1,2] [--bucket-mb 64] [--reps 3] [--skip-grpc]
+//   weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] [--skip-grpc] [--quick]
+//                     [--json]
+// --quick = --clients 1 --bucket-mb 64 --reps 3. --json prints one JSON object
+// per result on stdout and the table on stderr.
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -29,6 +41,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,6 +56,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "bench_util.h"
 #include "relay/comm/rpc.h"
 #include "relay/comm/trainer_service.h"
@@ -113,7 +131,7 @@ double engine_apply_seconds(const WeightSnapshot& snap, int reps) {
 }
 
 // ---- the CPU work of each side, without a network ----
-void cpu_costs(const WeightSnapshot& snap, int64_t bucket, int reps) {
+void cpu_costs(const WeightSnapshot& snap, int64_t bucket, int reps, std::FILE* out, bool json) {
   BucketReader reader(snap, static_cast<uint64_t>(bucket));
   at::Tensor slot = torch::empty({bucket}, torch::kUInt8);
   std::vector<uint64_t> sums(reader.bucket_count());
@@ -143,141 +161,279 @@ void cpu_costs(const WeightSnapshot& snap, int64_t bucket, int reps) {
     payload = a->payload();
   }
   const double gb = static_cast<double>(snap.total_bytes) / 1e9;
-  std::printf(
+  std::fprintf(
+      out,
       "cpu work per version, no network (%lld MB buckets): sender copy (or view)+hash %.3f s "
       "(%.1f GB/s), receiver hash+verify %.3f s (%.1f GB/s)\n",
       (long long)(bucket >> 20), median(send), gb / median(send), median(recv), gb / median(recv));
+  if (json) {
+    relay::bench::JsonRow("weight_sync")
+        .add("mode", "cpu_costs")
+        .add("bucket_mb", bucket >> 20)
+        .add("sender_s", median(send))
+        .add("receiver_s", median(recv))
+        .print();
+  }
 }
 
-// ---- raw: c10d Gloo broadcast of the flat bytes ----
-double raw_broadcast(const at::Tensor& flat, int clients, int64_t bucket, int reps) {
-  c10d::TCPStoreOptions so;
-  so.port = 0;
-  so.isServer = true;
-  so.waitWorkers = false;
-  auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
-  const int size = clients + 1;
-  std::vector<c10::intrusive_ptr<c10d::ProcessGroupGloo>> pgs(size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      c10d::TCPStoreOptions co;
-      co.port = server->getPort();
-      co.waitWorkers = false;
-      auto store = c10::make_intrusive<c10d::PrefixStore>(
-          "raw", c10::make_intrusive<c10d::TCPStore>("127.0.0.1", co));
-      auto o = c10d::ProcessGroupGloo::Options::create();
-      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      pgs[r] = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, size, o);
-    });
-  }
-  for (auto& t : threads) t.join();
-  const int64_t total = flat.numel();
-  std::vector<at::Tensor> dst(size);
-  dst[0] = flat;
-  for (int r = 1; r < size; ++r) dst[r] = torch::empty({total}, torch::kUInt8);
-  auto run = [&](int r) {
-    std::vector<c10::intrusive_ptr<c10d::Work>> in_flight;
-    for (int64_t off = 0; off < total; off += bucket) {
-      if (in_flight.size() == 2) {
-        in_flight.front()->wait();
-        in_flight.erase(in_flight.begin());
-      }
-      std::vector<at::Tensor> v{dst[r].narrow(0, off, std::min(bucket, total - off))};
-      in_flight.push_back(pgs[r]->broadcast(v));
+// ---- tcp: plain loopback sockets ----
+class TcpCopy {
+ public:
+  TcpCopy(const at::Tensor& flat, int clients) : flat_(flat) {
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(listener, clients) != 0 ||
+        ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      std::perror("tcp: listen");
+      std::exit(1);
     }
-    for (auto& w : in_flight) w->wait();
-  };
-  std::vector<double> times;
-  for (int rep = 0; rep < reps + 1; ++rep) {
+    for (int c = 0; c < clients; ++c) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+        std::perror("tcp: connect");
+        std::exit(1);
+      }
+      recv_fds_.push_back(fd);
+      const int s = ::accept(listener, nullptr, nullptr);
+      if (s < 0) {
+        std::perror("tcp: accept");
+        std::exit(1);
+      }
+      send_fds_.push_back(s);
+      at::Tensor buf = torch::empty({flat.numel()}, torch::kUInt8);
+      buf.zero_();  // touch every page before the clock starts
+      bufs_.push_back(buf);
+    }
+    ::close(listener);
+  }
+  ~TcpCopy() {
+    for (int fd : send_fds_) ::close(fd);
+    for (int fd : recv_fds_) ::close(fd);
+  }
+
+  double run() {
+    const int64_t total = flat_.numel();
     const auto start = Clock::now();
-    threads.clear();
-    for (int r = 0; r < size; ++r) threads.emplace_back(run, r);
+    std::vector<std::thread> readers;
+    for (size_t c = 0; c < recv_fds_.size(); ++c) {
+      readers.emplace_back([this, c, total] {
+        char* dst = static_cast<char*>(bufs_[c].data_ptr());
+        for (int64_t got = 0; got < total;) {
+          const ssize_t n = ::read(recv_fds_[c], dst + got, std::min(kChunk, total - got));
+          if (n <= 0) {
+            std::perror("tcp: read");
+            std::exit(1);
+          }
+          got += n;
+        }
+      });
+    }
+    const char* src = static_cast<const char*>(flat_.data_ptr());
+    for (int64_t off = 0; off < total; off += kChunk) {
+      const int64_t n = std::min(kChunk, total - off);
+      for (int fd : send_fds_) {
+        for (int64_t sent = 0; sent < n;) {
+          const ssize_t w = ::write(fd, src + off + sent, n - sent);
+          if (w <= 0) {
+            std::perror("tcp: write");
+            std::exit(1);
+          }
+          sent += w;
+        }
+      }
+    }
+    for (auto& t : readers) t.join();
+    return seconds_since(start);
+  }
+
+  void check_bytes() const {
+    for (size_t c = 0; c < bufs_.size(); ++c) {
+      if (!torch::equal(bufs_[c], flat_))
+        std::fprintf(stderr, "tcp: client %zu got other bytes\n", c);
+    }
+  }
+
+ private:
+  static constexpr int64_t kChunk = int64_t{4} << 20;
+  at::Tensor flat_;
+  std::vector<int> send_fds_, recv_fds_;
+  std::vector<at::Tensor> bufs_;
+};
+
+// ---- gloo: c10d Gloo broadcast of the flat bytes ----
+class GlooBroadcast {
+ public:
+  GlooBroadcast(const at::Tensor& flat, int clients, int64_t bucket)
+      : flat_(flat), bucket_(bucket), size_(clients + 1) {
+    c10d::TCPStoreOptions so;
+    so.port = 0;
+    so.isServer = true;
+    so.waitWorkers = false;
+    server_ = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+    pgs_.resize(size_);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size_; ++r) {
+      threads.emplace_back([&, r] {
+        c10d::TCPStoreOptions co;
+        co.port = server_->getPort();
+        co.waitWorkers = false;
+        auto store = c10::make_intrusive<c10d::PrefixStore>(
+            "raw", c10::make_intrusive<c10d::TCPStore>("127.0.0.1", co));
+        auto o = c10d::ProcessGroupGloo::Options::create();
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        pgs_[r] = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, size_, o);
+      });
+    }
     for (auto& t : threads) t.join();
-    if (rep > 0) times.push_back(seconds_since(start));  // the first one warms the pairs
+    dst_.resize(size_);
+    dst_[0] = flat;
+    for (int r = 1; r < size_; ++r) {
+      dst_[r] = torch::empty({flat.numel()}, torch::kUInt8);
+      dst_[r].zero_();
+    }
   }
-  for (int r = 1; r < size; ++r) {
-    if (!torch::equal(dst[r], flat)) std::fprintf(stderr, "raw: client %d got other bytes\n", r);
+
+  double run() {
+    const int64_t total = flat_.numel();
+    auto rank = [&](int r) {
+      std::vector<c10::intrusive_ptr<c10d::Work>> in_flight;
+      for (int64_t off = 0; off < total; off += bucket_) {
+        if (in_flight.size() == 2) {
+          in_flight.front()->wait();
+          in_flight.erase(in_flight.begin());
+        }
+        std::vector<at::Tensor> v{dst_[r].narrow(0, off, std::min(bucket_, total - off))};
+        in_flight.push_back(pgs_[r]->broadcast(v));
+      }
+      for (auto& w : in_flight) w->wait();
+    };
+    const auto start = Clock::now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size_; ++r) threads.emplace_back(rank, r);
+    for (auto& t : threads) t.join();
+    return seconds_since(start);
   }
-  return median(times);
-}
+
+  void check_bytes() const {
+    for (int r = 1; r < size_; ++r) {
+      if (!torch::equal(dst_[r], flat_))
+        std::fprintf(stderr, "gloo: client %d got other bytes\n", r);
+    }
+  }
+
+ private:
+  at::Tensor flat_;
+  int64_t bucket_;
+  int size_;
+  c10::intrusive_ptr<c10d::TCPStore> server_;
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroupGloo>> pgs_;
+  std::vector<at::Tensor> dst_;
+};
 
 // ---- relay: WeightSyncServer -> WeightSyncClient ----
-double relay_broadcast(const WeightSnapshot& snap, int clients, int64_t bucket, int reps) {
-  WeightSyncServerOptions so;
-  so.bucket_bytes = bucket;
-  so.timeout = std::chrono::seconds(60);
-  auto server = check(WeightSyncServer::start(so), "WeightSyncServer::start");
-  std::vector<std::unique_ptr<WeightSyncClient>> cs;
-  for (int c = 0; c < clients; ++c) {
-    WeightSyncClientOptions o;
-    o.endpoint = server->endpoint();
-    o.member_name = "bench-" + std::to_string(c);
-    o.timeout = std::chrono::seconds(60);
-    cs.push_back(check(WeightSyncClient::connect(o), "WeightSyncClient::connect"));
-  }
-  std::vector<double> times;
-  for (int rep = 0; rep < reps + 1; ++rep) {
-    std::vector<std::thread> threads;
-    std::vector<ReceivedVersion> got(clients);
+class RelayBroadcast {
+ public:
+  RelayBroadcast(const WeightSnapshot& snap, int clients, int64_t bucket) : snap_(snap) {
+    WeightSyncServerOptions so;
+    so.bucket_bytes = bucket;
+    so.timeout = std::chrono::seconds(60);
+    server_ = check(WeightSyncServer::start(so), "WeightSyncServer::start");
     for (int c = 0; c < clients; ++c) {
-      threads.emplace_back([&, c] { got[c] = check(cs[c]->receive(nullptr), "receive"); });
+      WeightSyncClientOptions o;
+      o.endpoint = server_->endpoint();
+      o.member_name = "bench-" + std::to_string(c);
+      o.timeout = std::chrono::seconds(60);
+      clients_.push_back(check(WeightSyncClient::connect(o), "WeightSyncClient::connect"));
+    }
+  }
+
+  double run() {
+    const int n = static_cast<int>(clients_.size());
+    std::vector<std::thread> threads;
+    std::vector<ReceivedVersion> got(n);
+    for (int c = 0; c < n; ++c) {
+      threads.emplace_back([&, c] { got[c] = check(clients_[c]->receive(nullptr), "receive"); });
     }
     const auto start = Clock::now();
-    BroadcastReport report = check(server->broadcast(snap), "broadcast");
+    BroadcastReport report = check(server_->broadcast(snap_), "broadcast");
     for (auto& t : threads) t.join();
     const double s = seconds_since(start);
-    if (rep > 0) times.push_back(s);  // the first one forms the group
-    if (report.members != clients || got[0].manifest.digest != snap.manifest.digest) {
+    if (report.members != n || got[0].manifest.digest != snap_.manifest.digest) {
       std::fprintf(stderr, "relay: %d members, digest mismatch\n", report.members);
     }
+    return s;  // `got` goes here: the clients receive the next version into the same buffer
   }
-  return median(times);
-}
+
+ private:
+  const WeightSnapshot& snap_;
+  std::unique_ptr<WeightSyncServer> server_;
+  std::vector<std::unique_ptr<WeightSyncClient>> clients_;
+};
 
 // ---- grpc: FetchWeights from a real TrainerService ----
-double grpc_fetch(WeightPublisher& publisher, int clients, int reps) {
-  const std::string dir = std::filesystem::temp_directory_path().string() +
-                          "/relay_weight_sync_bench_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
-  store::StoreOptions so;
-  so.path = dir;
-  auto rollouts = check(store::RolloutStore::open(so), "RolloutStore::open");
-  auto dispenser = check(store::PromptDispenser::open(rollouts.get(), store::DispenserOptions{}),
-                         "PromptDispenser::open");
-  TrainerService service(
-      TrainerServiceOptions{}, rollouts.get(), dispenser.get(), &publisher,
-      [](int64_t, int) -> StatusOr<PromptContent> { return PromptContent{}; }, [] { return 1; });
-  auto rpc = check(RpcServer::start(ServerOptions{}, {service.worker_service()}), "RpcServer");
-  std::vector<std::unique_ptr<TrainerClient>> cs;
-  for (int c = 0; c < clients; ++c) {
-    ClientOptions o;
-    o.address = "127.0.0.1:" + std::to_string(rpc->port());
-    o.timeout_ms = 120000;
-    cs.push_back(check(TrainerClient::connect(o), "TrainerClient::connect"));
+class GrpcFetch {
+ public:
+  GrpcFetch(WeightPublisher& publisher, int clients)
+      : dir_(std::filesystem::temp_directory_path().string() + "/relay_weight_sync_bench_" +
+             std::to_string(::getpid())) {
+    std::filesystem::remove_all(dir_);
+    store::StoreOptions so;
+    so.path = dir_;
+    rollouts_ = check(store::RolloutStore::open(so), "RolloutStore::open");
+    dispenser_ = check(store::PromptDispenser::open(rollouts_.get(), store::DispenserOptions{}),
+                       "PromptDispenser::open");
+    service_ = std::make_unique<TrainerService>(
+        TrainerServiceOptions{}, rollouts_.get(), dispenser_.get(), &publisher,
+        [](int64_t, int) -> StatusOr<PromptContent> { return PromptContent{}; }, [] { return 1; });
+    rpc_ = check(RpcServer::start(ServerOptions{}, {service_->worker_service()}), "RpcServer");
+    for (int c = 0; c < clients; ++c) {
+      ClientOptions o;
+      o.address = "127.0.0.1:" + std::to_string(rpc_->port());
+      o.timeout_ms = 120000;
+      clients_.push_back(check(TrainerClient::connect(o), "TrainerClient::connect"));
+    }
   }
-  std::vector<double> times;
-  for (int rep = 0; rep < reps; ++rep) {
+  ~GrpcFetch() {
+    rpc_->shutdown();
+    rpc_.reset();
+    service_.reset();
+    dispenser_.reset();
+    rollouts_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  double run() {
     std::vector<std::thread> threads;
     const auto start = Clock::now();
-    for (int c = 0; c < clients; ++c) {
-      threads.emplace_back([&, c] { check(cs[c]->fetch_weights("bench", 1), "fetch_weights"); });
+    for (size_t c = 0; c < clients_.size(); ++c) {
+      threads.emplace_back(
+          [&, c] { check(clients_[c]->fetch_weights("bench", 1), "fetch_weights"); });
     }
     for (auto& t : threads) t.join();
-    times.push_back(seconds_since(start));
+    return seconds_since(start);
   }
-  rpc->shutdown();
-  std::filesystem::remove_all(dir);
-  return median(times);
-}
+
+ private:
+  std::string dir_;
+  std::unique_ptr<store::RolloutStore> rollouts_;
+  std::unique_ptr<store::PromptDispenser> dispenser_;
+  std::unique_ptr<TrainerService> service_;
+  std::unique_ptr<RpcServer> rpc_;
+  std::vector<std::unique_ptr<TrainerClient>> clients_;
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int64_t> clients = {1, 2};
-  std::vector<int64_t> buckets_mb = {64};
-  int reps = 3;
+  std::vector<int64_t> buckets_mb = {64, 8};
+  int reps = 5;
   bool grpc = true;
+  bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--clients" && i + 1 < argc) {
@@ -288,15 +444,23 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--skip-grpc") {
       grpc = false;
+    } else if (a == "--quick") {
+      clients = {1};
+      buckets_mb = {64};
+      reps = 3;
+    } else if (a == "--json") {
+      json = true;
     } else {
       std::fprintf(stderr,
-                   "usage: weight_sync_bench [--clients 1,2] [--bucket-mb 64] [--reps 3] "
-                   "[--skip-grpc]\n");
-      return 2;
+                   "usage: weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] "
+                   "[--skip-grpc] [--quick] [--json]\n");
+      return a == "--help" ? 0 : 2;
     }
   }
+  std::FILE* out = json ? stderr : stdout;  // the human-readable table
   spdlog::set_level(spdlog::level::warn);
   torch::set_num_threads(1);
+  const auto begin = Clock::now();
 
   WeightPublisher publisher;
   auto snap = qwen2_100m_snapshot(publisher);
@@ -306,33 +470,76 @@ int main(int argc, char** argv) {
     std::memcpy(static_cast<char*>(flat.data_ptr()) + off, data, n);
     return true;
   });
-  std::printf("qwen2-100m: %zu tensors, %.1f MB fp32; loopback, %u cores, median of %d\n",
-              snap->tensors.size(), gb * 1e3, std::thread::hardware_concurrency(), reps);
-  for (int64_t mb : buckets_mb) cpu_costs(*snap, mb << 20, reps);
+  std::fprintf(out, "qwen2-100m: %zu tensors, %.1f MB fp32; loopback, %u cores, median of %d\n",
+               snap->tensors.size(), gb * 1e3, std::thread::hardware_concurrency(), reps);
+  for (int64_t mb : buckets_mb) cpu_costs(*snap, mb << 20, reps, out, json);
   const double apply = engine_apply_seconds(*snap, reps);
-  std::printf("engine: staging and applying a version takes %.3f s\n", apply);
-  std::printf("%-6s %7s %9s %9s %8s %7s\n", "mode", "clients", "bucket", "seconds", "GB/s",
-              "ratio");
-  for (int64_t c : clients) {
-    for (int64_t mb : buckets_mb) {
-      const int64_t bucket = mb << 20;
-      const double raw = raw_broadcast(flat, static_cast<int>(c), bucket, reps);
-      const double rel = relay_broadcast(*snap, static_cast<int>(c), bucket, reps);
-      std::printf("%-6s %7lld %6lld MB %9.3f %8.2f %7.2f\n", "raw", (long long)c, (long long)mb,
-                  raw, gb / raw, 1.0);
-      std::printf("%-6s %7lld %6lld MB %9.3f %8.2f %7.2f\n", "relay", (long long)c, (long long)mb,
-                  rel, gb / rel, raw / rel);
-      if (grpc && mb == buckets_mb.front()) {
-        const double g = grpc_fetch(publisher, static_cast<int>(c), reps);
-        std::printf("%-6s %7lld %9s %9.3f %8.2f %7.2f\n", "grpc", (long long)c, "4 MB chunks", g,
-                    gb / g, raw / g);
-        std::printf(
-            "  pause of a worker's generation loop per version: broadcast %.3f s "
-            "(apply only), fetch %.3f s (fetch + apply)\n",
-            apply, g + apply);
-      }
-      std::fflush(stdout);
-    }
+  std::fprintf(out, "engine: staging and applying a version (nothing in flight) takes %.3f s\n",
+               apply);
+  if (json) {
+    relay::bench::JsonRow("weight_sync").add("mode", "engine_apply").add("seconds", apply).print();
   }
+  std::fprintf(out, "%-6s %7s %11s %9s %8s %7s %7s\n", "mode", "clients", "bucket", "seconds",
+               "GB/s", "vs tcp", "vs gloo");
+  for (int64_t c : clients) {
+    const int n = static_cast<int>(c);
+    // Every mode's set-up first, then repetitions that run each once in turn.
+    TcpCopy tcp(flat, n);
+    std::vector<std::unique_ptr<GlooBroadcast>> gloo;
+    std::vector<std::unique_ptr<RelayBroadcast>> relay_bc;
+    for (int64_t mb : buckets_mb) {
+      gloo.push_back(std::make_unique<GlooBroadcast>(flat, n, mb << 20));
+      relay_bc.push_back(std::make_unique<RelayBroadcast>(*snap, n, mb << 20));
+    }
+    std::unique_ptr<GrpcFetch> fetch;
+    if (grpc) fetch = std::make_unique<GrpcFetch>(publisher, n);
+    std::vector<double> t_tcp, t_fetch;
+    std::vector<std::vector<double>> t_gloo(buckets_mb.size()), t_relay(buckets_mb.size());
+    for (int rep = 0; rep < reps + 1; ++rep) {
+      const bool timed = rep > 0;
+      const double a = tcp.run();
+      if (timed) t_tcp.push_back(a);
+      for (size_t b = 0; b < buckets_mb.size(); ++b) {
+        const double g = gloo[b]->run();
+        const double r = relay_bc[b]->run();
+        if (timed) t_gloo[b].push_back(g), t_relay[b].push_back(r);
+      }
+      if (fetch) {
+        const double f = fetch->run();
+        if (timed) t_fetch.push_back(f);
+      }
+    }
+    tcp.check_bytes();
+    for (auto& g : gloo) g->check_bytes();
+    const double base = median(t_tcp);
+    auto row = [&](const char* mode, const std::string& bucket, double s, double gloo_s) {
+      std::fprintf(out, "%-6s %7d %11s %9.3f %8.2f %7.2f %7s\n", mode, n, bucket.c_str(), s, gb / s,
+                   base / s, gloo_s > 0 ? absl::StrFormat("%.2f", gloo_s / s).c_str() : "-");
+      if (json) {
+        relay::bench::JsonRow j("weight_sync");
+        j.add("mode", mode).add("clients", n).add("bucket", bucket).add("seconds", s);
+        j.add("gb_per_s", gb / s).add("vs_tcp", base / s);
+        if (gloo_s > 0) j.add("vs_gloo", gloo_s / s);
+        j.add("reps", reps).print();
+      }
+    };
+    row("tcp", "4 MB writes", base, 0);
+    for (size_t b = 0; b < buckets_mb.size(); ++b) {
+      const std::string bucket = std::to_string(buckets_mb[b]) + " MB";
+      const double g = median(t_gloo[b]);
+      row("gloo", bucket, g, g);
+      row("relay", bucket, median(t_relay[b]), g);
+    }
+    if (fetch) {
+      const double f = median(t_fetch);
+      row("grpc", "4 MB chunks", f, median(t_gloo[0]));
+      std::fprintf(out,
+                   "  a worker's generation loop per version: broadcast %.3f s (apply only), "
+                   "fetch %.3f s (fetch + apply)\n",
+                   apply, f + apply);
+    }
+    std::fflush(out);
+  }
+  std::fprintf(out, "weight_sync_bench: %.0f s\n", seconds_since(begin));
   return 0;
 }

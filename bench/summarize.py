@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Prints the markdown summary of one scripts/bench.sh run.
+
+    bench/summarize.py OUT_DIR QUICK SECONDS
+
+OUT_DIR holds machine.json, ran.txt ("NAME SECONDS STATUS" lines) and each
+program's output: NAME.out (JSON lines, or one JSON array) and e2e.json.
+Standard library only. Every figure comes from those files; nothing here is
+a constant measured elsewhere.
+"""
+
+import datetime
+import json
+import os
+import sys
+
+
+def rows_of(path):
+    """JSON objects in a file of JSON lines or one JSON array; [] if none."""
+    if not os.path.exists(path):
+        return []
+    text = open(path).read().strip()
+    if text.startswith("["):
+        try:
+            return [r for r in json.loads(text) if isinstance(r, dict)]
+        except ValueError:
+            return []
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def num(x, spec=",.0f"):
+    return "-" if x is None else format(x, spec)
+
+
+def ratio(x):
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def pick(rows, **match):
+    for r in rows:
+        if all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def main():
+    out_dir, quick, seconds = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+    machine = json.load(open(os.path.join(out_dir, "machine.json")))
+    ran = {}
+    for line in open(os.path.join(out_dir, "ran.txt")):
+        name, secs, status = line.rstrip("\n").split(" ", 2)
+        ran[name] = (int(secs), status)
+    load_after = open("/proc/loadavg").read().split()[:3]
+
+    table = []  # (area, figure, value, baseline, ratio)
+
+    # Decode throughput (rollout_bench).
+    decode = rows_of(os.path.join(out_dir, "decode.out"))
+    for model in ("qwen2-100m", "tiny"):
+        batches = sorted({r["batch"] for r in decode if r.get("model") == model})
+        if model == "tiny" and batches:
+            batches = batches[-1:]
+        for b in batches:
+            e = pick(decode, model=model, bench="kv", batch=b, mode="engine")
+            base = pick(decode, model=model, bench="kv", batch=b, mode="re-encode")
+            if e and base:
+                table.append(("decode", f"{model}, batch {b}: engine tokens/s",
+                              num(e["tokens_per_s"]), f"re-encode {num(base['tokens_per_s'])}",
+                              ratio(e["ratio"])))
+            c = pick(decode, model=model, bench="mixed", batch=b, mode="continuous")
+            st = pick(decode, model=model, bench="mixed", batch=b, mode="static")
+            if c and st and b > 1:
+                table.append(("decode", f"{model}, batch {b}, mixed lengths: continuous tokens/s",
+                              num(c["tokens_per_s"]), f"static batching {num(st['tokens_per_s'])}",
+                              ratio(c["ratio"])))
+
+    # Store and ingest.
+    store = rows_of(os.path.join(out_dir, "store.out"))
+    raw = pick(store, path="raw file")
+    s = pick(store, path="store")
+    if raw and s:
+        table.append(("store", "RolloutStore::append, fsync'd: groups/s", num(s["groups_per_s"]),
+                      f"file append + fdatasync {num(raw['groups_per_s'])}", ratio(s["vs_raw"])))
+    ingest = rows_of(os.path.join(out_dir, "ingest.out"))
+    base = pick(ingest, path="store (fsync)")
+    grpc = [r for r in ingest if r.get("path") == "grpc (fsync)"]
+    for r in sorted(grpc, key=lambda r: (r["batch"], r["clients"])):
+        if r["batch"] == max(g["batch"] for g in grpc):
+            table.append(("ingest", f"gRPC, durable, {r['clients']} client(s) x {r['batch']} "
+                          "groups/stream: groups/s", num(r["groups_per_s"]),
+                          f"store alone, fsync'd {num(base['groups_per_s']) if base else '-'}",
+                          ratio(r["vs_store"])))
+
+    # Weight sync.
+    ws = rows_of(os.path.join(out_dir, "weight_sync.out"))
+    for c in sorted({r["clients"] for r in ws if "clients" in r}):
+        tcp = pick(ws, mode="tcp", clients=c)
+        gloo = [r for r in ws if r.get("mode") == "gloo" and r.get("clients") == c]
+        rel = [r for r in ws if r.get("mode") == "relay" and r.get("clients") == c]
+        base = f"loopback TCP {num(tcp['gb_per_s'], '.2f')}" if tcp else "-"
+        for g in gloo:
+            table.append(("weight sync", f"Gloo broadcast, {c} client(s), {g['bucket']}: GB/s",
+                          num(g["gb_per_s"], ".2f"), base, ratio(g["vs_tcp"])))
+        for r in rel:
+            table.append(("weight sync", f"relay broadcast, {c} client(s), {r['bucket']}: GB/s",
+                          num(r["gb_per_s"], ".2f"), base,
+                          f"{ratio(r['vs_tcp'])} ({ratio(r.get('vs_gloo'))} of Gloo)"))
+        f = pick(ws, mode="grpc", clients=c)
+        if f:
+            table.append(("weight sync", f"gRPC fetch, {c} client(s): GB/s",
+                          num(f["gb_per_s"], ".2f"), base,
+                          f"{ratio(f['vs_tcp'])} ({ratio(f.get('vs_gloo'))} of Gloo)"))
+
+    # Version switch.
+    for r in rows_of(os.path.join(out_dir, "version_switch.out")):
+        extra = ""
+        if r.get("recomputed_tokens"):
+            extra = f", {r['recomputed_tokens']} positions re-run"
+        if r.get("dropped_tokens"):
+            extra = f", {r['dropped_tokens']} tokens dropped"
+        table.append(("version switch", f"{r['model']}, interrupt {r['interrupt']}, batch "
+                      f"{r['batch']}, {r['in_flight_tokens']} tokens in flight: pause ms{extra}",
+                      num(r["pause_ms"], ".1f"),
+                      f"decode step {num(r['decode_step_ms'], '.1f')} ms; parameter copy "
+                      f"{num(r['copy_ms'], '.1f')} ms",
+                      f"{r['pause_vs_step']:.1f} steps; {r['pause_vs_copy']:.1f}x copy"))
+
+    # End to end.
+    e2e = rows_of(os.path.join(out_dir, "e2e.json"))
+    sync = pick(e2e, bound=0)
+    for r in e2e:
+        if r["bound"] == 0:
+            continue
+        table.append(("end to end", f"arith, max_staleness {r['bound']}: samples/s (RL phase)",
+                      num(r["samples_per_s"]),
+                      f"sync (max_staleness 0) {num(sync['samples_per_s']) if sync else '-'}",
+                      ratio(r["samples_vs_sync"])))
+    for r in e2e:
+        if r["bound"] == 0:
+            continue
+        missed = f"; {r['missed']} of {r['runs']} runs never got there" if r.get("missed") else ""
+        table.append(("end to end", f"arith, max_staleness {r['bound']}: s to accuracy "
+                      f"{r['target']} (evals counted; net of them){missed}",
+                      f"{num(r['tta_s'], '.2f')} ({num(r['tta_net_s'], '.2f')})",
+                      f"sync {num(sync['tta_s'], '.2f')} ({num(sync['tta_net_s'], '.2f')})"
+                      if sync else "-",
+                      f"{ratio(r['tta_vs_sync'])} time ({ratio(r['tta_net_vs_sync'])})"))
+
+    # Programs from another branch: shown as they report themselves.
+    other = []
+    for name in ("decode_python", "trainer"):
+        rows = rows_of(os.path.join(out_dir, name + ".out"))
+        for r in rows[:12]:
+            other.append(f"- {name}: " + ", ".join(
+                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
+        if not rows and ran.get(name, (0, ""))[1] == "ok":
+            text = open(os.path.join(out_dir, name + ".out")).read().strip().splitlines()
+            other += [f"    {line}" for line in text[-15:]]
+
+    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    print(f"## relay benchmarks ({'quick' if quick else 'full'} pass, {when}, "
+          f"{seconds} s of benchmarking)")
+    print()
+    print(f"Machine: {machine['cpu']}, {machine['cores']} cores "
+          f"({machine['threads_per_core']} thread(s) per core), {machine['memory_gib']} GiB; "
+          f"{machine['os']}; {machine['compiler']}; LibTorch {machine['torch']}; "
+          f"BLAS {machine['blas']}. Load average (1/5/15 min) before "
+          f"{' '.join(machine['load_before'])}, after {' '.join(load_after)}.")
+    print()
+    print("| area | figure (median of the program's repetitions) | value | baseline, same run "
+          "| ratio |")
+    print("|---|---|---:|---|---:|")
+    for row in table:
+        print("| " + " | ".join(row) + " |")
+    print()
+    print("Programs: " + "; ".join(f"{n} {s} s {st}" if st == "ok" else f"{n}: {st}"
+                                   for n, (s, st) in ran.items()) + ".")
+    if other:
+        print()
+        print("Other benchmarks, as reported:")
+        print("\n".join(other))
+
+
+if __name__ == "__main__":
+    main()
