@@ -1,14 +1,19 @@
 #pragma once
 
-// What the benchmarks share: timing helpers, the qwen2-100m shape, and a
-// synthetic scored trajectory group that passes submission validation.
-// Header-only; each bench is one translation unit.
+// What the benchmarks share: command-line and timing helpers, OpenBLAS's
+// thread count, the qwen2-100m shape, and a synthetic scored trajectory group
+// that passes submission validation. Header-only; each bench is one
+// translation unit.
+
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "relay/model/policy_config.h"
@@ -25,6 +30,64 @@ inline double seconds_since(Clock::time_point t0) {
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Median seconds of `reps` calls of f, after one untimed call.
+template <typename F>
+double time_median(int reps, F f) {
+  f();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = Clock::now();
+    f();
+    t.push_back(seconds_since(start));
+  }
+  return median(t);
+}
+
+// A pause before a timed run that follows another process's work: OpenBLAS's
+// idle workers yield-spin for a while after each call, on the same cores.
+inline void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
+
+// --name VALUE, or nullptr.
+inline const char* flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  }
+  return nullptr;
+}
+
+inline bool has(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return true;
+  }
+  return false;
+}
+
+// "a,b,,c" -> {"a", "b", "c"}
+inline std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// OpenBLAS keeps its own pthread pool next to LibTorch's OpenMP one. It is
+// whatever libblas.so.3 resolves to at run time, so its setter is looked up,
+// not linked. Sets it when set > 0; returns the count, -1 when the BLAS is
+// not OpenBLAS.
+inline int blas_threads(int set) {
+  using Set = void (*)(int);
+  using Get = int (*)();
+  auto set_fn = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  auto get_fn = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (set > 0 && set_fn) set_fn(set);
+  return get_fn ? get_fn() : -1;
 }
 
 // A ~100M-parameter Qwen2 (100,108,032 parameters): 12 layers, hidden 768,
