@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -43,6 +44,28 @@ double time_median(int reps, F f) {
     t.push_back(seconds_since(start));
   }
   return median(t);
+}
+
+// Least seconds of `reps` calls of f, after one untimed call: for a bound,
+// which interference from other processes can only lower.
+template <typename F>
+double time_best(int reps, F f) {
+  f();
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = Clock::now();
+    f();
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+// "0.91-1.02 s": the spread of repeated timings, for a notes column.
+inline std::string spread(const std::vector<double>& t) {
+  const auto [lo, hi] = std::minmax_element(t.begin(), t.end());
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "runs %.3g-%.3g s", *lo, *hi);
+  return buf;
 }
 
 // A pause before a timed run that follows another process's work: OpenBLAS's

@@ -89,7 +89,8 @@ using relay::bench::measure_limits;
 using relay::bench::median;
 using relay::bench::settle;
 using relay::bench::split;
-using relay::bench::time_median;
+using relay::bench::spread;
+using relay::bench::time_best;
 using relay::model::Policy;
 using relay::model::PolicyConfig;
 using relay::rollout::Engine;
@@ -456,7 +457,7 @@ double step_gemm_seconds(Policy& p, int64_t B, int reps) {
   const std::vector<at::Tensor> ws = step_matrices(p);
   std::vector<at::Tensor> xs;
   for (const at::Tensor& w : ws) xs.push_back(torch::randn({B, w.size(1)}));
-  return time_median(reps, [&] {
+  return time_best(reps, [&] {
     for (size_t i = 0; i < ws.size(); ++i) torch::nn::functional::linear(xs[i], ws[i]);
   });
 }
@@ -475,9 +476,20 @@ double kv_python(relay::bench::PythonRef& py, const Tokens& prompts, int64_t N) 
   return reply.at("seconds").get<double>();
 }
 
+// What a bound row needs; the rows are made at the end of the run, from the
+// machine's limits measured at its start and end (the better of the two).
+struct PendingBound {
+  std::string model;
+  int64_t batch = 0, tokens = 0, steps = 0;
+  double flops_per_token = 0;  // 2 x matmul parameters + attention at the mean context
+  double weight_bytes = 0;     // read once per decode step
+  double gemm_step_s = 0;      // one step's weight GEMMs, best of several
+  double engine_s = 0;
+};
+
 void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
-              relay::bench::PythonRef& py, const MachineLimits& lim, const std::string& check,
-              std::vector<Row>* rows) {
+              relay::bench::PythonRef& py, const std::string& check, std::vector<Row>* rows,
+              std::vector<PendingBound>* bounds) {
   const int64_t P = w.prompt_len;
   const Tokens prompts = random_prompts(B, P, w.config.vocab_size, 1000 + B);
   Tokens warm, b, c;
@@ -496,37 +508,53 @@ void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   }
   const int64_t tokens = B * N;
   const double base = median(tp);
-  auto row = [&](const char* bench, const char* mode, double secs, std::string notes) {
-    rows->push_back({w.name, bench, mode, B, tokens, secs, base / secs, std::move(notes)});
+  auto row = [&](const char* mode, double secs, std::string notes) {
+    rows->push_back({w.name, "py", mode, B, tokens, secs, base / secs, std::move(notes)});
   };
-  row("py", "python", base, "P=" + std::to_string(P) + " N=" + std::to_string(N) + ", " + check);
-  row("py", "extend", median(te), "");
+  row("python", base,
+      "P=" + std::to_string(P) + " N=" + std::to_string(N) + ", " + spread(tp) + ", " + check);
+  row("extend", median(te), spread(te));
   const double engine = median(tg);
-  row("py", "engine", engine, "steps " + std::to_string(steps));
+  row("engine", engine, spread(tg) + ", steps " + std::to_string(steps));
 
-  // The limit for the same tokens. The ratio column of these rows is the
-  // engine's tokens/s over the bound's.
+  PendingBound pb;
+  pb.model = w.name;
+  pb.batch = B;
+  pb.tokens = tokens;
+  pb.steps = N;
   const PolicyConfig& cfg = w.config;
   double matmul_params = 0;
   for (const at::Tensor& m : step_matrices(p)) matmul_params += m.numel();
   const double ctx = P + N / 2.0;
-  const double flops = 2.0 * matmul_params + 4.0 * cfg.num_hidden_layers * ctx *
+  pb.flops_per_token = 2.0 * matmul_params + 4.0 * cfg.num_hidden_layers * ctx *
                                                  cfg.num_attention_heads * cfg.resolved_head_dim();
-  const double weight_bytes = 4.0 * matmul_params;
-  const double compute_s = B * flops / (lim.peak_gflops * 1e9);
-  const double memory_s = weight_bytes / (lim.bandwidth() * 1e9);
-  const double roofline_s = std::max(compute_s, memory_s) * N;  // N steps of B tokens
-  const double gemm_s = step_gemm_seconds(p, B, B >= 64 ? 3 : 5) * N;
-  auto bound = [&](const char* mode, double secs, std::string notes) {
-    rows->push_back({w.name, "bound", mode, B, tokens, secs, secs / engine, std::move(notes)});
-  };
-  bound("roofline", roofline_s,
-        fmt("%.3g MFLOP/token, peak %.0f GFLOP/s, %.3g MB at %.1f GB/s: ", flops / 1e6,
-            lim.peak_gflops, weight_bytes / 1e6, lim.bandwidth()) +
+  pb.weight_bytes = 4.0 * matmul_params;
+  pb.gemm_step_s = step_gemm_seconds(p, B, 5);
+  pb.engine_s = engine;
+  bounds->push_back(pb);
+}
+
+// The limit for the same tokens; the ratio column of these rows is the
+// engine's tokens/s over the bound's.
+void bound_rows(const std::vector<PendingBound>& bounds, const MachineLimits& lim,
+                std::vector<Row>* rows) {
+  for (const PendingBound& b : bounds) {
+    const double compute_s = b.batch * b.flops_per_token / (lim.peak_gflops * 1e9);
+    const double memory_s = b.weight_bytes / (lim.bandwidth() * 1e9);
+    const double roofline_s = std::max(compute_s, memory_s) * b.steps;
+    const double gemm_s = b.gemm_step_s * b.steps;
+    auto row = [&](const char* mode, double secs, std::string notes) {
+      rows->push_back(
+          {b.model, "bound", mode, b.batch, b.tokens, secs, secs / b.engine_s, std::move(notes)});
+    };
+    row("roofline", roofline_s,
+        fmt("%.3g MFLOP/token, peak %.0f GFLOP/s, %.3g MB at %.1f GB/s: ", b.flops_per_token / 1e6,
+            lim.peak_gflops, b.weight_bytes / 1e6, lim.bandwidth()) +
             (compute_s >= memory_s ? "compute-bound" : "memory-bound"));
-  bound("gemm-only", gemm_s,
-        fmt("one step's weight GEMMs %.2f ms = %.1f GFLOP/s", 1e3 * gemm_s / N,
-            B * 2.0 * matmul_params * N / gemm_s / 1e9));
+    row("gemm-only", gemm_s,
+        fmt("one step's weight GEMMs %.2f ms = %.1f GFLOP/s", 1e3 * b.gemm_step_s,
+            b.batch * b.weight_bytes / 2.0 / b.gemm_step_s / 1e9));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -601,6 +629,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<relay::bench::TempDir> scratch;
   std::unique_ptr<relay::bench::PythonRef> py;
   MachineLimits limits;
+  std::vector<PendingBound> bounds;
   if (do_py) {
     scratch = std::make_unique<relay::bench::TempDir>();
     py = std::make_unique<relay::bench::PythonRef>(
@@ -650,13 +679,19 @@ int main(int argc, char** argv) {
       if (do_kv) bench_kv(w, policy, B, reps, w.new_tokens, &rows);
       if (do_mixed) bench_mixed(w, policy, B, reps, &rows);
       if (do_py) {
-        // At least 3 repetitions each (a median), unless asked otherwise.
-        const int py_reps = quick || reps_flag ? reps : std::max(reps, 3);
-        bench_py(w, policy, B, py_reps, w.new_tokens, *py, limits, check, &rows);
+        // At least 5 repetitions each (a median), unless asked otherwise.
+        const int py_reps = quick || reps_flag ? reps : std::max(reps, 5);
+        bench_py(w, policy, B, py_reps, w.new_tokens, *py, check, &rows, &bounds);
       }
       print_table({rows.begin() + first, rows.end()}, stderr);
       std::fprintf(stderr, "  (%.0f s so far)\n", since(start));
     }
+  }
+  if (do_py) {
+    limits = relay::bench::best_of(limits, measure_limits());
+    const size_t first = rows.size();
+    bound_rows(bounds, limits, &rows);
+    print_table({rows.begin() + first, rows.end()}, stderr);
   }
   if (json) {
     print_json(rows);
@@ -665,8 +700,8 @@ int main(int argc, char** argv) {
                 TORCH_VERSION, at::get_num_threads(), blas, since(start));
     if (do_py) {
       std::printf(
-          "machine: fp32 GEMM peak %.1f GFLOP/s (2048^3); bandwidth: GEMV %.1f GB/s, copy %.1f "
-          "GB/s; python %s\n",
+          "machine (best of start and end): fp32 GEMM peak %.1f GFLOP/s (2048^3); bandwidth: GEMV "
+          "%.1f GB/s, copy %.1f GB/s; python %s\n",
           limits.peak_gflops, limits.gemv_gbs, limits.copy_gbs, py->hello().dump().c_str());
     }
     print_table(rows, stdout);
