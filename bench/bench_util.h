@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -71,6 +72,32 @@ inline std::string spread(const std::vector<double>& t) {
 // A pause before a timed run that follows another process's work: OpenBLAS's
 // idle workers yield-spin for a while after each call, on the same cores.
 inline void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
+
+// Runs every mode once per repetition, in the given order on even
+// repetitions and in reverse on odd ones (so drift falls on all alike), with
+// settle() before each run. Each mode returns its own timed seconds.
+// Returns seconds[mode][repetition].
+inline std::vector<std::vector<double>> interleave(
+    int reps, const std::vector<std::function<double()>>& modes) {
+  std::vector<std::vector<double>> t(modes.size());
+  for (int r = 0; r < reps; ++r) {
+    for (size_t k = 0; k < modes.size(); ++k) {
+      const size_t m = r % 2 == 0 ? k : modes.size() - 1 - k;
+      settle();
+      t[m].push_back(modes[m]());
+    }
+  }
+  return t;
+}
+
+// Median over repetitions of base[r] / t[r]: each run against the baseline's
+// run in the same repetition, which saw the same load. On a shared machine
+// this is steadier than the ratio of the two medians.
+inline double paired_ratio(const std::vector<double>& base, const std::vector<double>& t) {
+  std::vector<double> r;
+  for (size_t i = 0; i < std::min(base.size(), t.size()); ++i) r.push_back(base[i] / t[i]);
+  return median(r);
+}
 
 // --name VALUE, or nullptr.
 inline const char* flag(int argc, char** argv, const char* name) {

@@ -30,6 +30,9 @@
 //                     multinomial; timed inside the Python process;
 //          extend     as in kv;
 //          engine     as in kv.
+//        Runs alternate in order (python, extend, engine, then the reverse)
+//        with a 150 ms pause before each; a row's ratio is the median over
+//        repetitions of its run against the python run of the same one.
 //        and the machine's limit for the same tokens, measured in the same
 //        run (rows "bound"; their ratio is the engine's fraction of it):
 //          roofline   B / max(B F / peak, W / bw): F = decode FLOPs per token
@@ -451,7 +454,8 @@ std::vector<at::Tensor> step_matrices(Policy& p) {
 }
 
 // Seconds for one step's weight GEMMs at batch B: linear([B, in], W) for
-// every matrix in turn; the matrices (the model's own) come from memory.
+// every matrix in turn (the model's own, so they come from memory); best of
+// `reps` calls.
 double step_gemm_seconds(Policy& p, int64_t B, int reps) {
   torch::NoGradGuard no_grad;
   const std::vector<at::Tensor> ws = step_matrices(p);
@@ -498,24 +502,23 @@ void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   kv_extend(p, prompts, 2, &warm);
   kv_engine(p, prompts, 2, &warm, &steps);
 
-  std::vector<double> tp, te, tg;
-  for (int r = 0; r < reps; ++r) {  // interleaved, with a pause at each switch of process
-    settle();
-    tp.push_back(kv_python(py, prompts, N));
-    settle();
-    te.push_back(kv_extend(p, prompts, N, &b));
-    tg.push_back(kv_engine(p, prompts, N, &c, &steps));
-  }
+  // Interleaved (alternating order, a pause before each run); each ratio is
+  // the median of per-repetition ratios against that repetition's python run.
+  const auto t =
+      relay::bench::interleave(reps, {[&] { return kv_python(py, prompts, N); },
+                                      [&] { return kv_extend(p, prompts, N, &b); },
+                                      [&] { return kv_engine(p, prompts, N, &c, &steps); }});
+  const std::vector<double>&tp = t[0], &te = t[1], &tg = t[2];
   const int64_t tokens = B * N;
-  const double base = median(tp);
-  auto row = [&](const char* mode, double secs, std::string notes) {
-    rows->push_back({w.name, "py", mode, B, tokens, secs, base / secs, std::move(notes)});
+  auto row = [&](const char* mode, const std::vector<double>& secs, std::string notes) {
+    rows->push_back({w.name, "py", mode, B, tokens, median(secs),
+                     relay::bench::paired_ratio(tp, secs), std::move(notes)});
   };
-  row("python", base,
+  row("python", tp,
       "P=" + std::to_string(P) + " N=" + std::to_string(N) + ", " + spread(tp) + ", " + check);
-  row("extend", median(te), spread(te));
+  row("extend", te, spread(te));
   const double engine = median(tg);
-  row("engine", engine, spread(tg) + ", steps " + std::to_string(steps));
+  row("engine", tg, spread(tg) + ", steps " + std::to_string(steps));
 
   PendingBound pb;
   pb.model = w.name;
@@ -679,8 +682,9 @@ int main(int argc, char** argv) {
       if (do_kv) bench_kv(w, policy, B, reps, w.new_tokens, &rows);
       if (do_mixed) bench_mixed(w, policy, B, reps, &rows);
       if (do_py) {
-        // At least 5 repetitions each (a median), unless asked otherwise.
-        const int py_reps = quick || reps_flag ? reps : std::max(reps, 5);
+        // At least 5 repetitions each (9 for tiny, whose runs take ms) (a median), unless asked
+        // otherwise.
+        const int py_reps = quick || reps_flag ? reps : std::max(reps, w.name == "tiny" ? 9 : 5);
         bench_py(w, policy, B, py_reps, w.new_tokens, *py, check, &rows, &bounds);
       }
       print_table({rows.begin() + first, rows.end()}, stderr);

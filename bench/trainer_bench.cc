@@ -26,6 +26,10 @@
 //            implementations compute them). Its ratio is the trainer's
 //            fraction of it.
 //
+// Runs alternate in order (python, core, trainer, then the reverse) with a
+// 150 ms pause before each; a row's ratio is the median over repetitions of
+// its run against the python run of the same repetition.
+//
 // Each side's first step (untimed) starts from the same weights and must
 // report the same loss and gradient norm (before clipping); the benchmark
 // fails if python or Trainer::step disagrees with the core loop.
@@ -49,6 +53,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -84,7 +89,8 @@ struct Shape {
 struct Row {
   std::string model, shape, mode;
   int64_t tokens = 0;
-  double seconds = 0, ratio = 1;  // ratio: tokens/s over the python row's (bound: trainer's / it)
+  double seconds = 0;  // median
+  double ratio = 1;    // median per-repetition speed over python's (bound: the trainer's / it)
   std::string notes;
 };
 
@@ -257,28 +263,33 @@ void bench_shape(const std::string& model_name, Policy& init, const std::string&
   const auto first = trainer_step();
   disagree("Trainer::step", first.at("pg_loss"), first.at("grad_norm"));
 
-  std::vector<double> tp, tc, tt;
-  for (int r = 0; r < reps; ++r) {
-    if (py != nullptr) {
-      relay::bench::settle();
-      tp.push_back(py->call({{"cmd", "train_step"}}).at("seconds").get<double>());
-      relay::bench::settle();
-    }
-    auto start = Clock::now();
-    core_step(core_policy, core_opt, in);
-    tc.push_back(seconds_since(start));
-    start = Clock::now();
-    trainer_step();
-    tt.push_back(seconds_since(start));
+  // Interleaved (alternating order, a pause before each run); each ratio is
+  // the median of per-repetition ratios against that repetition's baseline.
+  std::vector<std::function<double()>> modes;
+  if (py != nullptr) {
+    modes.push_back([&] { return py->call({{"cmd", "train_step"}}).at("seconds").get<double>(); });
   }
-  const double base = py != nullptr ? median(tp) : median(tc);
-  auto row = [&](const char* mode, double secs, std::string n) {
-    rows->push_back({model_name, s.name(), mode, tokens, secs, base / secs, std::move(n)});
+  modes.push_back([&] {
+    const auto start = Clock::now();
+    core_step(core_policy, core_opt, in);
+    return seconds_since(start);
+  });
+  modes.push_back([&] {
+    const auto start = Clock::now();
+    trainer_step();
+    return seconds_since(start);
+  });
+  const auto t = relay::bench::interleave(reps, modes);
+  const std::vector<double>& base = t[0];
+  const std::vector<double>&tc = t[t.size() - 2], &tt = t[t.size() - 1];
+  auto row = [&](const char* mode, const std::vector<double>& secs, std::string n) {
+    rows->push_back({model_name, s.name(), mode, tokens, median(secs),
+                     relay::bench::paired_ratio(base, secs), std::move(n)});
   };
-  if (py != nullptr) row("python", base, relay::bench::spread(tp) + "; " + notes);
-  row("core", median(tc), relay::bench::spread(tc) + (py != nullptr ? "" : "; " + notes));
+  if (py != nullptr) row("python", base, relay::bench::spread(base) + "; " + notes);
+  row("core", tc, relay::bench::spread(tc) + (py != nullptr ? "" : "; " + notes));
   const double trainer_s = median(tt);
-  row("trainer", trainer_s, relay::bench::spread(tt) + "; Trainer::step, bypass");
+  row("trainer", tt, relay::bench::spread(tt) + "; Trainer::step, bypass");
 
   // The step's FLOPs, for the bound.
   const PolicyConfig& cfg = core_policy->config();
