@@ -1,16 +1,22 @@
 #pragma once
 
-// What the benchmarks share: timing helpers, the qwen2-100m shape, and a
-// synthetic scored trajectory group that passes submission validation.
-// Header-only; each bench is one translation unit.
+// What the benchmarks share: command-line and timing helpers, OpenBLAS's
+// thread count, the qwen2-100m shape, and a synthetic scored trajectory group
+// that passes submission validation. Header-only; each bench is one
+// translation unit.
+
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "relay/model/policy_config.h"
@@ -43,6 +49,112 @@ inline model::PolicyConfig tiny_config() {
   t.max_position_embeddings = 128;
   t.tie_word_embeddings = true;
   return t;
+}
+
+// Median seconds of `reps` calls of f, after one untimed call.
+template <typename F>
+double time_median(int reps, F f) {
+  f();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = Clock::now();
+    f();
+    t.push_back(seconds_since(start));
+  }
+  return median(t);
+}
+
+// Least seconds of `reps` calls of f, after one untimed call: for a bound,
+// which interference from other processes can only lower.
+template <typename F>
+double time_best(int reps, F f) {
+  f();
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = Clock::now();
+    f();
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+// "0.91-1.02 s": the spread of repeated timings, for a notes column.
+inline std::string spread(const std::vector<double>& t) {
+  const auto [lo, hi] = std::minmax_element(t.begin(), t.end());
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "runs %.3g-%.3g s", *lo, *hi);
+  return buf;
+}
+
+// A pause before a timed run that follows another process's work: OpenBLAS's
+// idle workers yield-spin for a while after each call, on the same cores.
+inline void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
+
+// Runs every mode once per repetition, in the given order on even
+// repetitions and in reverse on odd ones (so drift falls on all alike), with
+// settle() before each run. Each mode returns its own timed seconds.
+// Returns seconds[mode][repetition].
+inline std::vector<std::vector<double>> interleave(
+    int reps, const std::vector<std::function<double()>>& modes) {
+  std::vector<std::vector<double>> t(modes.size());
+  for (int r = 0; r < reps; ++r) {
+    for (size_t k = 0; k < modes.size(); ++k) {
+      const size_t m = r % 2 == 0 ? k : modes.size() - 1 - k;
+      settle();
+      t[m].push_back(modes[m]());
+    }
+  }
+  return t;
+}
+
+// Median over repetitions of base[r] / t[r]: each run against the baseline's
+// run in the same repetition, which saw the same load. On a shared machine
+// this is steadier than the ratio of the two medians.
+inline double paired_ratio(const std::vector<double>& base, const std::vector<double>& t) {
+  std::vector<double> r;
+  for (size_t i = 0; i < std::min(base.size(), t.size()); ++i) r.push_back(base[i] / t[i]);
+  return median(r);
+}
+
+// --name VALUE, or nullptr.
+inline const char* flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  }
+  return nullptr;
+}
+
+inline bool has(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return true;
+  }
+  return false;
+}
+
+// "a,b,,c" -> {"a", "b", "c"}
+inline std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// OpenBLAS keeps its own pthread pool next to LibTorch's OpenMP one. It is
+// whatever libblas.so.3 resolves to at run time, so its setter is looked up,
+// not linked. Sets it when set > 0; returns the count, -1 when the BLAS is
+// not OpenBLAS.
+inline int blas_threads(int set) {
+  using Set = void (*)(int);
+  using Get = int (*)();
+  auto set_fn = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  auto get_fn = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (set > 0 && set_fn) set_fn(set);
+  return get_fn ? get_fn() : -1;
 }
 
 // A ~100M-parameter Qwen2 (100,108,032 parameters): 12 layers, hidden 768,

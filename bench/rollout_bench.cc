@@ -21,9 +21,36 @@
 //          continuous all S submitted to one engine with B slots; a finished
 //                     sequence's slot is refilled at the next step.
 //        Same seeds, so both produce the same trajectories (checked).
+// py     (with --python) the kv workload (same B, P, N) three ways:
+//          python     (baseline) bench/python/relay_ref.py: an HF-style
+//                     generate loop in plain PyTorch on the same LibTorch and
+//                     the same weights (written by relay, loaded by the
+//                     script, logits checked against relay's: the benchmark
+//                     fails above 1e-3), KV cache by torch.cat, softmax +
+//                     multinomial; timed inside the Python process;
+//          extend     as in kv;
+//          engine     as in kv.
+//        Runs alternate in order (python, extend, engine, then the reverse)
+//        with a 150 ms pause before each; a row's ratio is the median over
+//        repetitions of its run against the python run of the same one.
+//        and the machine's limit for the same tokens, measured in the same
+//        run (rows "bound"; their ratio is the engine's fraction of it):
+//          roofline   B / max(B F / peak, W / bw): F = decode FLOPs per token
+//                     (2 x matmul parameters, LM head included, + attention
+//                     at the mean context), peak = fp32 GEMM GFLOP/s of a
+//                     2048^3 matmul, W = bytes of the weight matrices read
+//                     once per step, bw = streaming bandwidth (the larger of
+//                     a 256 MB GEMV and a 256 MB copy);
+//          gemm-only  B / the time of one step's weight GEMMs alone (every
+//                     weight matrix of the model applied to [B, in], weights
+//                     streamed from memory as in decoding).
 //
-//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed]
+//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py]
+//                 [--python] [--python-exe PATH] [--python-script PATH] [--quick]
 //                 [--threads N] [--blas-threads T] [--reps R] [--prompt P] [--new N] [--json]
+//
+// --quick: fewer repetitions (tiny 3, qwen2-100m 1) for a smoke run of the
+// same rows. --only py implies --python.
 //
 // Threads default to what relay's binaries use (model::configure_threads with
 // every core: 1 intra-op thread, all cores to OpenBLAS). --threads sets
@@ -33,8 +60,6 @@
 
 #include <torch/torch.h>
 #include <torch/version.h>
-
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -48,6 +73,8 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "machine_limits.h"
+#include "python_ref.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/policy.h"
 #include "relay/model/threads.h"
@@ -56,8 +83,17 @@
 
 namespace {
 
+using relay::bench::blas_threads;
 using relay::bench::Clock;
+using relay::bench::flag;
+using relay::bench::has;
+using relay::bench::MachineLimits;
+using relay::bench::measure_limits;
 using relay::bench::median;
+using relay::bench::settle;
+using relay::bench::split;
+using relay::bench::spread;
+using relay::bench::time_best;
 using relay::model::Policy;
 using relay::model::PolicyConfig;
 using relay::rollout::Engine;
@@ -121,35 +157,6 @@ struct Row {
   double seconds = 0.0, ratio = 1.0;  // ratio = this row's tokens/s over the baseline's
   std::string notes;
 };
-
-// ---------------------------------------------------------------------------
-// Command line.
-
-const char* flag(int argc, char** argv, const char* name) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  }
-  return nullptr;
-}
-
-bool has(int argc, char** argv, const char* name) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return true;
-  }
-  return false;
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -226,18 +233,6 @@ at::Tensor draw(std::vector<SequenceRng>& streams) {
   std::vector<double> u;
   for (SequenceRng& s : streams) u.push_back(s.uniform());
   return torch::tensor(u, torch::kFloat64);
-}
-
-// OpenBLAS keeps its own pthread pool next to LibTorch's OpenMP one. It is
-// whatever libblas.so.3 resolves to at run time, so its setter is looked up,
-// not linked. Returns -1 when the BLAS is not OpenBLAS.
-int blas_threads(int set) {
-  using Set = void (*)(int);
-  using Get = int (*)();
-  auto set_fn = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  auto get_fn = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  if (set > 0 && set_fn) set_fn(set);
-  return get_fn ? get_fn() : -1;
 }
 
 void die_if(const relay::Status& s, const char* what) {
@@ -444,6 +439,128 @@ void bench_mixed(const Workload& w, Policy& p, int64_t B, int reps, std::vector<
 }
 
 // ---------------------------------------------------------------------------
+// py: relay against the plain-PyTorch loop, and the machine's limit.
+
+// The weight matrices one decode step multiplies by: every 2-D parameter but
+// an untied input embedding (a lookup); a tied embedding is the LM head.
+std::vector<at::Tensor> step_matrices(Policy& p) {
+  std::vector<at::Tensor> out;
+  for (const auto& item : p->named_parameters()) {
+    if (item.value().dim() != 2) continue;
+    if (!p->config().tie_word_embeddings && item.key() == "model.embed_tokens.weight") continue;
+    out.push_back(item.value());
+  }
+  return out;
+}
+
+// Seconds for one step's weight GEMMs at batch B: linear([B, in], W) for
+// every matrix in turn (the model's own, so they come from memory); best of
+// `reps` calls.
+double step_gemm_seconds(Policy& p, int64_t B, int reps) {
+  torch::NoGradGuard no_grad;
+  const std::vector<at::Tensor> ws = step_matrices(p);
+  std::vector<at::Tensor> xs;
+  for (const at::Tensor& w : ws) xs.push_back(torch::randn({B, w.size(1)}));
+  return time_best(reps, [&] {
+    for (size_t i = 0; i < ws.size(); ++i) torch::nn::functional::linear(xs[i], ws[i]);
+  });
+}
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), f, a, b, c, d);
+  return buf;
+}
+
+double kv_python(relay::bench::PythonRef& py, const Tokens& prompts, int64_t N) {
+  nlohmann::json reply =
+      py.call({{"cmd", "decode"}, {"prompts", prompts}, {"new", N}, {"seed", 0}});
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  if (reply.value("tokens", int64_t{0}) != B * N) relay::bench::fail("python decode: token count");
+  return reply.at("seconds").get<double>();
+}
+
+// What a bound row needs; the rows are made at the end of the run, from the
+// machine's limits measured at its start and end (the better of the two).
+struct PendingBound {
+  std::string model;
+  int64_t batch = 0, tokens = 0, steps = 0;
+  double flops_per_token = 0;  // 2 x matmul parameters + attention at the mean context
+  double weight_bytes = 0;     // read once per decode step
+  double gemm_step_s = 0;      // one step's weight GEMMs, best of several
+  double engine_s = 0;
+};
+
+void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
+              relay::bench::PythonRef& py, const std::string& check, std::vector<Row>* rows,
+              std::vector<PendingBound>* bounds) {
+  const int64_t P = w.prompt_len;
+  const Tokens prompts = random_prompts(B, P, w.config.vocab_size, 1000 + B);
+  Tokens warm, b, c;
+  int64_t steps = 0;
+  kv_python(py, prompts, 2);
+  kv_extend(p, prompts, 2, &warm);
+  kv_engine(p, prompts, 2, &warm, &steps);
+
+  // Interleaved (alternating order, a pause before each run); each ratio is
+  // the median of per-repetition ratios against that repetition's python run.
+  const auto t =
+      relay::bench::interleave(reps, {[&] { return kv_python(py, prompts, N); },
+                                      [&] { return kv_extend(p, prompts, N, &b); },
+                                      [&] { return kv_engine(p, prompts, N, &c, &steps); }});
+  const std::vector<double>&tp = t[0], &te = t[1], &tg = t[2];
+  const int64_t tokens = B * N;
+  auto row = [&](const char* mode, const std::vector<double>& secs, std::string notes) {
+    rows->push_back({w.name, "py", mode, B, tokens, median(secs),
+                     relay::bench::paired_ratio(tp, secs), std::move(notes)});
+  };
+  row("python", tp,
+      "P=" + std::to_string(P) + " N=" + std::to_string(N) + ", " + spread(tp) + ", " + check);
+  row("extend", te, spread(te));
+  const double engine = median(tg);
+  row("engine", tg, spread(tg) + ", steps " + std::to_string(steps));
+
+  PendingBound pb;
+  pb.model = w.name;
+  pb.batch = B;
+  pb.tokens = tokens;
+  pb.steps = N;
+  const PolicyConfig& cfg = w.config;
+  double matmul_params = 0;
+  for (const at::Tensor& m : step_matrices(p)) matmul_params += m.numel();
+  const double ctx = P + N / 2.0;
+  pb.flops_per_token = 2.0 * matmul_params + 4.0 * cfg.num_hidden_layers * ctx *
+                                                 cfg.num_attention_heads * cfg.resolved_head_dim();
+  pb.weight_bytes = 4.0 * matmul_params;
+  pb.gemm_step_s = step_gemm_seconds(p, B, 5);
+  pb.engine_s = engine;
+  bounds->push_back(pb);
+}
+
+// The limit for the same tokens; the ratio column of these rows is the
+// engine's tokens/s over the bound's.
+void bound_rows(const std::vector<PendingBound>& bounds, const MachineLimits& lim,
+                std::vector<Row>* rows) {
+  for (const PendingBound& b : bounds) {
+    const double compute_s = b.batch * b.flops_per_token / (lim.peak_gflops * 1e9);
+    const double memory_s = b.weight_bytes / (lim.bandwidth() * 1e9);
+    const double roofline_s = std::max(compute_s, memory_s) * b.steps;
+    const double gemm_s = b.gemm_step_s * b.steps;
+    auto row = [&](const char* mode, double secs, std::string notes) {
+      rows->push_back(
+          {b.model, "bound", mode, b.batch, b.tokens, secs, secs / b.engine_s, std::move(notes)});
+    };
+    row("roofline", roofline_s,
+        fmt("%.3g MFLOP/token, peak %.0f GFLOP/s, %.3g MB at %.1f GB/s: ", b.flops_per_token / 1e6,
+            lim.peak_gflops, b.weight_bytes / 1e6, lim.bandwidth()) +
+            (compute_s >= memory_s ? "compute-bound" : "memory-bound"));
+    row("gemm-only", gemm_s,
+        fmt("one step's weight GEMMs %.2f ms = %.1f GFLOP/s", 1e3 * b.gemm_step_s,
+            b.batch * b.weight_bytes / 2.0 / b.gemm_step_s / 1e9));
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Output.
 
 void print_table(const std::vector<Row>& rows, FILE* f) {
@@ -483,6 +600,9 @@ int main(int argc, char** argv) {
   const char* prompt_flag = flag(argc, argv, "--prompt");
   const char* new_flag = flag(argc, argv, "--new");
   const bool json = has(argc, argv, "--json");
+  const bool quick = has(argc, argv, "--quick");
+  const char* python_exe = flag(argc, argv, "--python-exe");
+  const char* python_script = flag(argc, argv, "--python-script");
   const std::vector<std::string> models = split(models_flag ? models_flag : "tiny,qwen2-100m");
   std::vector<int64_t> batches;
   for (const std::string& b : split(batches_flag ? batches_flag : "1,8,64")) {
@@ -490,6 +610,8 @@ int main(int argc, char** argv) {
   }
   const bool do_kv = !only || std::strcmp(only, "kv") == 0;
   const bool do_mixed = !only || std::strcmp(only, "mixed") == 0;
+  const bool do_py =
+      (!only && has(argc, argv, "--python")) || (only && std::strcmp(only, "py") == 0);
 
   relay::model::configure_threads(0);
   if (threads_flag) at::set_num_threads(std::atoi(threads_flag));
@@ -505,10 +627,34 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   const auto start = Clock::now();
+  // The Python reference runs with relay's thread settings, in a process of
+  // its own that stays up for the whole run (start-up and loads untimed).
+  std::unique_ptr<relay::bench::TempDir> scratch;
+  std::unique_ptr<relay::bench::PythonRef> py;
+  MachineLimits limits;
+  std::vector<PendingBound> bounds;
+  if (do_py) {
+    scratch = std::make_unique<relay::bench::TempDir>();
+    py = std::make_unique<relay::bench::PythonRef>(
+        python_exe ? python_exe : relay::bench::default_python(),
+        python_script ? python_script : relay::bench::default_python_script(),
+        at::get_num_threads(), blas);
+    std::fprintf(stderr, "python reference: %s\n", py->hello().dump().c_str());
+    limits = measure_limits();
+    std::fprintf(stderr,
+                 "machine: fp32 GEMM peak %.1f GFLOP/s (2048^3); bandwidth: GEMV %.1f GB/s, "
+                 "copy %.1f GB/s\n",
+                 limits.peak_gflops, limits.gemv_gbs, limits.copy_gbs);
+  }
   for (Workload w : workloads()) {
     if (std::find(models.begin(), models.end(), w.name) == models.end()) continue;
     if (prompt_flag) w.prompt_len = std::atoll(prompt_flag);
     if (new_flag) w.new_tokens = std::atoll(new_flag);
+    if (quick) {
+      w.reps = std::min(w.reps, 3);
+      w.reps_64 = std::min(w.reps_64, 3);
+      if (w.name != "tiny") w.reps = w.reps_64 = 1;
+    }
     if (reps_flag) w.reps = w.reps_64 = std::atoi(reps_flag);
     die_if(relay::model::validate(w.config), w.name.c_str());
     Policy policy = make_policy(w.config);
@@ -522,20 +668,46 @@ int main(int argc, char** argv) {
                  (long long)c.vocab_size, c.tie_word_embeddings ? "yes" : "no",
                  c.attention_bias || c.model_type == "qwen2" ? "yes" : "no",
                  (long long)count_parameters(policy));
+    std::string check;
+    if (do_py) {
+      const nlohmann::json c = relay::bench::load_and_check(*py, *policy, scratch->path(), w.name);
+      check = fmt("python logits vs relay max |diff| %.1e (cached path %.1e, max |logit| %.2f)",
+                  c.at("max_abs_diff").get<double>(), c.at("max_abs_diff_cached").get<double>(),
+                  c.at("max_abs_logit").get<double>());
+      std::fprintf(stderr, "%s: %s\n", w.name.c_str(), check.c_str());
+    }
     for (int64_t B : batches) {
       const size_t first = rows.size();
       const int reps = B >= 64 ? w.reps_64 : w.reps;
       if (do_kv) bench_kv(w, policy, B, reps, w.new_tokens, &rows);
       if (do_mixed) bench_mixed(w, policy, B, reps, &rows);
+      if (do_py) {
+        // At least 5 repetitions each (9 for tiny, whose runs take ms) (a median), unless asked
+        // otherwise.
+        const int py_reps = quick || reps_flag ? reps : std::max(reps, w.name == "tiny" ? 9 : 5);
+        bench_py(w, policy, B, py_reps, w.new_tokens, *py, check, &rows, &bounds);
+      }
       print_table({rows.begin() + first, rows.end()}, stderr);
       std::fprintf(stderr, "  (%.0f s so far)\n", since(start));
     }
+  }
+  if (do_py) {
+    limits = relay::bench::best_of(limits, measure_limits());
+    const size_t first = rows.size();
+    bound_rows(bounds, limits, &rows);
+    print_table({rows.begin() + first, rows.end()}, stderr);
   }
   if (json) {
     print_json(rows);
   } else {
     std::printf("rollout_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, %.0f s\n",
                 TORCH_VERSION, at::get_num_threads(), blas, since(start));
+    if (do_py) {
+      std::printf(
+          "machine (best of start and end): fp32 GEMM peak %.1f GFLOP/s (2048^3); bandwidth: GEMV "
+          "%.1f GB/s, copy %.1f GB/s; python %s\n",
+          limits.peak_gflops, limits.gemv_gbs, limits.copy_gbs, py->hello().dump().c_str());
+    }
     print_table(rows, stdout);
   }
   return 0;

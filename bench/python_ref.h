@@ -1,0 +1,184 @@
+#pragma once
+
+// The Python side of the benchmarks that compare relay with plain PyTorch on
+// the same LibTorch: bench/python/relay_ref.py run as a child process in its
+// "serve" mode (one JSON command a line on its stdin, one JSON reply a line
+// on its stdout), plus what both sides need to run the same model: a model
+// directory relay writes and the script loads, and a logits check that fails
+// the benchmark when the two models disagree. Header-only, like bench_util.h.
+//
+// Every failure here ends the benchmark with a message (exit 1): a comparison
+// of unequal work is worse than none.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "relay/model/checkpoint.h"
+#include "relay/model/policy.h"
+#include "relay/model/safetensors.h"
+
+namespace relay::bench {
+
+[[noreturn]] inline void fail(const std::string& what) {
+  std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+  std::exit(1);
+}
+
+// Where the script and an interpreter with torch are. The interpreter is
+// $RELAY_PYTHON, else /usr/bin/python3 (Debian's python3-torch; a pyenv or
+// venv `python3` earlier on PATH usually has no torch).
+inline std::string default_python() {
+  const char* env = std::getenv("RELAY_PYTHON");
+  return env && *env ? env : "/usr/bin/python3";
+}
+inline std::string default_python_script() {
+  return std::string(RELAY_SOURCE_DIR) + "/bench/python/relay_ref.py";
+}
+
+// A private scratch directory, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "relay_bench_py.XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) fail("mkdtemp " + tmpl);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+class PythonRef {
+ public:
+  // Starts `python script serve --threads T --blas-threads B` and reads its
+  // greeting (torch version and the thread settings it ended up with).
+  PythonRef(const std::string& python, const std::string& script, int threads, int blas_threads) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) fail("pipe");
+    const std::string t = std::to_string(threads), b = std::to_string(blas_threads);
+    pid_ = fork();
+    if (pid_ < 0) fail("fork");
+    if (pid_ == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      close(to_child[0]);
+      close(to_child[1]);
+      close(from_child[0]);
+      close(from_child[1]);
+      // OMP_NUM_THREADS would override nothing here (the script sets threads
+      // itself), but OpenBLAS reads its variable at load time: drop it so the
+      // script's setting is the one in force, as relay's is.
+      unsetenv("OPENBLAS_NUM_THREADS");
+      execl(python.c_str(), python.c_str(), script.c_str(), "serve", "--threads", t.c_str(),
+            "--blas-threads", b.c_str(), static_cast<char*>(nullptr));
+      std::fprintf(stderr, "cannot run %s: %s\n", python.c_str(), std::strerror(errno));
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    in_ = fdopen(to_child[1], "w");
+    out_ = fdopen(from_child[0], "r");
+    hello_ = read_reply("start " + python + " " + script);
+  }
+
+  ~PythonRef() {
+    if (in_ != nullptr) {
+      std::fputs("{\"cmd\": \"quit\"}\n", in_);
+      std::fclose(in_);
+    }
+    if (out_ != nullptr) std::fclose(out_);
+    int status = 0;
+    if (pid_ > 0) waitpid(pid_, &status, 0);
+  }
+  PythonRef(const PythonRef&) = delete;
+  PythonRef& operator=(const PythonRef&) = delete;
+
+  // {"ok": true, "torch": "1.13.0a0", "intra_op": 1, "blas": 2}
+  const nlohmann::json& hello() const { return hello_; }
+
+  // Sends one command; returns its reply, or ends the benchmark when the
+  // reply says ok: false (or the process died).
+  nlohmann::json call(const nlohmann::json& command) {
+    const std::string line = command.dump() + "\n";
+    if (std::fputs(line.c_str(), in_) < 0 || std::fflush(in_) != 0) {
+      fail("python reference: cannot send " + command.value("cmd", std::string("?")));
+    }
+    return read_reply(command.value("cmd", std::string("?")));
+  }
+
+ private:
+  nlohmann::json read_reply(const std::string& what) {
+    std::string line;
+    for (int c; (c = std::fgetc(out_)) != EOF && c != '\n';) line.push_back(static_cast<char>(c));
+    if (line.empty()) fail("python reference: no reply to '" + what + "' (see its stderr above)");
+    nlohmann::json reply = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (reply.is_discarded() || !reply.value("ok", false)) {
+      fail("python reference: '" + what + "' failed: " + line);
+    }
+    return reply;
+  }
+
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+  nlohmann::json hello_;
+};
+
+// Writes `policy` as an HF model directory under `dir`/`name` and loads it
+// into the Python process; then checks that the script's model computes
+// relay's logits, on the full forward and on its KV-cache path, within `tol`
+// (max abs difference), and ends the benchmark if not. Returns the check's
+// reply (max_abs_diff, max_abs_diff_cached, max_abs_logit).
+inline nlohmann::json load_and_check(PythonRef& py, model::PolicyImpl& policy,
+                                     const std::string& dir, const std::string& name,
+                                     double tol = 1e-3) {
+  const std::string model_dir = dir + "/" + name;
+  model::SaveOptions so;
+  so.overwrite = true;
+  if (Status s = model::save_policy(policy, model_dir, so); !s.ok()) {
+    fail("save_policy: " + std::string(s.message()));
+  }
+  py.call({{"cmd", "load"}, {"dir", model_dir}});
+
+  // Two rows of 12 fixed random tokens and relay's logits for them.
+  std::mt19937_64 gen(42);
+  std::uniform_int_distribution<int64_t> token(0, policy.config().vocab_size - 1);
+  at::Tensor ids = at::empty({2, 12}, at::kLong);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data_ptr<int64_t>()[i] = token(gen);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = policy.forward(ids).contiguous();
+  }
+  const std::string check = dir + "/" + name + ".check.safetensors";
+  if (Status s = model::write_safetensors(check, {{"input_ids", ids}, {"logits", logits}});
+      !s.ok()) {
+    fail("write_safetensors: " + std::string(s.message()));
+  }
+  nlohmann::json reply = py.call({{"cmd", "check_logits"}, {"file", check}, {"tol", tol}});
+  return reply;
+}
+
+}  // namespace relay::bench
