@@ -10,8 +10,6 @@
 // Every failure here ends the benchmark with a message (exit 1): a comparison
 // of unequal work is worse than none.
 
-#include <fcntl.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
