@@ -10,13 +10,12 @@
 // Every failure here ends the benchmark with a message (exit 1): a comparison
 // of unequal work is worse than none.
 
-#include <fcntl.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -146,14 +145,15 @@ class PythonRef {
   nlohmann::json hello_;
 };
 
-// Writes `policy` as an HF model directory under `dir`/`name` and loads it
-// into the Python process; then checks that the script's model computes
-// relay's logits, on the full forward and on its KV-cache path, within `tol`
-// (max abs difference), and ends the benchmark if not. Returns the check's
-// reply (max_abs_diff, max_abs_diff_cached, max_abs_logit).
-inline nlohmann::json load_and_check(PythonRef& py, model::PolicyImpl& policy,
-                                     const std::string& dir, const std::string& name,
-                                     double tol = 1e-3) {
+// Writes `policy` as an HF model directory `dir`/`name`, loads it into the
+// Python process and compares logits for two rows of 12 fixed random tokens,
+// through the script's full forward and its KV-cache path. Ends the
+// benchmark when either differs from relay's by more than
+// tol x max(1, max |logit|). Returns the reply: max_abs_diff,
+// max_abs_diff_cached, max_abs_logit.
+inline nlohmann::json save_load_compare(PythonRef& py, model::PolicyImpl& policy,
+                                        const std::string& dir, const std::string& name,
+                                        double tol) {
   const std::string model_dir = dir + "/" + name;
   model::SaveOptions so;
   so.overwrite = true;
@@ -161,8 +161,6 @@ inline nlohmann::json load_and_check(PythonRef& py, model::PolicyImpl& policy,
     fail("save_policy: " + std::string(s.message()));
   }
   py.call({{"cmd", "load"}, {"dir", model_dir}});
-
-  // Two rows of 12 fixed random tokens and relay's logits for them.
   std::mt19937_64 gen(42);
   std::uniform_int_distribution<int64_t> token(0, policy.config().vocab_size - 1);
   at::Tensor ids = at::empty({2, 12}, at::kLong);
@@ -172,13 +170,42 @@ inline nlohmann::json load_and_check(PythonRef& py, model::PolicyImpl& policy,
     at::NoGradGuard no_grad;
     logits = policy.forward(ids).contiguous();
   }
-  const std::string check = dir + "/" + name + ".check.safetensors";
+  const std::string check = model_dir + ".check.safetensors";
   if (Status s = model::write_safetensors(check, {{"input_ids", ids}, {"logits", logits}});
       !s.ok()) {
     fail("write_safetensors: " + std::string(s.message()));
   }
-  nlohmann::json reply = py.call({{"cmd", "check_logits"}, {"file", check}, {"tol", tol}});
-  return reply;
+  return py.call({{"cmd", "check_logits"}, {"file", check}, {"tol", tol}});
+}
+
+// The equivalence check before a comparison. The benchmark's own random
+// weights (N(0, 0.02)) make attention nearly uniform, so on their own they
+// would let a wrong RoPE or mask pass; a probe model of the same
+// architecture with weights N(0, sqrt(4 / hidden)) (attention scores of
+// standard deviation ~4) is compared first. Then `policy` is written to
+// `dir`/`name`, loaded into the Python process (where it stays) and compared.
+// Returns the comparison's reply plus "probe_max_abs_diff" and a one-line
+// "summary".
+inline nlohmann::json load_and_check(PythonRef& py, model::PolicyImpl& policy,
+                                     const std::string& dir, const std::string& name,
+                                     double tol = 1e-3) {
+  model::Policy probe(policy.config());
+  model::init_weights(*probe, /*seed=*/1, std::sqrt(4.0 / policy.config().hidden_size));
+  const nlohmann::json p = save_load_compare(py, *probe, dir, name + ".probe", tol);
+  nlohmann::json r = save_load_compare(py, policy, dir, name, tol);
+  r["probe_max_abs_diff"] =
+      p.at("max_abs_diff_cached").get<double>() > p.at("max_abs_diff").get<double>()
+          ? p.at("max_abs_diff_cached")
+          : p.at("max_abs_diff");
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "python vs relay logits: max |diff| %.1e (cached path %.1e, max |logit| %.2f); "
+                "probe weights %.1e (max |logit| %.1f)",
+                r.at("max_abs_diff").get<double>(), r.at("max_abs_diff_cached").get<double>(),
+                r.at("max_abs_logit").get<double>(), r["probe_max_abs_diff"].get<double>(),
+                p.at("max_abs_logit").get<double>());
+  r["summary"] = buf;
+  return r;
 }
 
 }  // namespace relay::bench

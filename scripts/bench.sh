@@ -15,7 +15,7 @@
 #   --keep DIR   keep every program's raw output (JSON lines and logs) in DIR
 #
 # What each row means: docs/BENCHMARKS.md, "The suite: scripts/bench.sh".
-# Programs another branch may add (rollout_bench --python, trainer_bench) are
+# The Python comparisons (rollout_bench --only py, trainer_bench) are
 # run when the build has them and skipped with a note when it does not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -140,11 +140,12 @@ step weight_sync env OMP_NUM_THREADS=1 "$bin/weight_sync_bench" "${q[@]}" --json
 step version_switch "$bin/version_switch_bench" "${q[@]}" --json
 step decode "$bin/rollout_bench" "${decode_args[@]}" --json
 
-# From another branch: decode and trainer step against Python baselines.
+# Decode and a trainer step against plain-PyTorch baselines on the same
+# weights (Debian's python3-torch; $RELAY_PYTHON picks another interpreter).
 if knows "$bin/rollout_bench" --python; then
-  args=(--python)
-  knows "$bin/rollout_bench" --json && args+=(--json)
-  [ "$quick" = 1 ] && args+=("${decode_args[@]}")
+  # --only py: the Python rows alone (the decode step above ran kv and mixed).
+  args=(--only py --json)
+  [ "$quick" = 1 ] && args+=(--quick)
   step decode_python "$bin/rollout_bench" "${args[@]}"
 else
   skip decode_python "$bin/rollout_bench has no --python mode in this build"
