@@ -679,38 +679,28 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   policy_->eval();
 
   if (dp_.active()) {
-    // Each rank accumulated its own micro-batches.
+    // Each rank accumulated its own micro-batches: sum them, by name.
+    const std::pair<const char*, double*> summed[] = {{"loss", &loss_sum},
+                                                      {"pg", &pg_sum},
+                                                      {"kl", &kl_sum},
+                                                      {"tokens", &acc_tokens},
+                                                      {"clip", &acc.clip_fraction},
+                                                      {"clip_low", &acc.clip_fraction_low},
+                                                      {"clip_high", &acc.clip_fraction_high},
+                                                      {"dual_clip", &acc.dual_clip_fraction},
+                                                      {"ppo_kl", &acc.ppo_kl},
+                                                      {"ratio", &acc.mean_ratio},
+                                                      {"behav_w", &acc.behav_imp_weight},
+                                                      {"behav_capped", &acc.behav_capped_fraction}};
     std::map<std::string, double> sums;
     for (const auto& [k, v] : extra_sum) sums["extra:" + k] = v;
-    sums["loss"] = loss_sum;
-    sums["pg"] = pg_sum;
-    sums["kl"] = kl_sum;
-    sums["tokens"] = acc_tokens;
-    sums["clip"] = acc.clip_fraction;
-    sums["clip_low"] = acc.clip_fraction_low;
-    sums["clip_high"] = acc.clip_fraction_high;
-    sums["dual_clip"] = acc.dual_clip_fraction;
-    sums["ppo_kl"] = acc.ppo_kl;
-    sums["ratio"] = acc.mean_ratio;
-    sums["behav_w"] = acc.behav_imp_weight;
-    sums["behav_capped"] = acc.behav_capped_fraction;
+    for (const auto& [k, p] : summed) sums[k] = *p;
     RELAY_RETURN_IF_ERROR(all_reduce_named_sums(*dp_.group, sums));
     extra_sum.clear();
     for (const auto& [k, v] : sums) {
       if (k.rfind("extra:", 0) == 0) extra_sum[k.substr(6)] = v;
     }
-    loss_sum = sums["loss"];
-    pg_sum = sums["pg"];
-    kl_sum = sums["kl"];
-    acc_tokens = sums["tokens"];
-    acc.clip_fraction = sums["clip"];
-    acc.clip_fraction_low = sums["clip_low"];
-    acc.clip_fraction_high = sums["clip_high"];
-    acc.dual_clip_fraction = sums["dual_clip"];
-    acc.ppo_kl = sums["ppo_kl"];
-    acc.mean_ratio = sums["ratio"];
-    acc.behav_imp_weight = sums["behav_w"];
-    acc.behav_capped_fraction = sums["behav_capped"];
+    for (const auto& [k, p] : summed) *p = sums.at(k);
   }
   const double t = std::max(1.0, acc_tokens);
   m["clip_fraction"] = acc.clip_fraction / t;
