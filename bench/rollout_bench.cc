@@ -120,16 +120,7 @@ struct Workload {
 std::vector<Workload> workloads() {
   Workload tiny;
   tiny.name = "tiny";
-  PolicyConfig& t = tiny.config;
-  t.model_type = "llama";
-  t.vocab_size = 28;  // the char tokenizer
-  t.hidden_size = 64;
-  t.intermediate_size = 128;
-  t.num_hidden_layers = 2;
-  t.num_attention_heads = 4;
-  t.num_key_value_heads = 2;
-  t.max_position_embeddings = 128;
-  t.tie_word_embeddings = true;
+  tiny.config = relay::bench::tiny_config();
   tiny.prompt_len = 16;
   tiny.new_tokens = 64;
   tiny.mixed_max_new = 96;

@@ -76,6 +76,7 @@ using relay::bench::Clock;
 using relay::bench::fail;
 using relay::bench::median;
 using relay::bench::seconds_since;
+using relay::bench::tiny_config;
 using relay::model::Policy;
 using relay::model::PolicyConfig;
 using relay::rollout::TrajectoryGroup;
@@ -93,20 +94,6 @@ struct Row {
   double ratio = 1;    // median per-repetition speed over python's (bound: the trainer's / it)
   std::string notes;
 };
-
-PolicyConfig tiny_config() {
-  PolicyConfig t;  // configs/tiny.yaml's shape, as rollout_bench
-  t.model_type = "llama";
-  t.vocab_size = 28;
-  t.hidden_size = 64;
-  t.intermediate_size = 128;
-  t.num_hidden_layers = 2;
-  t.num_attention_heads = 4;
-  t.num_key_value_heads = 2;
-  t.max_position_embeddings = 128;
-  t.tie_word_embeddings = true;
-  return t;
-}
 
 std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   char buf[256];
