@@ -142,7 +142,17 @@ step decode "$bin/rollout_bench" "${decode_args[@]}" --json
 
 # Decode and a trainer step against plain-PyTorch baselines on the same
 # weights (Debian's python3-torch; $RELAY_PYTHON picks another interpreter).
-if knows "$bin/rollout_bench" --python; then
+# Installed here when missing and apt can; otherwise both steps are skipped.
+python=${RELAY_PYTHON:-/usr/bin/python3}
+if ! "$python" -c 'import torch' 2>/dev/null && [ -z "${RELAY_PYTHON:-}" ] &&
+  [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+  echo "bench.sh: installing python3-torch for the Python baselines" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch > /dev/null || true
+fi
+if ! "$python" -c 'import torch' 2>/dev/null; then
+  skip decode_python "$python cannot import torch (install python3-torch or set RELAY_PYTHON)"
+  skip trainer "$python cannot import torch (install python3-torch or set RELAY_PYTHON)"
+elif knows "$bin/rollout_bench" --python; then
   # --only py: the Python rows alone (the decode step above ran kv and mixed).
   args=(--only py --json)
   [ "$quick" = 1 ] && args+=(--quick)
@@ -150,7 +160,9 @@ if knows "$bin/rollout_bench" --python; then
 else
   skip decode_python "$bin/rollout_bench has no --python mode in this build"
 fi
-if [ -x "$bin/trainer_bench" ]; then
+if ! "$python" -c 'import torch' 2>/dev/null; then
+  :  # skipped above
+elif [ -x "$bin/trainer_bench" ]; then
   args=()
   knows "$bin/trainer_bench" --json && args+=(--json)
   [ "$quick" = 1 ] && knows "$bin/trainer_bench" --quick && args+=(--quick)
