@@ -5,10 +5,8 @@
 // store exactly once, and a restarted trainer resumes from its checkpoint.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +30,7 @@
 #include "relay/model/checkpoint.h"
 #include "relay/store/rollout_store.h"
 #include "relay/v1/admin.pb.h"
+#include "testing/ports.h"
 
 extern char** environ;
 
@@ -40,6 +39,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using relay::testing::free_port;
 
 const std::string kTinyConfig = std::string(RELAY_SOURCE_DIR) + "/configs/tiny.yaml";
 
@@ -93,20 +93,6 @@ std::unique_ptr<Child> start(const std::vector<std::string>& args, const std::st
   posix_spawn_file_actions_destroy(&fa);
   EXPECT_EQ(rc, 0) << "cannot start " << args[0];
   return c;
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
 }
 
 // A checkpoint's directory name: "step_000012".

@@ -4,12 +4,8 @@
 #include "relay/comm/trainer_group.h"
 #include "relay/comm/trainer_ranks.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <map>
@@ -18,28 +14,16 @@
 #include "relay/rollout/engine.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/trainer.h"
+#include "testing/ports.h"
 #include "testing/tensor_testing.h"
 
 namespace relay::comm {
 namespace {
 
+using relay::testing::free_port;
 using trainer::StepMetrics;
 using trainer::Trainer;
 using trainer::TrainerOptions;
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
 
 std::function<std::optional<std::string>(const std::string&)> env_of(
     std::map<std::string, std::string> vars) {
@@ -179,6 +163,17 @@ struct RankResult {
   std::vector<at::Tensor> params;
 };
 
+// Rank `rank` of `world` joining at 127.0.0.1:port.
+StatusOr<std::shared_ptr<trainer::Collectives>> join_loopback(int rank, int world, int port) {
+  TrainerGroupOptions go;
+  go.rank.rank = rank;
+  go.rank.world_size = world;
+  go.rank.host = "127.0.0.1";
+  go.rank.port = port;
+  go.timeout = std::chrono::seconds(60);
+  return join_trainer_group(go);
+}
+
 // Runs `calls` (step or sft_step per entry) on `world` ranks as threads.
 std::vector<RankResult> run_ranks(int world, const model::Policy& initial,
                                   const TrainerOptions& options,
@@ -190,13 +185,7 @@ std::vector<RankResult> run_ranks(int world, const model::Policy& initial,
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       RankResult& out = results[static_cast<size_t>(rank)];
-      TrainerGroupOptions go;
-      go.rank.rank = rank;
-      go.rank.world_size = world;
-      go.rank.host = "127.0.0.1";
-      go.rank.port = port;
-      go.timeout = std::chrono::seconds(60);
-      StatusOr<std::shared_ptr<trainer::Collectives>> group = join_trainer_group(go);
+      StatusOr<std::shared_ptr<trainer::Collectives>> group = join_loopback(rank, world, port);
       if (!group.ok()) {
         out.status = group.status();
         return;
@@ -314,15 +303,9 @@ TEST(DataParallelTrainerTest, RankWithoutRowsStillTakesPart) {
   expect_same_training(single, ranks, flat(initial));
 }
 
-// Joins rank `rank` of `world` at 127.0.0.1:port.
+// join_loopback, expected to succeed.
 std::shared_ptr<trainer::Collectives> join(int rank, int world, int port) {
-  TrainerGroupOptions go;
-  go.rank.rank = rank;
-  go.rank.world_size = world;
-  go.rank.host = "127.0.0.1";
-  go.rank.port = port;
-  go.timeout = std::chrono::seconds(60);
-  StatusOr<std::shared_ptr<trainer::Collectives>> group = join_trainer_group(go);
+  StatusOr<std::shared_ptr<trainer::Collectives>> group = join_loopback(rank, world, port);
   EXPECT_TRUE(group.ok()) << group.status();
   return group.ok() ? *group : nullptr;
 }
