@@ -21,8 +21,10 @@
 
 #include "relay/common/config.h"
 #include "relay/common/file_io.h"
+#include "relay/model/bpe_tokenizer.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
+#include "relay/model/hf_config.h"
 #include "relay/model/policy.h"
 #include "relay/model/threads.h"
 #include "relay/model/tokenizer.h"
@@ -92,27 +94,91 @@ int config_check(const ConfigCheckArgs& args) {
   return 0;
 }
 
+namespace {
+
+// The tokenizer files `relay init --tokenizer` takes along: a tokenizer.json,
+// or the HF files of a directory.
+StatusOr<std::map<std::string, std::string>> tokenizer_files(const std::string& path) {
+  std::map<std::string, std::string> files;
+  if (!std::filesystem::is_directory(path)) {
+    RELAY_ASSIGN_OR_RETURN(files[model::kHfTokenizerFile], read_file(path));
+    return files;
+  }
+  for (const char* name : {model::kHfTokenizerFile, model::kHfTokenizerConfigFile,
+                           "special_tokens_map.json", "generation_config.json"}) {
+    const std::string file = path + "/" + name;
+    if (std::filesystem::exists(file)) {
+      RELAY_ASSIGN_OR_RETURN(files[name], read_file(file));
+    }
+  }
+  if (files.count(model::kHfTokenizerFile) == 0) {
+    return NotFoundError(absl::StrCat("--tokenizer: ", path, " has no tokenizer.json"));
+  }
+  return files;
+}
+
+}  // namespace
+
 int init_model(const InitArgs& args) {
   StatusOr<ExperimentConfig> config = load_config(args.config_file, args.overrides);
   if (!config.ok()) return fail("init", config.status());
-  if (config->model.tokenizer != "char") {
+  if (config->model.tokenizer != "char" && args.tokenizer.empty()) {
     return fail("init", InvalidArgumentError(absl::StrCat(
-                            "model.tokenizer: init builds char-tokenizer models only, got '",
+                            "model.tokenizer: init builds char-tokenizer models unless --tokenizer "
+                            "names a tokenizer.json, got '",
                             config->model.tokenizer, "'")));
   }
-  StatusOr<model::CharTokenizer> tokenizer = model::CharTokenizer::create();
-  if (!tokenizer.ok()) return fail("init", tokenizer.status());
-  StatusOr<model::PolicyConfig> pc = policy_config_from_init(*config, *tokenizer);
+  if (!args.hf_config.empty() && args.tokenizer.empty()) {
+    return fail("init", InvalidArgumentError(
+                            "--hf-config: a Hugging Face architecture needs its tokenizer: give "
+                            "--tokenizer (a tokenizer.json or a directory with one)"));
+  }
+  if (args.max_shard_mb < 0) {
+    return fail("init", InvalidArgumentError(
+                            absl::StrCat("--max-shard-mb: must be >= 0, got ", args.max_shard_mb)));
+  }
+  model::SaveOptions save;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  if (args.tokenizer.empty()) {
+    StatusOr<model::CharTokenizer> chars = model::CharTokenizer::create();
+    if (!chars.ok()) return fail("init", chars.status());
+    save.extra_files[model::kCharTokenizerFile] = chars->to_json();
+    tokenizer = std::make_unique<model::CharTokenizer>(*std::move(chars));
+  } else {
+    StatusOr<std::map<std::string, std::string>> files = tokenizer_files(args.tokenizer);
+    if (!files.ok()) return fail("init", files.status());
+    save.extra_files = *std::move(files);
+    // Load it as the written directory will: through a scratch directory,
+    // so tokenizer_config.json's special tokens apply.
+    const std::string scratch = args.out_dir + ".tokenizer-check";
+    std::filesystem::create_directories(scratch);
+    for (const auto& [name, text] : save.extra_files) {
+      if (Status s = write_file_atomic(scratch + "/" + name, text); !s.ok()) return fail("init", s);
+    }
+    StatusOr<std::unique_ptr<model::Tokenizer>> loaded = model::load_tokenizer(scratch);
+    std::filesystem::remove_all(scratch);
+    if (!loaded.ok()) return fail("init", loaded.status());
+    tokenizer = *std::move(loaded);
+  }
+  StatusOr<model::PolicyConfig> pc = args.hf_config.empty()
+                                         ? policy_config_from_init(*config, *tokenizer)
+                                         : model::read_hf_config(args.hf_config);
   if (!pc.ok()) return fail("init", pc.status());
+  if (pc->vocab_size < tokenizer->vocab_size()) {
+    return fail("init",
+                InvalidArgumentError(absl::StrCat("vocab_size: the model's ", pc->vocab_size,
+                                                  " rows cannot hold the tokenizer's ",
+                                                  tokenizer->vocab_size(), " tokens")));
+  }
   StatusOr<c10::ScalarType> dtype = model::parse_torch_dtype(config->model.dtype);
   if (!dtype.ok()) return fail("init", dtype.status());
+  pc->torch_dtype = config->model.dtype;
 
   model::Policy policy(*pc);
   model::init_weights(*policy, config->run.seed);
-  model::SaveOptions save;
   save.dtype = *dtype;
   save.overwrite = args.overwrite;
-  save.extra_files[model::kCharTokenizerFile] = tokenizer->to_json();
+  if (args.max_shard_mb > 0) save.max_shard_bytes = static_cast<uint64_t>(args.max_shard_mb) << 20;
   Status s = model::save_policy(*policy, args.out_dir, save);
   if (!s.ok()) return fail("init", s);
   int64_t params = 0;
@@ -151,9 +217,27 @@ int score(const ScoreArgs& args) {
   at::Tensor input = torch::tensor(ids, torch::kInt64).view({1, -1});
   model::ScoreOptions opts;
   opts.temperature = args.temperature;
+  model::MoeRouting routing;
+  routing.record = (*policy)->config().num_moe_layers() > 0;
+  if (routing.record) opts.routing = &routing;
   at::Tensor logprobs = (*policy)->score(input, {}, opts)[0];
   if (args.json) {
     nlohmann::json out = {{"logprobs", float_list(logprobs)}};
+    if (routing.record) {
+      // [layer][position][k]: the experts each MoE layer's router chose for
+      // the input token at each position.
+      nlohmann::json layers = nlohmann::json::array();
+      for (const at::Tensor& chosen : routing.chosen) {
+        at::Tensor c = chosen.to(torch::kCPU, torch::kInt64).contiguous();
+        nlohmann::json positions = nlohmann::json::array();
+        for (int64_t t = 0; t < c.size(0); ++t) {
+          positions.push_back(
+              std::vector<int64_t>(c[t].data_ptr<int64_t>(), c[t].data_ptr<int64_t>() + c.size(1)));
+        }
+        layers.push_back(std::move(positions));
+      }
+      out["routing"] = std::move(layers);
+    }
     if (args.logits) {
       // One row per position: row t holds the logits that predict token t+1.
       at::Tensor logits = (*policy)->forward(input)[0].to(torch::kFloat32);
@@ -472,9 +556,8 @@ int train_local(const TrainLocalArgs& args) {
                     "--eval-prompts: task '", s.task->name(), "' has ", split.size,
                     " prompts; keeping ", split.eval, " for evaluation leaves too few to train")));
   }
-  StatusOr<trainer::TrainerOptions> to = trainer::trainer_options(s.config);
+  StatusOr<trainer::TrainerOptions> to = cli::trainer_options(s);
   if (!to.ok()) return fail("train-local", to.status());
-  to->pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
   rollout::SafeVerifier verifier(s.task, std::chrono::milliseconds(static_cast<int64_t>(
                                              std::ceil(s.config.task.verifier_timeout_s * 1000))));
   std::string metrics_lines;

@@ -23,8 +23,17 @@ struct InitArgs {
   std::vector<std::string> overrides;
   std::string out_dir;
   bool overwrite = false;
+  // An HF config.json whose architecture to build instead of model.init's.
+  std::string hf_config;
+  // A tokenizer.json, or a directory holding one (its tokenizer_config.json,
+  // special_tokens_map.json and generation_config.json are copied too);
+  // empty = relay's char tokenizer.
+  std::string tokenizer;
+  int64_t max_shard_mb = 0;  // shard the weights into files of this size; 0 = 5 GB
 };
-// Writes a fresh model directory (HF layout + tokenizer) from model.init.
+// Writes a fresh model directory (HF layout + tokenizer) from model.init, or
+// from an HF config.json, with random weights seeded by run.seed in
+// model.dtype.
 int init_model(const InitArgs& args);
 
 struct ScoreArgs {

@@ -29,6 +29,13 @@ int main(int argc, char** argv) {
   init->add_option("overrides", init_args.overrides, "key.path=value overrides");
   init->add_option("--out", init_args.out_dir, "Model directory to create")->required();
   init->add_flag("--overwrite", init_args.overwrite, "Replace an existing directory");
+  init->add_option("--hf-config", init_args.hf_config,
+                   "Build this Hugging Face config.json's architecture instead of model.init's");
+  init->add_option("--tokenizer", init_args.tokenizer,
+                   "tokenizer.json, or a directory with one (and tokenizer_config.json, "
+                   "generation_config.json), to write with the model");
+  init->add_option("--max-shard-mb", init_args.max_shard_mb,
+                   "Shard the weights into safetensors files of this size");
 
   relay::cli::ScoreArgs score_args;
   auto* score =

@@ -191,9 +191,8 @@ int main(int argc, char** argv) {
   cli::RolloutSetup& s = *setup;
   const ExperimentSection& ex = s.config.experiment;
   const ServicesConfig& sv = s.config.services;
-  StatusOr<trainer::TrainerOptions> to = trainer::trainer_options(s.config);
+  StatusOr<trainer::TrainerOptions> to = cli::trainer_options(s);
   if (!to.ok()) return fail(to.status());
-  to->pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
 
   // trainer.world_size > 1: every rank runs this program with the same
   // config. Rank 0 is the trainer below; the others make its trainer calls
@@ -513,6 +512,9 @@ int main(int argc, char** argv) {
   sopt.max_staleness = s.config.trainer.max_staleness;
   sopt.greedy_baseline = s.config.trainer.advantage.estimator == "remax";
   sopt.limits.vocab_size = s.policy->config().vocab_size;
+  sopt.limits.moe_layers = s.policy->config().num_moe_layers();
+  sopt.limits.moe_top_k = s.policy->config().num_experts_per_tok;
+  sopt.limits.num_experts = s.policy->config().num_experts;
   comm::TrainerService service(
       sopt, store->get(), dispenser->get(), &publisher,
       // A prompt's sampling seed is a function of its position in the

@@ -16,10 +16,12 @@
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/device.h"
+#include "relay/model/hf_config.h"
 #include "relay/model/threads.h"
 #include "relay/model/weight_manifest.h"
 #include "relay/rollout/eval_metrics.h"
 #include "relay/rollout/generate.h"
+#include "relay/trainer/options.h"
 
 namespace relay::cli {
 
@@ -47,6 +49,13 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
   pc.num_hidden_layers = init.layers;
   pc.num_attention_heads = init.heads;
   pc.num_key_value_heads = init.kv_heads;
+  pc.head_dim = init.head_dim;
+  if (init.arch == "qwen3_moe") {
+    pc.num_experts = init.experts;
+    pc.num_experts_per_tok = init.experts_per_tok;
+    pc.moe_intermediate_size = init.moe_ffn > 0 ? init.moe_ffn : init.ffn;
+    pc.norm_topk_prob = true;  // as Qwen3-MoE's released configs set it
+  }
   pc.max_position_embeddings = init.max_seq_len;
   pc.rope_theta = init.rope_theta;
   pc.rms_norm_eps = init.rms_norm_eps;
@@ -54,6 +63,7 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
   pc.attention_bias = init.arch == "qwen2";
   pc.bos_token_id = tokenizer.bos_id();
   pc.eos_token_id = tokenizer.eos_id();
+  if (pc.eos_token_id >= 0) pc.eos_token_ids = {pc.eos_token_id};
   pc.torch_dtype = config.model.dtype;
   RELAY_RETURN_IF_ERROR(model::validate(pc));
   return pc;
@@ -70,6 +80,7 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
   }
   const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
   model::configure_threads(s.config.run.threads);
+  model::return_freed_memory();
   s.model_dir = dir;
   if (!dir.empty()) {
     // model.dtype applies to loaded models too: a bf16 checkpoint trained in
@@ -122,21 +133,47 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
                                              s.task->size(), " prompts; asked for [", args.start,
                                              ", ", args.start + args.prompts, ")"));
   }
+  // Generation stops at any end-of-sequence id the model directory names:
+  // the tokenizer's eos (tokenizer_config.json), config.json's eos_token_id
+  // list and generation_config.json's.
   std::vector<int64_t> stops;
-  if (s.tokenizer->eos_id() >= 0) stops.push_back(s.tokenizer->eos_id());
+  auto add_stop = [&](int64_t id) {
+    if (id >= 0 && std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+  };
+  add_stop(s.tokenizer->eos_id());
+  for (int64_t id : s.policy->config().eos_token_ids) add_stop(id);
+  if (!dir.empty()) {
+    RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, model::read_generation_eos_ids(dir));
+    for (int64_t id : ids) add_stop(id);
+  }
+  // Ids past the tokenizer's vocabulary (an embedding padded to a multiple
+  // of 64 or 128) are never sampled, and an eos id there could never end a
+  // sequence.
+  const int64_t support = std::min(s.tokenizer->vocab_size(), s.policy->config().vocab_size);
+  stops.erase(std::remove_if(stops.begin(), stops.end(), [&](int64_t id) { return id >= support; }),
+              stops.end());
   for (size_t i = 0; i < s.config.rollout.stop.size(); ++i) {
     RELAY_ASSIGN_OR_RETURN(int64_t id, stop_token(*s.tokenizer, s.config.rollout.stop[i],
                                                   absl::StrCat("rollout.stop[", i, "]")));
-    stops.push_back(id);
+    add_stop(id);
   }
   for (const std::string& text : s.task->stop_strings()) {
     RELAY_ASSIGN_OR_RETURN(
         int64_t id, stop_token(*s.tokenizer, text, absl::StrCat("task '", s.task->name(), "'")));
-    stops.push_back(id);
+    add_stop(id);
   }
   RELAY_ASSIGN_OR_RETURN(s.engine, rollout::engine_options(s.config.rollout, stops));
   RELAY_ASSIGN_OR_RETURN(s.engine.autocast, model::parse_autocast(s.config.run.autocast));
+  if (support < s.policy->config().vocab_size) s.engine.vocab_limit = support;
   return s;
+}
+
+StatusOr<trainer::TrainerOptions> trainer_options(const RolloutSetup& s) {
+  RELAY_ASSIGN_OR_RETURN(trainer::TrainerOptions o, trainer::trainer_options(s.config));
+  o.pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
+  // The trainer scores over the support the engine samples from.
+  o.vocab_limit = s.engine.vocab_limit;
+  return o;
 }
 
 StatusOr<model::SaveOptions> model_save_options(const RolloutSetup& s) {

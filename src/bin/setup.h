@@ -64,6 +64,10 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
 // options with every stop token resolved. Errors name the flag or field.
 StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args);
 
+// The trainer's options for this setup: config.trainer, with the
+// tokenizer's pad id and the vocabulary support the engine samples from.
+StatusOr<trainer::TrainerOptions> trainer_options(const RolloutSetup& s);
+
 // How to write s's policy as a model directory others can load: the
 // tokenizer goes with it (relay's char tokenizer file, or the Hugging Face
 // tokenizer files of the directory the model came from).

@@ -39,6 +39,18 @@ std::vector<SampleRecord> sample_records(const std::vector<rollout::TrajectoryGr
       r.versions = t.token_versions;
       r.reward = t.reward;
       r.finish_reason = rollout::finish_reason_name(t.finish_reason);
+      if (!t.routed_experts.empty()) {
+        // Response token j came from position P - 1 + j's routing.
+        const size_t P = t.prompt_tokens.size(), L = t.routing_layers, k = t.routing_top_k;
+        for (size_t j = 0; j < t.response_tokens.size(); ++j) {
+          std::vector<std::vector<int32_t>> layers;
+          for (size_t l = 0; l < L; ++l) {
+            const auto at = t.routed_experts.begin() + ((P - 1 + j) * L + l) * k;
+            layers.emplace_back(at, at + k);
+          }
+          r.routing.push_back(std::move(layers));
+        }
+      }
       out.push_back(std::move(r));
     }
     if (!any) break;

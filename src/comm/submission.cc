@@ -91,6 +91,24 @@ Status check_trajectory_submission(const rollout::Trajectory& t, const std::stri
   if (Status s = rollout::check_trajectory(clamped); !s.ok()) {
     return bad(where, std::string(s.message()));
   }
+  if (l.moe_layers >= 0 && !t.routed_experts.empty()) {
+    if (l.moe_layers == 0) {
+      return bad(absl::StrCat(where, ".routed_experts"), "the model has no MoE layers");
+    }
+    if (t.routing_layers != l.moe_layers || t.routing_top_k != l.moe_top_k) {
+      return bad(
+          absl::StrCat(where, ".routing_layers"),
+          absl::StrCat(t.routing_layers, " layers x ", t.routing_top_k,
+                       " experts; the model routes ", l.moe_layers, " layers x ", l.moe_top_k));
+    }
+    for (size_t i = 0; i < t.routed_experts.size(); ++i) {
+      if (t.routed_experts[i] >= l.num_experts) {
+        return bad(
+            absl::StrCat(where, ".routed_experts[", i, "]"),
+            absl::StrCat("expert ", t.routed_experts[i], " outside [0, ", l.num_experts, ")"));
+      }
+    }
+  }
   RELAY_RETURN_IF_ERROR(check_versions(t.token_versions, where, "token_versions", c, false));
   RELAY_RETURN_IF_ERROR(check_versions(t.proximal_versions, where, "proximal_versions", c, true));
   if (!std::isfinite(t.reward)) {

@@ -99,7 +99,11 @@ void visit_fields(V& v, ModelInitConfig& c) {
   v.field("hidden", c.hidden);
   v.field("heads", c.heads);
   v.field("kv_heads", c.kv_heads);
+  v.field("head_dim", c.head_dim);
   v.field("ffn", c.ffn);
+  v.field("experts", c.experts);
+  v.field("experts_per_tok", c.experts_per_tok);
+  v.field("moe_ffn", c.moe_ffn);
   v.field("vocab", c.vocab);
   v.field("max_seq_len", c.max_seq_len);
   v.field("rope_theta", c.rope_theta);
@@ -127,6 +131,8 @@ void visit_fields(V& v, RolloutConfig& c) {
   v.field("stop", c.stop);
   v.field("record_raw_logprobs", c.record_raw_logprobs);
   v.field("num_slots", c.num_slots);
+  v.field("kv_cache_gb", c.kv_cache_gb);
+  v.field("kv_cache_fraction", c.kv_cache_fraction);
   v.field("interrupt", c.interrupt);
   v.field("workers", c.workers);
   v.field("groups_in_flight", c.groups_in_flight);
@@ -321,6 +327,8 @@ void visit_fields(V& v, TrainerConfig& c) {
   v.field("rendezvous", c.rendezvous);
   v.field("allreduce_bucket_mb", c.allreduce_bucket_mb);
   v.field("collective_timeout_s", c.collective_timeout_s);
+  v.field("activation_checkpointing", c.activation_checkpointing);
+  v.field("router_replay", c.router_replay);
   v.section("advantage", c.advantage);
   v.section("ppo", c.ppo);
   v.section("gspo", c.gspo);
@@ -838,7 +846,19 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
                  config.model.system_prompt);
   }
   const ModelInitConfig& init = config.model.init;
-  p.one_of("model.init.arch", init.arch, {"llama", "qwen2"});
+  p.one_of("model.init.arch", init.arch, {"llama", "qwen2", "qwen3", "qwen3_moe"});
+  p.at_least("model.init.head_dim", init.head_dim, 0);
+  if (init.head_dim % 2 != 0) p.add("model.init.head_dim", "must be even (RoPE)", init.head_dim);
+  if (init.arch == "qwen3_moe") {
+    p.at_least("model.init.experts", init.experts, 1);
+    p.at_least("model.init.experts_per_tok", init.experts_per_tok, 1);
+    if (init.experts_per_tok > init.experts) {
+      p.add("model.init.experts_per_tok",
+            absl::StrCat("must be <= model.init.experts (", init.experts, ")"),
+            init.experts_per_tok);
+    }
+    p.at_least("model.init.moe_ffn", init.moe_ffn, 0);
+  }
   p.at_least("model.init.layers", init.layers, 1);
   p.at_least("model.init.hidden", init.hidden, 1);
   p.at_least("model.init.heads", init.heads, 1);
@@ -850,7 +870,7 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
     p.add("model.init.kv_heads", absl::StrCat("must divide model.init.heads (", init.heads, ")"),
           init.kv_heads);
   }
-  if (init.heads >= 1 && init.hidden >= 1) {
+  if (init.heads >= 1 && init.hidden >= 1 && init.head_dim == 0) {
     if (init.hidden % init.heads != 0) {
       p.add("model.init.hidden",
             absl::StrCat("must be divisible by model.init.heads (", init.heads, ")"), init.hidden);
@@ -872,6 +892,13 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   }
 
   p.at_least("rollout.num_slots", rollout.num_slots, 1);
+  if (!(rollout.kv_cache_gb >= 0)) {
+    p.add("rollout.kv_cache_gb", "must be >= 0 (0 = kv_cache_fraction of free memory)",
+          rollout.kv_cache_gb);
+  }
+  if (!(rollout.kv_cache_fraction > 0 && rollout.kv_cache_fraction <= 1)) {
+    p.add("rollout.kv_cache_fraction", "must be in (0, 1]", rollout.kv_cache_fraction);
+  }
   p.at_least("rollout.workers", rollout.workers, 1);
   p.at_least("rollout.groups_in_flight", rollout.groups_in_flight, 1);
   p.one_of("rollout.interrupt", rollout.interrupt, {"recompute", "keep", "finish", "restart"});
@@ -957,6 +984,7 @@ std::vector<Problem> find_problems(const ExperimentConfig& config) {
   p.at_least("trainer.world_size", trainer.world_size, 1);
   p.at_least("trainer.allreduce_bucket_mb", trainer.allreduce_bucket_mb, 1);
   p.positive("trainer.collective_timeout_s", trainer.collective_timeout_s);
+  p.one_of("trainer.router_replay", trainer.router_replay, {"off", "replay"});
 
   const auto clip_pair = [&p](const std::string& section, double low, double high) {
     p.in_range(section + ".clip_low", low, 0, 1, /*open_hi=*/true);

@@ -180,6 +180,7 @@ std::string samples_jsonl_line(int64_t step, int64_t version,
                     {"token_ids", s.token_ids},
                     {"logprobs", std::move(logprobs)},
                     {"versions", s.versions}});
+    if (!s.routing.empty()) list.back()["routing"] = s.routing;
   }
   return dump({{"step", step}, {"version", version}, {"samples", std::move(list)}});
 }

@@ -776,6 +776,25 @@ int64_t BpeTokenizer::eos_id() const { return impl_->eos; }
 int64_t BpeTokenizer::bos_id() const { return impl_->bos; }
 int64_t BpeTokenizer::pad_id() const { return impl_->pad; }
 
+Status BpeTokenizer::use_special_tokens(const SpecialTokens& names, const std::string& source) {
+  int64_t ids[3] = {impl_->eos, impl_->bos, impl_->pad};
+  const std::optional<std::string>* given[3] = {&names.eos, &names.bos, &names.pad};
+  const char* keys[3] = {"eos_token", "bos_token", "pad_token"};
+  for (int i = 0; i < 3; ++i) {
+    if (!given[i]->has_value()) continue;
+    std::optional<int64_t> id = token_id(**given[i]);
+    if (!id) {
+      return InvalidArgumentError(absl::StrCat(source, ": ", keys[i], ": '", **given[i],
+                                               "' is not a token of the tokenizer"));
+    }
+    ids[i] = *id;
+  }
+  impl_->eos = ids[0];
+  impl_->bos = ids[1];
+  impl_->pad = ids[2];
+  return OkStatus();
+}
+
 std::optional<int64_t> BpeTokenizer::token_id(std::string_view token) const {
   for (const AddedToken& a : impl_->added) {
     if (a.content == token) return a.id;

@@ -3,6 +3,17 @@
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
+#include <algorithm>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#ifdef RELAY_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -49,7 +60,78 @@ void set_autocast(bool cuda, bool enabled, c10::ScalarType dtype) {
 #endif
 }
 
+// The value of `key` (e.g. "MemAvailable:") in a /proc file of "key value
+// kB" lines, in bytes; -1 when absent.
+int64_t proc_kib(const char* path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) != 0) continue;
+    std::istringstream fields(line.substr(key.size()));
+    int64_t kib = -1;
+    fields >> kib;
+    return kib >= 0 ? kib * 1024 : -1;
+  }
+  return -1;
+}
+
+// A one-number file (cgroup v2 memory.max / memory.current); -1 for "max" or
+// when absent.
+int64_t read_number(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  in >> text;
+  int64_t v = -1;
+  return absl::SimpleAtoi(text, &v) ? v : -1;
+}
+
 }  // namespace
+
+int64_t free_memory_bytes(c10::Device device) {
+  if (device.is_cuda()) {
+#ifdef RELAY_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(device);
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+    return static_cast<int64_t>(free);
+#else
+    return -1;
+#endif
+  }
+  int64_t available = proc_kib("/proc/meminfo", "MemAvailable:");
+  const int64_t limit = read_number("/sys/fs/cgroup/memory.max");
+  const int64_t used = read_number("/sys/fs/cgroup/memory.current");
+  if (limit > 0 && used >= 0 && (available < 0 || limit - used < available)) {
+    available = std::max<int64_t>(0, limit - used);
+  }
+  return available;
+}
+
+int64_t current_rss_bytes() { return proc_kib("/proc/self/status", "VmRSS:"); }
+int64_t peak_rss_bytes() { return proc_kib("/proc/self/status", "VmHWM:"); }
+
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  return static_cast<bool>(out.flush());
+}
+
+int64_t device_peak_bytes(c10::Device device) {
+#ifdef RELAY_WITH_CUDA
+  if (device.is_cuda()) {
+    using c10::cuda::CUDACachingAllocator::StatType;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+  }
+#endif
+  return -1;
+}
+
+void reset_device_peak(c10::Device device) {
+#ifdef RELAY_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+}
 
 bool cuda_available() {
 #ifdef RELAY_WITH_CUDA
@@ -97,6 +179,12 @@ StatusOr<std::optional<c10::ScalarType>> parse_autocast(const std::string& name)
   if (name == "float16") return std::optional<c10::ScalarType>(c10::ScalarType::Half);
   return InvalidArgumentError(
       absl::StrCat("run.autocast: '", name, "' is not none, bfloat16 or float16"));
+}
+
+std::optional<c10::ScalarType> current_autocast(c10::DeviceType device_type) {
+  const bool cuda = device_type == c10::DeviceType::CUDA;
+  if (!autocast_enabled(cuda)) return std::nullopt;
+  return autocast_dtype(cuda);
 }
 
 AutocastGuard::AutocastGuard(c10::DeviceType device_type, std::optional<c10::ScalarType> dtype) {

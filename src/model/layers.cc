@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "relay/model/kv_cache.h"
+#include "relay/model/rope.h"
 
 namespace relay::model {
 
@@ -18,25 +19,6 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
   xf = xf * torch::rsqrt(variance + eps_);
   return weight * xf.to(x.scalar_type());
-}
-
-at::Tensor rope_inv_freq(int64_t head_dim, double theta) {
-  // transformers: 1 / theta ** (arange(0, dim, 2).float() / dim), in fp32.
-  at::Tensor exponent = torch::arange(0, head_dim, 2, torch::kInt64).to(torch::kFloat32) /
-                        static_cast<float>(head_dim);
-  return 1.0 / torch::pow(torch::scalar_tensor(theta, torch::kFloat32), exponent);
-}
-
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions,
-                      const at::Tensor& inv_freq) {
-  // freqs [B, T, D/2] -> emb [B, T, D] = cat(freqs, freqs); cos/sin in fp32.
-  at::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;
-  at::Tensor emb = torch::cat({freqs, freqs}, -1);
-  at::Tensor cos = emb.cos().unsqueeze(1).to(x.scalar_type());
-  at::Tensor sin = emb.sin().unsqueeze(1).to(x.scalar_type());
-  const int64_t half = x.size(-1) / 2;
-  at::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
 }
 
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -60,30 +42,41 @@ AttentionImpl::AttentionImpl(const PolicyConfig& config, int64_t layer_index)
       num_kv_heads_(config.num_key_value_heads),
       head_dim_(config.resolved_head_dim()) {
   const int64_t hidden = config.hidden_size;
-  const bool bias = config.attention_bias || config.model_type == "qwen2";
+  // Qwen2Attention: q/k/v always biased, o never. Llama and Qwen3: all four
+  // follow attention_bias.
+  const bool qwen2 = config.model_type == "qwen2";
+  const bool qkv_bias = config.attention_bias || qwen2;
+  const bool o_bias = config.attention_bias && !qwen2;
   using torch::nn::LinearOptions;
   q_proj = register_module(
-      "q_proj", torch::nn::Linear(LinearOptions(hidden, num_heads_ * head_dim_).bias(bias)));
+      "q_proj", torch::nn::Linear(LinearOptions(hidden, num_heads_ * head_dim_).bias(qkv_bias)));
   k_proj = register_module(
-      "k_proj", torch::nn::Linear(LinearOptions(hidden, num_kv_heads_ * head_dim_).bias(bias)));
+      "k_proj", torch::nn::Linear(LinearOptions(hidden, num_kv_heads_ * head_dim_).bias(qkv_bias)));
   v_proj = register_module(
-      "v_proj", torch::nn::Linear(LinearOptions(hidden, num_kv_heads_ * head_dim_).bias(bias)));
+      "v_proj", torch::nn::Linear(LinearOptions(hidden, num_kv_heads_ * head_dim_).bias(qkv_bias)));
   o_proj = register_module(
-      "o_proj", torch::nn::Linear(LinearOptions(num_heads_ * head_dim_, hidden).bias(false)));
+      "o_proj", torch::nn::Linear(LinearOptions(num_heads_ * head_dim_, hidden).bias(o_bias)));
+  if (config.has_qk_norm()) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim_, config.rms_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(head_dim_, config.rms_norm_eps));
+  }
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x, const AttentionContext& ctx,
-                                  const at::Tensor& inv_freq) {
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const ForwardContext& ctx) {
   const int64_t B = x.size(0), T = x.size(1);
-  at::Tensor q = q_proj(x).view({B, T, num_heads_, head_dim_}).transpose(1, 2);
-  at::Tensor k = k_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);
+  at::Tensor q = q_proj(x).view({B, T, num_heads_, head_dim_});
+  at::Tensor k = k_proj(x).view({B, T, num_kv_heads_, head_dim_});
   at::Tensor v = v_proj(x).view({B, T, num_kv_heads_, head_dim_}).transpose(1, 2);
-  q = apply_rope(q, ctx.positions, inv_freq);
-  k = apply_rope(k, ctx.positions, inv_freq);
+  if (q_norm) {  // Qwen3: normalise each head's vector, then rotate
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = apply_rope(q.transpose(1, 2), ctx.positions, ctx.inv_freq, ctx.rope_scaling);
+  k = apply_rope(k.transpose(1, 2), ctx.positions, ctx.inv_freq, ctx.rope_scaling);
 
   if (ctx.cache != nullptr) {
-    // Write the valid new keys/values at their absolute positions, then read
-    // every slot's first kv_len positions back.
+    // Write the valid new keys/values into their rows of the cache's flat
+    // storage, then gather every row's first kv_len positions back.
     at::Tensor& cache_k = ctx.cache->keys(layer_index_);
     at::Tensor& cache_v = ctx.cache->values(layer_index_);
     auto flat = [&](const at::Tensor& t) {
@@ -91,25 +84,24 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const AttentionContext& c
           .reshape({B * T, num_kv_heads_, head_dim_})
           .index_select(0, ctx.write_rows);
     };
-    cache_k.index_put_({ctx.write_slots, ctx.write_pos}, flat(k).to(cache_k.scalar_type()));
-    cache_v.index_put_({ctx.write_slots, ctx.write_pos}, flat(v).to(cache_v.scalar_type()));
-    k = cache_k.narrow(1, 0, ctx.kv_len)
-            .index_select(0, ctx.slots)
-            .transpose(1, 2)
-            .to(q.scalar_type());
-    v = cache_v.narrow(1, 0, ctx.kv_len)
-            .index_select(0, ctx.slots)
-            .transpose(1, 2)
-            .to(q.scalar_type());
+    cache_k.index_copy_(0, ctx.write_index, flat(k).to(cache_k.scalar_type()));
+    cache_v.index_copy_(0, ctx.write_index, flat(v).to(cache_v.scalar_type()));
+    auto gather = [&](const at::Tensor& storage) {
+      return storage.index_select(0, ctx.read_index.view(-1))
+          .view({B, ctx.kv_len, num_kv_heads_, head_dim_})
+          .transpose(1, 2)
+          .to(q.scalar_type());
+    };
+    k = gather(cache_k);
+    v = gather(cache_v);
   }
 
   at::Tensor out = grouped_attention(q, k, v, ctx.mask);
   return o_proj(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
 }
 
-MlpImpl::MlpImpl(const PolicyConfig& config) {
+MlpImpl::MlpImpl(int64_t h, int64_t f) {
   using torch::nn::LinearOptions;
-  const int64_t h = config.hidden_size, f = config.intermediate_size;
   gate_proj = register_module("gate_proj", torch::nn::Linear(LinearOptions(h, f).bias(false)));
   up_proj = register_module("up_proj", torch::nn::Linear(LinearOptions(h, f).bias(false)));
   down_proj = register_module("down_proj", torch::nn::Linear(LinearOptions(f, h).bias(false)));
@@ -119,19 +111,84 @@ at::Tensor MlpImpl::forward(const at::Tensor& x) {
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const PolicyConfig& config, int64_t layer_index) {
+SparseMoeImpl::SparseMoeImpl(const PolicyConfig& config)
+    : num_experts_(config.num_experts),
+      top_k_(config.num_experts_per_tok),
+      norm_topk_prob_(config.norm_topk_prob) {
+  gate = register_module(
+      "gate",
+      torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, num_experts_).bias(false)));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    experts->push_back(Mlp(config.hidden_size, config.moe_intermediate_size));
+  }
+}
+
+at::Tensor SparseMoeImpl::forward(const at::Tensor& x, MoeRouting* routing, int64_t moe_index) {
+  const int64_t H = x.size(-1);
+  at::Tensor flat = x.reshape({-1, H});
+  const int64_t N = flat.size(0);
+  at::Tensor probs = torch::softmax(gate(flat), -1, torch::kFloat32);  // [N, E], fp32
+  auto top = probs.topk(top_k_, -1);
+  at::Tensor weights = std::get<0>(top);
+  at::Tensor chosen = std::get<1>(top);  // [N, k]
+  if (routing != nullptr && routing->recorded.defined()) {
+    at::Tensor recorded = routing->recorded.select(1, moe_index).to(chosen.device());  // [N, k]
+    TORCH_CHECK(recorded.size(0) == N && recorded.size(1) == top_k_, "SparseMoe: the record holds ",
+                recorded.sizes(), " ids for ", N, " rows of ", top_k_, " experts");
+    at::Tensor has = recorded.ge(0).all(-1);  // rows with a recorded choice
+    routing->differs.push_back(
+        has.logical_and(std::get<0>(recorded.sort(-1)).ne(std::get<0>(chosen.sort(-1))).any(-1)));
+    if (routing->replay) {
+      TORCH_CHECK(recorded.lt(num_experts_).all().item<bool>(),
+                  "SparseMoe: a replayed expert id is outside [0, ", num_experts_, ")");
+      chosen = torch::where(has.unsqueeze(1), recorded, chosen);
+      weights = probs.gather(1, chosen);
+    }
+  }
+  if (norm_topk_prob_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(x.scalar_type());
+  if (routing != nullptr && routing->record) routing->chosen.push_back(chosen.detach());
+
+  // Gather each expert's (token, slot) pairs: sort the N * k choices by
+  // expert; one read of the per-expert counts tells where each run starts.
+  at::Tensor by_expert = chosen.reshape(-1);
+  at::Tensor order = std::get<1>(by_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  at::Tensor counts = torch::bincount(by_expert, {}, num_experts_).to(torch::kCPU);
+  const int64_t* count = counts.data_ptr<int64_t>();
+  at::Tensor token_of = order.div(top_k_, "floor");
+  at::Tensor weight_of = weights.reshape(-1).index_select(0, order);
+  at::Tensor out = torch::zeros_like(flat);
+  int64_t start = 0;
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    if (count[e] == 0) continue;
+    at::Tensor rows = token_of.narrow(0, start, count[e]);
+    at::Tensor y = experts[e]->as<MlpImpl>()->forward(flat.index_select(0, rows)) *
+                   weight_of.narrow(0, start, count[e]).unsqueeze(1);
+    out.index_add_(0, rows, y.to(out.scalar_type()));
+    start += count[e];
+  }
+  return out.view(x.sizes());
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const PolicyConfig& config, int64_t layer_index)
+    : moe_index_(config.moe_layer_index(layer_index)) {
   input_layernorm =
       register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
   self_attn = register_module("self_attn", Attention(config, layer_index));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
-  mlp = register_module("mlp", Mlp(config));
+  if (moe_index_ >= 0) {
+    moe = register_module("mlp", SparseMoe(config));
+  } else {
+    mlp = register_module("mlp", Mlp(config.hidden_size, config.intermediate_size));
+  }
 }
 
-at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const AttentionContext& ctx,
-                                     const at::Tensor& inv_freq) {
-  at::Tensor h = x + self_attn(input_layernorm(x), ctx, inv_freq);
-  return h + mlp(post_attention_layernorm(h));
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const ForwardContext& ctx) {
+  at::Tensor h = x + self_attn(input_layernorm(x), ctx);
+  at::Tensor n = post_attention_layernorm(h);
+  return h + (moe ? moe->forward(n, ctx.routing, moe_index_) : mlp(n));
 }
 
 }  // namespace relay::model

@@ -4,11 +4,16 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "relay/model/device.h"
 #include "relay/model/kv_cache.h"
+#include "relay/model/lm_head.h"
+#include "relay/model/rope.h"
 
 namespace relay::model {
 namespace {
@@ -26,6 +31,84 @@ at::Tensor attention_mask(const at::Tensor& past, const at::Tensor& len, int64_t
   return key.le(query_pos).logical_and(key.lt(end));
 }
 
+// Activation checkpointing of one decoder layer (the reentrant form of
+// torch.utils.checkpoint): the forward runs without autograd and keeps the
+// layer's input; backward reruns the layer with autograd, under the autocast
+// the forward had and with the MoE routing the forward chose, and
+// backpropagates through it (parameter gradients accumulate as usual).
+class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ac, const at::Tensor& x,
+                            DecoderLayerImpl* layer, const ForwardContext* fctx) {
+    ForwardContext run = *fctx;
+    MoeRouting local;
+    MoeRouting* outer = fctx->routing;
+    const bool moe = layer->moe_index() >= 0;
+    if (moe) {
+      if (outer != nullptr) {
+        local.recorded = outer->recorded;
+        local.replay = outer->replay;
+      }
+      local.record = true;
+      run.routing = &local;
+    }
+    at::Tensor y;
+    {
+      torch::NoGradGuard no_grad;
+      y = layer->forward(x, run);
+    }
+    if (moe && outer != nullptr) {
+      if (outer->record) outer->chosen.push_back(local.chosen.back());
+      if (!local.differs.empty()) outer->differs.push_back(local.differs.back());
+    }
+    ac->save_for_backward({x});
+    ac->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+    ac->saved_data["positions"] = run.positions;
+    ac->saved_data["mask"] = run.mask;
+    ac->saved_data["inv_freq"] = run.inv_freq;
+    ac->saved_data["rope_scaling"] = run.rope_scaling;
+    if (moe) ac->saved_data["chosen"] = local.chosen.back();
+    const c10::DeviceType type = x.device().type();
+    const std::optional<c10::ScalarType> autocast = current_autocast(type);
+    ac->saved_data["autocast"] = autocast ? static_cast<int64_t>(*autocast) : int64_t{-1};
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ac,
+                                                 torch::autograd::variable_list grads) {
+    auto* layer = reinterpret_cast<DecoderLayerImpl*>(ac->saved_data["layer"].toInt());
+    ForwardContext ctx;
+    ctx.positions = ac->saved_data["positions"].toTensor();
+    ctx.mask = ac->saved_data["mask"].toTensor();
+    ctx.inv_freq = ac->saved_data["inv_freq"].toTensor();
+    ctx.rope_scaling = ac->saved_data["rope_scaling"].toDouble();
+    MoeRouting replay;
+    if (layer->moe_index() >= 0) {
+      // The recompute takes the experts the forward took, whatever the
+      // router would say now.
+      const at::Tensor chosen = ac->saved_data["chosen"].toTensor();
+      replay.recorded = torch::full({chosen.size(0), layer->moe_index() + 1, chosen.size(1)}, -1,
+                                    chosen.options());
+      replay.recorded.select(1, layer->moe_index()).copy_(chosen);
+      replay.replay = true;
+      ctx.routing = &replay;
+    }
+    const at::Tensor x = ac->get_saved_variables()[0].detach().requires_grad_(true);
+    const int64_t autocast = ac->saved_data["autocast"].toInt();
+    at::Tensor y;
+    {
+      torch::AutoGradMode enable(true);
+      const AutocastGuard guard(
+          x.device().type(),
+          autocast >= 0 ? std::optional<c10::ScalarType>(static_cast<c10::ScalarType>(autocast))
+                        : std::nullopt);
+      y = layer->forward(x, ctx);
+    }
+    torch::autograd::backward({y}, {grads[0]});
+    return {x.grad(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 DecoderImpl::DecoderImpl(const PolicyConfig& config) {
@@ -36,10 +119,14 @@ DecoderImpl::DecoderImpl(const PolicyConfig& config) {
   norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
 }
 
-at::Tensor DecoderImpl::forward(const at::Tensor& input_ids, const AttentionContext& ctx,
-                                const at::Tensor& inv_freq) {
+at::Tensor DecoderImpl::forward(const at::Tensor& input_ids, const ForwardContext& ctx,
+                                bool checkpointing) {
   at::Tensor h = embed_tokens(input_ids);
-  for (const auto& layer : *layers) h = layer->as<DecoderLayerImpl>()->forward(h, ctx, inv_freq);
+  const bool recompute = checkpointing && torch::GradMode::is_enabled();
+  for (const auto& layer : *layers) {
+    auto* l = layer->as<DecoderLayerImpl>();
+    h = recompute ? CheckpointedLayer::apply(h, l, &ctx) : l->forward(h, ctx);
+  }
   return norm(h);
 }
 
@@ -52,33 +139,53 @@ PolicyImpl::PolicyImpl(const PolicyConfig& config) : config_(config) {
         torch::nn::Linear(
             torch::nn::LinearOptions(config.hidden_size, config.vocab_size).bias(false)));
   }
-  // Kept out of the registered buffers on purpose: module.to(kBFloat16) would
-  // round the frequencies, and they must stay fp32 as in transformers.
-  inv_freq_ = rope_inv_freq(config.resolved_head_dim(), config.rope_theta);
+  const RopeFrequencies rope = rope_frequencies(config);
+  inv_freq_ = rope.inv_freq;
+  rope_scaling_ = rope.attention_scaling;
 }
 
 const at::Tensor& PolicyImpl::lm_head_weight() {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
 
-at::Tensor PolicyImpl::logits(const at::Tensor& hidden) {
-  return torch::nn::functional::linear(hidden, lm_head_weight());
+at::Tensor PolicyImpl::head_rows(int64_t vocab_limit) {
+  const at::Tensor& w = lm_head_weight();
+  if (vocab_limit <= 0 || vocab_limit >= w.size(0)) return w;
+  return w.narrow(0, 0, vocab_limit);
 }
 
-at::Tensor PolicyImpl::hidden_states(const at::Tensor& input_ids, const at::Tensor& lengths) {
+at::Tensor PolicyImpl::logits(const at::Tensor& hidden, int64_t vocab_limit) {
+  return torch::nn::functional::linear(hidden, head_rows(vocab_limit));
+}
+
+void PolicyImpl::set_rope(ForwardContext& ctx, int64_t seq_len, c10::Device device) {
+  ctx.rope_scaling = rope_scaling_;
+  if (rope_depends_on_length(config_) && seq_len > config_.max_position_embeddings) {
+    const RopeFrequencies rope = rope_frequencies(config_, seq_len);
+    ctx.inv_freq = rope.inv_freq.to(device);
+    ctx.rope_scaling = rope.attention_scaling;
+    return;
+  }
+  if (inv_freq_.device() != device) inv_freq_ = inv_freq_.to(device);
+  ctx.inv_freq = inv_freq_;
+}
+
+at::Tensor PolicyImpl::hidden_states(const at::Tensor& input_ids, const at::Tensor& lengths,
+                                     MoeRouting* routing) {
   TORCH_CHECK(input_ids.dim() == 2, "Policy: input_ids must be [B, T], got ", input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   const c10::Device device = model->embed_tokens->weight.device();
-  if (inv_freq_.device() != device) inv_freq_ = inv_freq_.to(device);
   at::Tensor len = lengths.defined()
                        ? lengths.to(device, torch::kInt64)
                        : torch::full({B}, T, torch::dtype(torch::kInt64).device(device));
   TORCH_CHECK(len.numel() == B, "Policy: lengths has ", len.numel(), " entries for ", B, " rows");
-  AttentionContext ctx;
+  ForwardContext ctx;
   at::Tensor past = torch::zeros({B}, len.options());
   ctx.positions = torch::arange(T, len.options()).view({1, T}).expand({B, T});
   ctx.mask = attention_mask(past, len, T, T);
-  return model->forward(input_ids.to(device), ctx, inv_freq_);
+  ctx.routing = routing;
+  set_rope(ctx, T, device);
+  return model->forward(input_ids.to(device), ctx, checkpointing_);
 }
 
 at::Tensor PolicyImpl::forward(const at::Tensor& input_ids, const at::Tensor& lengths) {
@@ -100,7 +207,7 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
   TORCH_CHECK(options.temperature > 0, "Policy::score: temperature must be > 0");
   TORCH_CHECK(options.chunk_tokens >= 1, "Policy::score: chunk_tokens must be >= 1");
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
-  at::Tensor hidden = hidden_states(input_ids, lengths);
+  at::Tensor hidden = hidden_states(input_ids, lengths, options.routing);
   ScoreOutput out;
   if (T < 2) {
     out.logprobs = torch::zeros({B, 0}, hidden.options().dtype(torch::kFloat32));
@@ -109,21 +216,17 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
   }
   const int64_t n = B * (T - 1);
   at::Tensor h = hidden.narrow(1, 0, T - 1).reshape({n, hidden.size(2)});
-  at::Tensor targets = input_ids.to(hidden.device()).narrow(1, 1, T - 1).reshape({n, 1});
-  std::vector<at::Tensor> parts, entropies;
-  for (int64_t start = 0; start < n; start += options.chunk_tokens) {
-    const int64_t len = std::min(options.chunk_tokens, n - start);
-    at::Tensor z = logits(h.narrow(0, start, len)).to(torch::kFloat32);
-    if (options.temperature != 1.0) z = z / options.temperature;
-    at::Tensor lse = z.logsumexp(-1);
-    parts.push_back(z.gather(1, targets.narrow(0, start, len)).squeeze(1) - lse);
-    if (with_entropy) {
-      // H = lse - E_p[z]: one softmax, no [chunk, V] log-softmax kept.
-      entropies.push_back(lse - (torch::softmax(z, -1) * z).sum(-1));
-    }
-  }
-  out.logprobs = torch::cat(parts).view({B, T - 1});
-  if (with_entropy) out.entropy = torch::cat(entropies).view({B, T - 1});
+  at::Tensor targets =
+      input_ids.to(hidden.device(), torch::kInt64).narrow(1, 1, T - 1).reshape({n});
+  const at::Tensor head = head_rows(options.vocab_limit);
+  // A target outside the support (only a padding id could be) scores -inf.
+  const int64_t support = head.size(0);
+  at::Tensor outside = targets.ge(support);
+  TokenScores s = lm_head_token_scores(h, head, targets.clamp_max(support - 1), options.temperature,
+                                       options.chunk_tokens, with_entropy);
+  out.logprobs =
+      s.logprobs.masked_fill(outside, -std::numeric_limits<float>::infinity()).view({B, T - 1});
+  if (with_entropy) out.entropy = s.entropy.view({B, T - 1});
   if (lengths.defined()) {
     at::Tensor len = lengths.to(out.logprobs.device(), torch::kInt64).view({B, 1});
     at::Tensor pad = torch::arange(T - 1, len.options()).view({1, T - 1}).ge(len - 1);
@@ -134,7 +237,8 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
 }
 
 at::Tensor PolicyImpl::extend(const at::Tensor& input_ids, const at::Tensor& new_lengths,
-                              const at::Tensor& slots, KVCache& cache, ExtendLogits which) {
+                              const at::Tensor& slots, KVCache& cache,
+                              const ExtendOptions& options) {
   TORCH_CHECK(input_ids.dim() == 2, "Policy::extend: input_ids must be [B, T], got ",
               input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
@@ -145,8 +249,10 @@ at::Tensor PolicyImpl::extend(const at::Tensor& input_ids, const at::Tensor& new
   const int64_t* len_p = len_cpu.data_ptr<int64_t>();
   const int64_t* slot_p = slot_cpu.data_ptr<int64_t>();
 
-  // Host-side bookkeeping: where each valid new token goes in the cache.
-  std::vector<int64_t> past(B), rows, wslots, wpos;
+  // Host-side bookkeeping: room for every row's new positions first (so a
+  // full cache fails before anything is computed), then where each valid
+  // new token goes and where each row's keys are read from.
+  std::vector<int64_t> past(B), rows, wrows;
   std::vector<bool> seen(cache.num_slots(), false);
   int64_t kv_len = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -162,38 +268,44 @@ at::Tensor PolicyImpl::extend(const at::Tensor& input_ids, const at::Tensor& new
                 past[b], " positions; ", n, " more exceed the cache's max_seq_len ",
                 cache.max_seq_len());
     kv_len = std::max(kv_len, past[b] + n);
-    for (int64_t t = 0; t < n; ++t) {
+  }
+  for (int64_t b = 0; b < B; ++b) cache.prepare_write(slot_p[b], past[b] + len_p[b]);
+  at::Tensor read = torch::full({B, kv_len}, KVCache::kZeroRow, torch::kInt64);
+  int64_t* read_p = read.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t end = past[b] + len_p[b];
+    cache.storage_rows(slot_p[b], end, read_p + b * kv_len);
+    for (int64_t t = 0; t < len_p[b]; ++t) {
       rows.push_back(b * T + t);
-      wslots.push_back(slot);
-      wpos.push_back(past[b] + t);
+      wrows.push_back(read_p[b * kv_len + past[b] + t]);
     }
   }
 
   const c10::Device device = model->embed_tokens->weight.device();
-  if (inv_freq_.device() != device) inv_freq_ = inv_freq_.to(device);
   auto to_dev = [&](const std::vector<int64_t>& v) {
     return torch::tensor(v, torch::kInt64).to(device);
   };
   at::Tensor past_t = to_dev(past);
   at::Tensor len_t = len_cpu.to(device);
-  AttentionContext ctx;
+  ForwardContext ctx;
   ctx.positions = past_t.view({B, 1}) + torch::arange(T, past_t.options()).view({1, T});
   ctx.mask = attention_mask(past_t, len_t, T, kv_len);
   ctx.cache = &cache;
-  ctx.slots = slot_cpu.to(device);
   ctx.kv_len = kv_len;
   ctx.write_rows = to_dev(rows);
-  ctx.write_slots = to_dev(wslots);
-  ctx.write_pos = to_dev(wpos);
+  ctx.write_index = to_dev(wrows);
+  ctx.read_index = read.to(device);
+  ctx.routing = options.routing;
+  set_rope(ctx, kv_len, device);
 
-  at::Tensor hidden = model->forward(input_ids.to(device), ctx, inv_freq_);
+  at::Tensor hidden = model->forward(input_ids.to(device), ctx);
   // Only now is the step complete: a throw above leaves every length as it was.
   for (int64_t b = 0; b < B; ++b) cache.advance(slot_p[b], len_p[b]);
 
-  if (which == ExtendLogits::kNone) return at::Tensor();
-  if (which == ExtendLogits::kAll) return logits(hidden);
+  if (options.which == ExtendLogits::kNone) return at::Tensor();
+  if (options.which == ExtendLogits::kAll) return logits(hidden, options.vocab_limit);
   at::Tensor last = (len_t - 1).view({B, 1, 1}).expand({B, 1, hidden.size(2)});
-  return logits(hidden.gather(1, last).squeeze(1));
+  return logits(hidden.gather(1, last).squeeze(1), options.vocab_limit);
 }
 
 void init_weights(PolicyImpl& policy, uint64_t seed, double initializer_range) {

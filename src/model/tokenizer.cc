@@ -117,10 +117,49 @@ StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_file(const std::string& path
   return std::unique_ptr<Tokenizer>(new CharTokenizer(std::move(t)));
 }
 
+namespace {
+
+// tokenizer_config.json's special token names: a string, or an object with
+// "content" (an AddedToken), or null.
+StatusOr<BpeTokenizer::SpecialTokens> read_special_tokens(const std::string& path) {
+  RELAY_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgumentError(path + ": not a JSON object");
+  BpeTokenizer::SpecialTokens names;
+  auto read = [&](const char* key, std::optional<std::string>* out) -> Status {
+    if (!j.contains(key) || j[key].is_null()) return OkStatus();
+    const nlohmann::json& v = j[key];
+    if (v.is_string()) {
+      *out = v.get<std::string>();
+    } else if (v.is_object() && v.contains("content") && v["content"].is_string()) {
+      *out = v["content"].get<std::string>();
+    } else {
+      return InvalidArgumentError(absl::StrCat(
+          path, ": ", key, ": expected a string or {\"content\": ...}, got ", v.dump()));
+    }
+    return OkStatus();
+  };
+  RELAY_RETURN_IF_ERROR(read("eos_token", &names.eos));
+  RELAY_RETURN_IF_ERROR(read("bos_token", &names.bos));
+  RELAY_RETURN_IF_ERROR(read("pad_token", &names.pad));
+  return names;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) {
-  for (const char* name : {kCharTokenizerFile, kHfTokenizerFile}) {
-    const std::string path = (std::filesystem::path(model_dir) / name).string();
-    if (std::filesystem::exists(path)) return load_tokenizer_file(path);
+  const std::string char_path = (std::filesystem::path(model_dir) / kCharTokenizerFile).string();
+  if (std::filesystem::exists(char_path)) return load_tokenizer_file(char_path);
+  const std::string hf_path = (std::filesystem::path(model_dir) / kHfTokenizerFile).string();
+  if (std::filesystem::exists(hf_path)) {
+    RELAY_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> t, load_tokenizer_file(hf_path));
+    const std::string config = (std::filesystem::path(model_dir) / kHfTokenizerConfigFile).string();
+    auto* bpe = dynamic_cast<BpeTokenizer*>(t.get());
+    if (bpe != nullptr && std::filesystem::exists(config)) {
+      RELAY_ASSIGN_OR_RETURN(BpeTokenizer::SpecialTokens names, read_special_tokens(config));
+      RELAY_RETURN_IF_ERROR(bpe->use_special_tokens(names, config));
+    }
+    return t;
   }
   return NotFoundError(absl::StrCat(model_dir, ": no tokenizer (", kCharTokenizerFile, " or ",
                                     kHfTokenizerFile, ")"));

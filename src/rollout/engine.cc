@@ -8,6 +8,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "relay/model/device.h"
 
@@ -28,8 +29,19 @@ StatusOr<EngineOptions> engine_options(const RolloutConfig& config,
     return InvalidArgumentError(
         absl::StrCat("rollout.max_new_tokens: must be >= 1, got ", config.max_new_tokens));
   }
+  if (!(config.kv_cache_gb >= 0) || !std::isfinite(config.kv_cache_gb)) {
+    return InvalidArgumentError(absl::StrCat(
+        "rollout.kv_cache_gb: must be >= 0 (0 = kv_cache_fraction of free memory), got ",
+        config.kv_cache_gb));
+  }
+  if (!(config.kv_cache_fraction > 0 && config.kv_cache_fraction <= 1)) {
+    return InvalidArgumentError(absl::StrCat("rollout.kv_cache_fraction: must be in (0, 1], got ",
+                                             config.kv_cache_fraction));
+  }
   o.num_slots = config.num_slots;
   o.max_new_tokens = config.max_new_tokens;
+  o.kv_cache_bytes = static_cast<int64_t>(config.kv_cache_gb * (1ull << 30));
+  o.kv_cache_fraction = config.kv_cache_fraction;
   o.sampling.temperature = config.temperature;
   o.sampling.top_k = config.top_k;
   o.sampling.top_p = config.top_p;
@@ -64,6 +76,8 @@ struct Engine::Sequence {
   int64_t score_from = 0;
   bool proximal_pass = false;  // the next pass records proximal values
   bool done = false;
+  // MoE routing of positions [0, routing.size() / width), first run wins.
+  std::vector<int32_t> routing;
 
   int64_t response_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
@@ -76,20 +90,23 @@ struct Engine::Group {
   int finished = 0;
 };
 
-Engine::Engine(model::Policy policy, EngineOptions options, int64_t version, uint64_t digest)
+Engine::Engine(model::Policy policy, EngineOptions options, const model::KVCacheOptions& cache,
+               int64_t version, uint64_t digest)
     : policy_(std::move(policy)),
       options_(std::move(options)),
-      cache_(policy_->config(), options_.num_slots,
-             options_.max_seq_len > 0 ? options_.max_seq_len
-                                      : policy_->config().max_position_embeddings,
-             policy_->model->embed_tokens->weight.scalar_type(),
-             policy_->model->embed_tokens->weight.device()),
+      cache_(policy_->config(), cache),
       capacity_(cache_.max_seq_len()),
+      routing_width_(options_.record_routing ? policy_->config().num_moe_layers() *
+                                                   policy_->config().num_experts_per_tok
+                                             : 0),
       version_(version),
       slots_(options_.num_slots, nullptr),
       start_time_(std::chrono::steady_clock::now()) {
   digests_[version] = digest;
   staged_version_ = version;
+  stats_.kv_capacity_positions = cache_.num_blocks() * cache_.block_size();
+  stats_.kv_bytes_per_position = cache_.bytes_per_position();
+  stats_snapshot_ = stats_;
   version_snapshot_ = version;
   for (const auto& item : policy_->named_parameters()) {
     param_shapes_.emplace(item.key(), item.value().sizes().vec());
@@ -123,9 +140,63 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
                                                " outside the vocabulary [0, ", vocab, ")"));
     }
   }
+  const model::PolicyConfig& pc = policy->config();
+  if (options.vocab_limit < 0 || options.vocab_limit > vocab) {
+    return InvalidArgumentError(absl::StrCat("vocab_limit: must be in [0, ", vocab,
+                                             "] (0 = the whole vocabulary), got ",
+                                             options.vocab_limit));
+  }
+  const int64_t support = options.vocab_limit > 0 ? options.vocab_limit : vocab;
+  for (size_t i = 0; i < options.stop_tokens.size(); ++i) {
+    if (options.stop_tokens[i] >= support) {
+      return InvalidArgumentError(
+          absl::StrCat("stop_tokens[", i, "]: token id ", options.stop_tokens[i],
+                       " can never be sampled: the tokenizer's vocabulary ends at ", support));
+    }
+  }
+  if (options.kv_block_size < 1) {
+    return InvalidArgumentError(
+        absl::StrCat("kv_block_size: must be >= 1, got ", options.kv_block_size));
+  }
+
+  // The KV budget: blocks of kv_block_size positions, as many as the bytes
+  // allow (rollout.kv_cache_gb), or as many as every slot at its capacity
+  // needs, within a fraction of the free memory.
+  const at::Tensor& weight = policy->model->embed_tokens->weight;
+  model::KVCacheOptions kv;
+  kv.num_slots = options.num_slots;
+  kv.max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : pc.max_position_embeddings;
+  kv.block_size = options.kv_block_size;
+  kv.dtype = weight.scalar_type();
+  kv.device = weight.device();
+  const int64_t position_bytes = 2 * pc.num_hidden_layers * pc.num_key_value_heads *
+                                 pc.resolved_head_dim() * c10::elementSize(kv.dtype);
+  const int64_t block_bytes = position_bytes * kv.block_size;
+  const int64_t blocks_per_seq = (kv.max_seq_len + kv.block_size - 1) / kv.block_size;
+  int64_t budget = options.kv_cache_bytes;
+  if (budget == 0) {
+    budget = options.num_slots * blocks_per_seq * block_bytes;
+    const int64_t free = model::free_memory_bytes(kv.device);
+    if (free > 0) {
+      budget = std::min<int64_t>(budget, static_cast<int64_t>(options.kv_cache_fraction * free));
+    }
+  }
+  kv.num_blocks = budget / block_bytes;
+  const int64_t smallest = std::min(kv.max_seq_len, 1 + options.max_new_tokens);
+  const int64_t min_blocks = (smallest + kv.block_size - 1) / kv.block_size;
+  if (kv.num_blocks < min_blocks) {
+    return InvalidArgumentError(absl::StrFormat(
+        "rollout.kv_cache_gb: a budget of %.4g GiB holds %d positions of this model (%d bytes "
+        "each); one sequence of a 1-token prompt and max_new_tokens %d needs %d: set at least "
+        "%.4g GiB%s",
+        static_cast<double>(budget) / (1ull << 30), kv.num_blocks * kv.block_size, position_bytes,
+        options.max_new_tokens, smallest,
+        static_cast<double>(min_blocks * block_bytes) / (1ull << 30),
+        options.kv_cache_bytes == 0 ? " (it was kv_cache_fraction of the free memory)" : ""));
+  }
   policy->eval();
   return std::unique_ptr<Engine>(
-      new Engine(std::move(policy), std::move(options), version, digest));
+      new Engine(std::move(policy), std::move(options), kv, version, digest));
 }
 
 // ---------------------------------------------------------------------------
@@ -136,8 +207,10 @@ Status Engine::submit(PromptGroup group) {
   if (group.k < 1)
     return InvalidArgumentError(absl::StrCat(where, ": k: must be >= 1, got ", group.k));
   if (group.prompt.empty()) return InvalidArgumentError(absl::StrCat(where, ": prompt: empty"));
-  const int64_t vocab = policy_->config().vocab_size;
-  auto check_ids = [&](const std::vector<int64_t>& ids, const char* field) -> Status {
+  // Prompts may hold any id of the model; forced target tokens are scored as
+  // samples are, so they must lie in the sampling support.
+  auto check_ids = [&](const std::vector<int64_t>& ids, const char* field,
+                       int64_t vocab) -> Status {
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= vocab) {
         return InvalidArgumentError(absl::StrCat(where, ": ", field, "[", i, "]: token id ", ids[i],
@@ -146,12 +219,26 @@ Status Engine::submit(PromptGroup group) {
     }
     return OkStatus();
   };
-  RELAY_RETURN_IF_ERROR(check_ids(group.prompt, "prompt"));
-  RELAY_RETURN_IF_ERROR(check_ids(group.target, "target"));
-  if (static_cast<int64_t>(group.prompt.size()) >= capacity_) {
-    return InvalidArgumentError(absl::StrCat(where, ": prompt: length ", group.prompt.size(),
-                                             " leaves no room in a slot of ", capacity_,
+  const int64_t vocab = policy_->config().vocab_size;
+  RELAY_RETURN_IF_ERROR(check_ids(group.prompt, "prompt", vocab));
+  RELAY_RETURN_IF_ERROR(
+      check_ids(group.target, "target", options_.vocab_limit > 0 ? options_.vocab_limit : vocab));
+  const auto prompt_len = static_cast<int64_t>(group.prompt.size());
+  if (prompt_len >= capacity_) {
+    return InvalidArgumentError(absl::StrCat(where, ": prompt: length ", prompt_len,
+                                             " leaves no room in a sequence of ", capacity_,
                                              " positions"));
+  }
+  const int64_t need = std::min(capacity_, prompt_len + options_.max_new_tokens);
+  if (cache_.blocks_for(need) > cache_.num_blocks()) {
+    const double gib = static_cast<double>(cache_.blocks_for(need) * cache_.block_size() *
+                                           cache_.bytes_per_position()) /
+                       (1ull << 30);
+    return InvalidArgumentError(absl::StrFormat(
+        "%s: prompt of %d tokens + max_new_tokens %d need %d KV positions; the budget holds %d "
+        "(rollout.kv_cache_gb: at least %.4g GiB)",
+        where, prompt_len, options_.max_new_tokens, need, cache_.num_blocks() * cache_.block_size(),
+        gib));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!open_ids_.insert(group.group_id).second) {
@@ -379,6 +466,7 @@ void Engine::apply_update(PendingUpdate& update) {
         ++seq->out.restarts;
         reset_cache(*seq);
         begin_response(*seq);
+        seq->routing.clear();  // everything is run again under the new weights
         break;
     }
   }
@@ -410,10 +498,20 @@ void Engine::begin_response(Sequence& seq) {
   seq.proximal_pass = false;
 }
 
+int64_t Engine::reserved_positions(const Sequence& seq) const {
+  return std::min(capacity_, seq.prompt_len + options_.max_new_tokens);
+}
+
 void Engine::admit(double now) {
   for (int64_t slot = 0; slot < options_.num_slots && !waiting_.empty(); ++slot) {
     if (slots_[slot] != nullptr) continue;
     Sequence* seq = waiting_.front();
+    // In order: a sequence that does not fit yet waits for room, and those
+    // behind it wait with it (no overtaking, so none waits forever).
+    if (!cache_.reserve(slot, reserved_positions(*seq))) {
+      ++stats_.admission_waits;
+      break;
+    }
     waiting_.pop_front();
     slots_[slot] = seq;
     seq->slot = slot;
@@ -439,12 +537,51 @@ at::Tensor Engine::extend_rows(const std::vector<Sequence*>& rows, const std::ve
     lens.data_ptr<int64_t>()[b] = ends[b] - s.kv_len;
     slots.data_ptr<int64_t>()[b] = s.slot;
   }
-  at::Tensor logits = policy_->extend(ids, lens, slots, cache_, which);
+  model::ExtendOptions eo;
+  eo.which = which;
+  eo.vocab_limit = options_.vocab_limit;
+  model::MoeRouting routing;
+  routing.record = routing_width_ > 0;
+  if (routing.record) eo.routing = &routing;
+  at::Tensor logits = policy_->extend(ids, lens, slots, cache_, eo);
+  if (routing.record) record_routing(rows, ends, T, routing);
   for (int64_t b = 0; b < B; ++b) {
     if (rows[b]->kv_len == 0) rows[b]->kv_epoch = epoch_;
     rows[b]->kv_len = ends[b];
   }
+  stats_.kv_peak_positions = cache_.peak_blocks_in_use() * cache_.block_size();
   return logits;
+}
+
+void Engine::record_routing(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
+                            int64_t T, model::MoeRouting& routing) {
+  // [B * T, layers, k] on the host, as int32.
+  at::Tensor all = torch::stack(routing.chosen, 1).to(torch::kCPU, torch::kInt32).contiguous();
+  const int32_t* p = all.data_ptr<int32_t>();
+  for (size_t b = 0; b < rows.size(); ++b) {
+    Sequence& seq = *rows[b];
+    // Row b ran positions kv_len .. ends[b] - 1; positions already recorded
+    // keep their first run. A gap (positions never recorded) stays a gap,
+    // and such a sequence finishes without routing.
+    const int64_t start = seq.kv_len;
+    const auto have = static_cast<int64_t>(seq.routing.size()) / routing_width_;
+    if (have < start) continue;
+    for (int64_t pos = have; pos < ends[b]; ++pos) {
+      const int32_t* at = p + (static_cast<int64_t>(b) * T + (pos - start)) * routing_width_;
+      seq.routing.insert(seq.routing.end(), at, at + routing_width_);
+    }
+  }
+}
+
+void Engine::share_routing(const Sequence& donor, Sequence& seq, int64_t positions) {
+  if (routing_width_ == 0) return;
+  const auto have = static_cast<int64_t>(seq.routing.size()) / routing_width_;
+  const int64_t upto =
+      std::min<int64_t>(positions, static_cast<int64_t>(donor.routing.size()) / routing_width_);
+  if (have < upto) {
+    seq.routing.insert(seq.routing.end(), donor.routing.begin() + have * routing_width_,
+                       donor.routing.begin() + upto * routing_width_);
+  }
 }
 
 void Engine::run_model() {
@@ -484,6 +621,7 @@ void Engine::run_model() {
       }
       if (donor_ready) {
         cache_.copy_prefix(donor->slot, seq->slot, P1);
+        share_routing(*donor, *seq, P1);
         seq->kv_len = P1;
         seq->kv_epoch = epoch_;
         ++stats_.shared_prefills;
@@ -512,6 +650,7 @@ void Engine::run_model() {
   for (Sequence* seq : followers) {
     if (Sequence* leader = leader_of[seq->slot]) {
       cache_.copy_prefix(leader->slot, seq->slot, seq->prompt_len - 1);
+      share_routing(*leader, *seq, seq->prompt_len - 1);
       seq->kv_len = seq->prompt_len - 1;
       seq->kv_epoch = epoch_;
       ++stats_.shared_prefills;
@@ -710,6 +849,16 @@ void Engine::finish(Sequence& seq, FinishReason reason, double now) {
     t.proximal_versions.resize(keep);
     t.offpolicy_mask.resize(keep);
   }
+  // Routing of every position run, prompt + response - 1 (the last response
+  // token is never run); a sequence cut short of that carries none.
+  const int64_t positions = seq.prompt_len + static_cast<int64_t>(t.response_tokens.size()) - 1;
+  if (routing_width_ > 0 && positions > 0 &&
+      static_cast<int64_t>(seq.routing.size()) >= positions * routing_width_) {
+    t.routed_experts.assign(seq.routing.begin(), seq.routing.begin() + positions * routing_width_);
+    t.routing_layers = static_cast<int32_t>(policy_->config().num_moe_layers());
+    t.routing_top_k = static_cast<int32_t>(policy_->config().num_experts_per_tok);
+  }
+  seq.routing.clear();
   std::set<int64_t> used(t.token_versions.begin(), t.token_versions.end());
   for (int64_t v : t.proximal_versions) {
     if (v >= 0) used.insert(v);
@@ -719,7 +868,7 @@ void Engine::finish(Sequence& seq, FinishReason reason, double now) {
 
   seq.done = true;
   if (seq.slot >= 0) {
-    cache_.reset(seq.slot);
+    cache_.release(seq.slot);
     slots_[seq.slot] = nullptr;
     seq.slot = -1;
   }

@@ -83,6 +83,27 @@ Status check_trajectory(const Trajectory& t) {
     }
     if (pv >= 0) used.insert(pv);
   }
+  if (!t.routed_experts.empty() || t.routing_layers != 0 || t.routing_top_k != 0) {
+    if (t.routing_layers < 1 || t.routing_top_k < 1) {
+      return InvalidArgumentError(absl::StrCat("routing_layers / routing_top_k: must be >= 1 with ",
+                                               "routed_experts, got ", t.routing_layers, " / ",
+                                               t.routing_top_k));
+    }
+    const size_t positions = t.prompt_tokens.size() + n - 1;
+    const size_t want = positions * t.routing_layers * t.routing_top_k;
+    if (t.routed_experts.size() != want) {
+      return InvalidArgumentError(
+          absl::StrCat("routed_experts: ", t.routed_experts.size(), " entries; ", positions,
+                       " positions (prompt + response - 1) x ", t.routing_layers, " layers x ",
+                       t.routing_top_k, " experts need ", want));
+    }
+    for (size_t i = 0; i < t.routed_experts.size(); ++i) {
+      if (t.routed_experts[i] < 0) {
+        return InvalidArgumentError(absl::StrCat(
+            "routed_experts[", i, "]: expert id must be >= 0, got ", t.routed_experts[i]));
+      }
+    }
+  }
   for (int64_t v : used) {
     bool found = std::any_of(t.version_digests.begin(), t.version_digests.end(),
                              [v](const auto& d) { return d.first == v; });

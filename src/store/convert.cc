@@ -67,6 +67,9 @@ void to_proto(const rollout::Trajectory& t, v1::Trajectory* out) {
   out->set_finished_s(t.finished_s);
   out->set_reward(t.reward);
   for (const auto& [name, value] : t.sub_scores) (*out->mutable_sub_scores())[name] = value;
+  out->mutable_routed_experts()->Add(t.routed_experts.begin(), t.routed_experts.end());
+  out->set_routing_layers(t.routing_layers);
+  out->set_routing_top_k(t.routing_top_k);
 }
 
 void to_proto(const rollout::TrajectoryGroup& g, v1::TrajectoryGroup* out) {
@@ -131,6 +134,9 @@ StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in, bool check) {
   t.finished_s = in.finished_s();
   t.reward = in.reward();
   for (const auto& [name, value] : in.sub_scores()) t.sub_scores[name] = value;
+  t.routed_experts = vec<int32_t>(in.routed_experts());
+  t.routing_layers = in.routing_layers();
+  t.routing_top_k = in.routing_top_k();
   if (check) RELAY_RETURN_IF_ERROR(rollout::check_trajectory(t));
   return t;
 }

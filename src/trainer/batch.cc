@@ -84,10 +84,21 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
 
   const auto B = static_cast<int64_t>(rows.size());
   int64_t T = 0, L = 0;
+  int32_t layers = 0, top_k = 0;  // of the rows that carry routing
   for (const Row& r : rows) {
     T = std::max<int64_t>(T, r.t->prompt_tokens.size() + r.t->response_tokens.size());
     L = std::max<int64_t>(L, r.t->response_tokens.size());
+    if (r.t->routed_experts.empty()) continue;
+    if (layers == 0) {
+      layers = r.t->routing_layers;
+      top_k = r.t->routing_top_k;
+    } else if (r.t->routing_layers != layers || r.t->routing_top_k != top_k) {
+      return InvalidArgumentError(absl::StrCat(
+          "trajectory ", r.source, ": routed_experts: ", r.t->routing_layers, " layers x ",
+          r.t->routing_top_k, " experts, where the batch has ", layers, " x ", top_k));
+    }
   }
+  if (layers > 0) batch.routed_experts = torch::full({B, T, layers, top_k}, -1, torch::kInt64);
   batch.input_ids = torch::full({B, T}, options.pad_token_id, torch::kInt64);
   batch.lengths = torch::empty({B}, torch::kInt64);
   batch.prompt_lengths = torch::empty({B}, torch::kInt64);
@@ -132,6 +143,13 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
       prox_v[b][j] = t.proximal_versions[j];
       vers[b][j] = t.token_versions[j];
       off[b][j] = t.offpolicy_mask[j] != 0;
+    }
+    if (!t.routed_experts.empty()) {
+      // Positions 0 .. P + R - 2, each layers x top_k ids.
+      at::Tensor r = torch::tensor(t.routed_experts, torch::kInt32)
+                         .view({P + R - 1, layers, top_k})
+                         .to(torch::kInt64);
+      batch.routed_experts[b].narrow(0, 0, P + R - 1).copy_(r);
     }
     lengths[b] = P + R;
     prompt_lengths[b] = P;
@@ -182,6 +200,7 @@ TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows
   out.truncated = batch.truncated.index_select(0, index);
   out.has_offpolicy = batch.has_offpolicy.index_select(0, index);
   out.baseline_rewards = batch.baseline_rewards.index_select(0, index);
+  if (batch.routed_experts.defined()) out.routed_experts = rows_of(batch.routed_experts, T);
   out.group_ids = batch.group_ids;  // group_index still points into it
   for (int64_t r : rows) out.source_rows.push_back(batch.source_rows.at(r));
   return out;

@@ -170,6 +170,12 @@ StatusOr<TrainerOptions> trainer_options(const ExperimentConfig& config) {
   o.optimizer.min_lr_ratio = co.min_lr_ratio;
   o.optimizer.fp32_master_weights = co.fp32_master_weights;
   RELAY_ASSIGN_OR_RETURN(o.autocast, model::parse_autocast(config.run.autocast));
+  o.activation_checkpointing = c.activation_checkpointing;
+  if (c.router_replay != "off" && c.router_replay != "replay") {
+    return InvalidArgumentError(absl::StrCat("trainer.router_replay: unknown mode '",
+                                             c.router_replay, "'; known: off, replay"));
+  }
+  o.router_replay = c.router_replay == "replay";
   return o;
 }
 

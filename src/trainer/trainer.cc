@@ -123,7 +123,24 @@ struct Trainer::Scores {
   at::Tensor logprobs;  // the trainer's policy at this version (pi_old)
   at::Tensor entropy;
   at::Tensor reference;  // undefined without a reference policy
+  // MoE batches with routing: response tokens (under the mask) whose
+  // distribution came through other experts in some layer than the engine
+  // used, and (token, layer) pairs that differ, with their counts.
+  double routed_tokens = 0, differing_tokens = 0, differing_layers = 0, routed_layers = 0;
 };
+
+model::ScoreOptions Trainer::score_options(const TrainBatch& mb, model::MoeRouting* routing) const {
+  model::ScoreOptions so;
+  so.temperature = options_.temperature;
+  so.vocab_limit = options_.vocab_limit;
+  if (routing != nullptr && mb.routed_experts.defined()) {
+    const at::Tensor& r = mb.routed_experts;
+    routing->recorded = r.reshape({r.size(0) * r.size(1), r.size(2), r.size(3)});
+    routing->replay = options_.router_replay;
+    so.routing = routing;
+  }
+  return so;
+}
 
 Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
                  model::Policy reference, DataParallel data_parallel)
@@ -152,11 +169,15 @@ Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
                                                                   .eps(o.eps)
                                                                   .weight_decay(o.weight_decay));
   if (options_.needs_reference()) {
-    // The reference is the given policy or the policy as it is now, frozen.
+    // The reference is the given policy or the policy as it is now, frozen,
+    // in the compute dtype: under autocast its products run in that
+    // precision anyway, so an fp32 copy would only double its memory.
     reference_ = reference ? reference : model::clone_policy(*policy_);
+    if (options_.autocast) reference_->to(*options_.autocast);
     for (auto& p : reference_->parameters()) p.set_requires_grad(false);
     reference_->eval();
   }
+  policy_->set_activation_checkpointing(options_.activation_checkpointing);
   reward_kl_ = std::make_unique<KlController>(options_.reward_kl.controller);
   entropy_ = std::make_unique<EntropyController>(options_.entropy);
 }
@@ -348,8 +369,6 @@ StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::Trajector
 StatusOr<Trainer::Scores> Trainer::score_before_update(const TrainBatch& batch) {
   torch::NoGradGuard no_grad;
   const int64_t B = batch.size(), L = batch.response_mask.size(1);
-  model::ScoreOptions so;
-  so.temperature = options_.temperature;
   Scores s;
   s.logprobs = torch::zeros({B, L}, torch::kFloat32);
   s.entropy = torch::zeros({B, L}, torch::kFloat32);
@@ -359,12 +378,29 @@ StatusOr<Trainer::Scores> Trainer::score_before_update(const TrainBatch& batch) 
   for (const auto& rows : my_micro_batches(batch, all)) {
     TrainBatch mb = select_rows(batch, rows);
     const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+    model::MoeRouting routing;
+    const model::ScoreOptions so = score_options(mb, &routing);
     model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
     scatter_rows(s.logprobs, rows, gather_response(out.logprobs, mb));
     scatter_rows(s.entropy, rows, gather_response(out.entropy, mb));
+    if (!routing.differs.empty()) {
+      // Per position [B, T]: how many MoE layers routed otherwise; then at
+      // the positions that score response tokens.
+      const int64_t T = mb.input_ids.size(1);
+      at::Tensor layers = torch::stack(routing.differs, 1).to(torch::kFloat32).sum(1).view({-1, T});
+      at::Tensor per_token = gather_response(layers.narrow(1, 0, T - 1), mb).cpu();
+      at::Tensor mask = mb.response_mask;
+      const double n_layers = static_cast<double>(routing.differs.size());
+      s.routed_tokens += mask.sum().item<double>();
+      s.routed_layers += mask.sum().item<double>() * n_layers;
+      s.differing_layers += per_token.masked_select(mask).sum().item<double>();
+      s.differing_tokens += per_token.gt(0).logical_and(mask).sum().item<double>();
+    }
     if (reference_) {
+      model::ScoreOptions ref = so;
+      ref.routing = nullptr;  // the reference routes by itself
       scatter_rows(s.reference, rows,
-                   gather_response(reference_->score(mb.input_ids, mb.lengths, so), mb));
+                   gather_response(reference_->score(mb.input_ids, mb.lengths, ref), mb));
     }
   }
   if (dp_.active()) {
@@ -372,6 +408,15 @@ StatusOr<Trainer::Scores> Trainer::score_before_update(const TrainBatch& batch) 
     for (at::Tensor* t : {&s.logprobs, &s.entropy, &s.reference}) {
       if (t->defined()) RELAY_RETURN_IF_ERROR(dp_.group->all_reduce_sum(*t));
     }
+    std::map<std::string, double> sums = {{"routed_tokens", s.routed_tokens},
+                                          {"differing_tokens", s.differing_tokens},
+                                          {"routed_layers", s.routed_layers},
+                                          {"differing_layers", s.differing_layers}};
+    RELAY_RETURN_IF_ERROR(all_reduce_named_sums(*dp_.group, sums));
+    s.routed_tokens = sums["routed_tokens"];
+    s.differing_tokens = sums["differing_tokens"];
+    s.routed_layers = sums["routed_layers"];
+    s.differing_layers = sums["differing_layers"];
   }
   return s;
 }
@@ -407,10 +452,47 @@ bool Trainer::can_skip_pass(const TrainBatch& batch) const {
          !batch.behavior_logprobs.isnan().logical_and(batch.response_mask).any().item<bool>();
 }
 
+void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
+  constexpr double kGiB = 1ull << 30;
+  auto bytes = [](const std::vector<at::Tensor>& tensors) {
+    double total = 0;
+    for (const at::Tensor& t : tensors) total += static_cast<double>(t.numel() * t.element_size());
+    return total;
+  };
+  m["memory/weights_gb"] = bytes(policy_->parameters()) / kGiB;
+  m["memory/master_weights_gb"] = bytes(master_) / kGiB;
+  // What backward allocates: one gradient like each stepped tensor (the
+  // fp32 master copies when there are any), freed after the update.
+  m["memory/gradients_gb"] = bytes(params_) / kGiB;
+  double optimizer = 0;
+  for (const auto& item : optimizer_->state()) {
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*item.second);
+    optimizer += bytes({st.exp_avg(), st.exp_avg_sq()});
+    if (st.max_exp_avg_sq().defined()) optimizer += bytes({st.max_exp_avg_sq()});
+  }
+  m["memory/optimizer_gb"] = optimizer / kGiB;
+  m["memory/reference_gb"] = reference_ ? bytes(reference_->parameters()) / kGiB : 0.0;
+  // The process as the kernel sees it: resident after the step, its peak
+  // during the step, and how far the step rose above where it started
+  // (activations, gradients, LM-head chunks and other temporaries).
+  const int64_t rss = model::current_rss_bytes(), peak = model::peak_rss_bytes();
+  if (rss >= 0) m["memory/rss_gb"] = static_cast<double>(rss) / kGiB;
+  if (peak >= 0) m["memory/rss_peak_gb"] = static_cast<double>(peak) / kGiB;
+  if (peak >= 0 && rss_at_start >= 0) {
+    m["memory/step_peak_growth_gb"] =
+        static_cast<double>(std::max<int64_t>(0, peak - rss_at_start)) / kGiB;
+  }
+  const int64_t device_peak = model::device_peak_bytes(policy_->parameters().front().device());
+  if (device_peak >= 0) m["memory/device_peak_gb"] = static_cast<double>(device_peak) / kGiB;
+}
+
 StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>& groups) {
   if (dp_.lead) RELAY_RETURN_IF_ERROR(dp_.lead("step", groups));
   const TrainerOptions& o = options_;
   StepMetrics m;
+  const int64_t rss_at_start = model::current_rss_bytes();
+  model::reset_peak_rss();
+  model::reset_device_peak(policy_->parameters().front().device());
   std::vector<uint64_t> keys;
   RELAY_ASSIGN_OR_RETURN(TrainBatch batch, prepare_batch(groups, m, &keys));
   const int64_t B = batch.size();
@@ -463,6 +545,13 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
     return OkStatus();
   };
   if (!skip_pass) RELAY_RETURN_IF_ERROR(diagnose(before.logprobs, before.entropy, mask));
+  if (before.routed_tokens > 0) {
+    // Router replay's diagnostic: where the trainer's own routers would take
+    // other experts than the engine's did (with replay they do not).
+    m["router/mismatch_token_fraction"] = before.differing_tokens / before.routed_tokens;
+    m["router/mismatch_layer_fraction"] = before.differing_layers / before.routed_layers;
+    m["router/replay"] = o.router_replay ? 1 : 0;
+  }
 
   // KL in the reward: r_t -= beta kl_t before the advantages.
   AdvantageInputs ai;
@@ -546,8 +635,6 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   std::vector<int64_t> order(B);
   std::iota(order.begin(), order.end(), 0);
   const int n_mini = std::min<int>(o.mini_batches, static_cast<int>(B));
-  model::ScoreOptions score_options;
-  score_options.temperature = o.temperature;
   double loss_sum = 0, pg_sum = 0, kl_sum = 0, grad_norm_sum = 0, lr_last = 0;
   StepMetrics extra_sum;
   PolicyLossMetrics acc;
@@ -592,14 +679,14 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
         // The forward pass only: backward replays its casts by itself.
         std::optional<model::AutocastGuard> autocast;
         autocast.emplace(device_type_of(policy_), o.autocast);
+        model::MoeRouting routing;
+        const model::ScoreOptions so = score_options(mb, o.router_replay ? &routing : nullptr);
         if (entropy_coef > 0 || record) {
-          model::ScoreOutput out =
-              policy_->score_with_entropy(mb.input_ids, mb.lengths, score_options);
+          model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
           in.logprobs = gather_response(out.logprobs, mb);
           entropy = gather_response(out.entropy, mb);
         } else {
-          in.logprobs =
-              gather_response(policy_->score(mb.input_ids, mb.lengths, score_options), mb);
+          in.logprobs = gather_response(policy_->score(mb.input_ids, mb.lengths, so), mb);
         }
         autocast.reset();
         if (record) {
@@ -735,6 +822,7 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   if (o.max_staleness >= 0) reuse_.forget_before(version_ - o.max_staleness);
   ++version_;
   m["version"] = static_cast<double>(version_);
+  memory_metrics(m, rss_at_start);
   return m;
 }
 
@@ -774,6 +862,11 @@ StatusOr<double> Trainer::apply_gradients() {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(master_[i]);
   }
+  // The gradients are spent: free them now rather than at the next
+  // zero_grad(), so they do not sit in memory through the next pre-update
+  // pass and the wait for rollouts.
+  for (at::Tensor& p : params_) p.mutable_grad().reset();
+  for (at::Tensor& p : params) p.mutable_grad().reset();
   ++optimizer_steps_;
   return grad_norm;
 }
@@ -784,8 +877,6 @@ StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGro
   bo.trainer_version = version_;
   bo.pad_token_id = options_.pad_token_id;
   RELAY_ASSIGN_OR_RETURN(TrainBatch batch, build_batch(groups, bo));
-  model::ScoreOptions score_options;
-  score_options.temperature = options_.temperature;
   std::vector<at::Tensor> masks;
   for (const auto& rows : split_by_token_budget(batch, options_.micro_batch_tokens)) {
     masks.push_back(select_rows(batch, rows).response_mask);
@@ -801,7 +892,8 @@ StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGro
   for (const TrainBatch& mb : micro) {
     std::optional<model::AutocastGuard> autocast;
     autocast.emplace(device_type_of(policy_), options_.autocast);
-    at::Tensor logp = gather_response(policy_->score(mb.input_ids, mb.lengths, score_options), mb);
+    at::Tensor logp =
+        gather_response(policy_->score(mb.input_ids, mb.lengths, score_options(mb, nullptr)), mb);
     autocast.reset();
     at::Tensor loss =
         sft_loss(logp, mb.response_mask.to(logp.device()), LossAggMode::kTokenMean, norm);

@@ -20,6 +20,12 @@ struct SubmissionLimits {
   // near-certain token (another sampler's log_softmax) and are clamped to 0
   // by normalize_submission(); beyond it they are refused.
   double logprob_tolerance = 1e-4;
+  // MoE routing (Trajectory::routed_experts) must have the model's shape:
+  // moe_layers layers of moe_top_k ids in [0, num_experts). moe_layers 0 = a
+  // dense model, which takes no routing; -1 = unchecked.
+  int64_t moe_layers = -1;
+  int64_t moe_top_k = 0;
+  int64_t num_experts = 0;
 };
 
 struct SubmissionContext {

@@ -33,14 +33,20 @@ struct RunConfig {
 // Architecture of a fresh model built from a seed (model.init). Ignored when
 // model.path names a checkpoint directory.
 struct ModelInitConfig {
-  std::string arch = "llama";  // llama | qwen2 (qwen2 = q/k/v projections with bias)
+  // llama | qwen2 (q/k/v projections with bias) | qwen3 (per-head q/k RMSNorm) |
+  // qwen3_moe (qwen3 with a mixture of experts in every layer)
+  std::string arch = "llama";
   int layers = 2;
   int hidden = 64;
   int heads = 4;
-  int kv_heads = 2;       // grouped-query attention when < heads; must divide heads
-  int ffn = 128;          // SwiGLU intermediate size
-  int vocab = 0;          // 0 = the tokenizer's vocabulary size
-  int max_seq_len = 256;  // max_position_embeddings
+  int kv_heads = 2;         // grouped-query attention when < heads; must divide heads
+  int head_dim = 0;         // per-head width; 0 = hidden / heads
+  int ffn = 128;            // SwiGLU intermediate size
+  int experts = 4;          // qwen3_moe: experts per layer
+  int experts_per_tok = 2;  // qwen3_moe: experts each token is routed to
+  int moe_ffn = 0;          // qwen3_moe: each expert's SwiGLU width; 0 = ffn
+  int vocab = 0;            // 0 = the tokenizer's vocabulary size
+  int max_seq_len = 256;    // max_position_embeddings
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_embeddings = true;  // LM head shares the token embedding matrix
@@ -84,7 +90,14 @@ struct RolloutConfig {
   double top_p = 1.0;             // 1 = off; in (0, 1]
   std::vector<std::string> stop;  // extra stop strings, each one token; the task adds its own
   bool record_raw_logprobs = false;  // also keep log p(token) at temperature 1, untruncated
-  int num_slots = 64;                // KV-cache slots: sequences decoding at once
+  int num_slots = 64;                // sequences decoding at once, at most
+  // KV-cache memory of one worker, in GiB; 0 = kv_cache_fraction of the
+  // memory free when the worker starts, and never more than num_slots full
+  // sequences. Sequences are admitted while the budget can hold
+  // prompt + max_new_tokens for each; the others wait.
+  double kv_cache_gb = 0;
+  double kv_cache_fraction =
+      0.5;  // (0, 1]: share of free memory for the KV cache when kv_cache_gb is 0
   // What a weight update does to sequences in flight: recompute | keep | finish | restart.
   std::string interrupt = "recompute";
   int workers = 1;            // relay-rollout processes `relay run` starts on this machine
@@ -278,6 +291,13 @@ struct TrainerConfig {
   std::string rendezvous;
   int allreduce_bucket_mb = 25;       // gradients are all-reduced in buckets of this size
   double collective_timeout_s = 300;  // a collective (or a rank) silent this long fails the run
+  // Recompute each decoder layer's activations in backward instead of keeping
+  // them: less memory for long responses, about one more forward pass of time.
+  bool activation_checkpointing = false;
+  // MoE models: off | replay. replay routes each token to the experts the
+  // rollout engine's router chose for it (recorded per token and layer) and
+  // weights them by the trainer's own router (router replay, R3).
+  std::string router_replay = "off";
   AdvantageConfig advantage;
   PpoConfig ppo;
   GspoConfig gspo;

@@ -41,11 +41,16 @@ struct SampleRecord {
   std::vector<int64_t> versions;  // policy version that sampled each token
   double reward = std::numeric_limits<double>::quiet_NaN();  // NaN = unscored
   std::string finish_reason;                                 // "stop" | "length" | "aborted"
+  // MoE models: per response token, the experts of each layer its
+  // distribution came through ([R][layers][k], from the trajectory's
+  // routed_experts); empty for dense models.
+  std::vector<std::vector<std::vector<int32_t>>> routing;
 };
 
 // One line of samples.jsonl, without the newline:
 //   {"step": S, "version": V, "samples": [{"group_id", "prompt", "reward",
-//    "finish_reason", "pieces", "token_ids", "logprobs", "versions"}, ...]}
+//    "finish_reason", "pieces", "token_ids", "logprobs", "versions"
+//    [, "routing"]}, ...]}
 // NaN numbers become null; bytes that are not UTF-8 (a byte-level BPE token
 // holding part of a character) become U+FFFD, as JSON must be UTF-8.
 std::string samples_jsonl_line(int64_t step, int64_t version,

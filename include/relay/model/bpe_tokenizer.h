@@ -62,6 +62,14 @@ class BpeTokenizer final : public Tokenizer {
   int64_t eos_id() const override;
   int64_t bos_id() const override;
   int64_t pad_id() const override;
+  // tokenizer_config.json's eos_token / bos_token / pad_token, which name a
+  // model's special tokens and win over the guesses above. Each given name
+  // must be a token of this tokenizer (InvalidArgument naming `source` and
+  // the key); nothing changes on error.
+  struct SpecialTokens {
+    std::optional<std::string> eos, bos, pad;
+  };
+  Status use_special_tokens(const SpecialTokens& names, const std::string& source);
   // Added token content or a vocab entry (in its byte-level form, "Ġthe").
   std::optional<int64_t> token_id(std::string_view token) const override;
 
@@ -71,7 +79,9 @@ class BpeTokenizer final : public Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// The Hugging Face tokenizer file load_tokenizer() falls back to.
+// The Hugging Face tokenizer file load_tokenizer() falls back to, and the
+// file beside it whose eos_token / bos_token / pad_token it honours.
 inline constexpr const char* kHfTokenizerFile = "tokenizer.json";
+inline constexpr const char* kHfTokenizerConfigFile = "tokenizer_config.json";
 
 }  // namespace relay::model

@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -18,6 +19,24 @@ namespace relay::model {
 // True when this build has CUDA (RELAY_WITH_CUDA) and a GPU is visible.
 bool cuda_available();
 
+// Bytes of memory this process could still allocate on `device`: on the CPU
+// the kernel's MemAvailable, or the cgroup's limit minus its usage when that
+// is less; on a GPU the device's free memory. -1 when it cannot be read.
+int64_t free_memory_bytes(c10::Device device);
+
+// This process's resident set and its peak since start (or since the last
+// reset_peak_rss()), in bytes, from /proc/self/status; -1 when unreadable.
+int64_t current_rss_bytes();
+int64_t peak_rss_bytes();
+// Restarts the peak from the current resident set (Linux >= 4.0); false
+// when the kernel refused.
+bool reset_peak_rss();
+
+// The caching allocator's peak of bytes in tensors on a GPU since the last
+// reset_device_peak(); -1 on the CPU or without CUDA.
+int64_t device_peak_bytes(c10::Device device);
+void reset_device_peak(c10::Device device);
+
 // "cpu", "cuda" (= cuda:<local_rank>, one GPU per rank on a node) or
 // "cuda:<i>". InvalidArgument naming run.device for anything else, for cuda
 // in a build without CUDA or on a machine without a GPU, and for an index
@@ -26,6 +45,10 @@ StatusOr<c10::Device> parse_device(const std::string& name, int local_rank = 0);
 
 // run.autocast: "none" (nullopt), "bfloat16" or "float16".
 StatusOr<std::optional<c10::ScalarType>> parse_autocast(const std::string& name);
+
+// The autocast precision in force on this thread for `device_type` (CPU or
+// CUDA), or nullopt when autocast is off there.
+std::optional<c10::ScalarType> current_autocast(c10::DeviceType device_type);
 
 // Runs the forward passes of its scope under autocast for `device_type`
 // (CPU or CUDA) in `dtype`: matrix products in the low precision, other ops

@@ -3,14 +3,21 @@
 // Building blocks of a LLaMA-family decoder, registered under Hugging Face's
 // parameter names so that `named_parameters()` matches checkpoint keys:
 //   model.layers.<i>.input_layernorm.weight
-//   model.layers.<i>.self_attn.{q,k,v,o}_proj.weight (+ q/k/v bias for Qwen2)
+//   model.layers.<i>.self_attn.{q,k,v,o}_proj.weight (+ biases: see policy_config.h)
+//   model.layers.<i>.self_attn.{q,k}_norm.weight          (qwen3, qwen3_moe)
 //   model.layers.<i>.post_attention_layernorm.weight
-//   model.layers.<i>.mlp.{gate,up,down}_proj.weight
+//   model.layers.<i>.mlp.{gate,up,down}_proj.weight       (dense layers)
+//   model.layers.<i>.mlp.gate.weight                      (MoE router, [experts, hidden])
+//   model.layers.<i>.mlp.experts.<e>.{gate,up,down}_proj.weight
 //
 // The numerics follow the reference implementation in `transformers`: RMSNorm
-// in fp32, rotate-half RoPE with cos/sin computed in fp32, softmax in fp32.
+// in fp32, rotate-half RoPE with cos/sin computed in fp32, softmax in fp32,
+// router probabilities in fp32.
+
+#include <vector>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
@@ -20,18 +27,41 @@ namespace relay::model {
 
 class KVCache;
 
-// What attention needs beyond the hidden states; built once per forward and
-// shared by every layer.
-struct AttentionContext {
-  at::Tensor positions;  // [B, T] int64: absolute position of each query token
-  at::Tensor mask;       // [B, 1, T, S] bool: true where query t may attend key s
+// Mixture-of-experts routing of one forward pass, for recording what the
+// routers chose and for comparing with, or replaying, a recorded choice
+// (router replay). Rows are the pass's tokens in [B, T] row-major order
+// (row = b * T + t); `k` is num_experts_per_tok; MoE layers are numbered in
+// order (PolicyConfig::moe_layer_index).
+struct MoeRouting {
+  // A recorded choice, [rows, moe_layers, k] int64 expert ids; a row whose
+  // ids are all -1 has none. Undefined = none at all.
+  at::Tensor recorded;
+  // Route rows that have a recorded choice to it (else `recorded` is only
+  // compared with).
+  bool replay = false;
+  // When true, each MoE layer appends the ids it used, [rows, k] int64, to
+  // `chosen`.
+  bool record = false;
+  std::vector<at::Tensor> chosen;
+  // With `recorded`: per MoE layer, [rows] bool, true where the model's own
+  // top-k set differs from the recorded one (rows without one: false).
+  std::vector<at::Tensor> differs;
+};
+
+// What every layer needs beyond the hidden states; built once per forward
+// and shared by every layer.
+struct ForwardContext {
+  at::Tensor positions;       // [B, T] int64: absolute position of each query token
+  at::Tensor mask;            // [B, 1, T, S] bool: true where query t may attend key s
+  at::Tensor inv_freq;        // [head_dim / 2] fp32 RoPE frequencies, on the model's device
+  double rope_scaling = 1.0;  // cos/sin multiplier (yarn's attention factor)
   // Cached path only (cache == nullptr: keys/values come from this input alone).
   KVCache* cache = nullptr;
-  at::Tensor slots;        // [B] int64: cache slot of each row
-  int64_t kv_len = 0;      // S: keys [0, S) of each slot are read
-  at::Tensor write_rows;   // [N] int64: flat (b * T + t) indices of the valid new tokens
-  at::Tensor write_slots;  // [N] int64: their slot
-  at::Tensor write_pos;    // [N] int64: their absolute position
+  int64_t kv_len = 0;             // S: keys [0, S) of each row are read
+  at::Tensor write_rows;          // [N] int64: flat (b * T + t) indices of the valid new tokens
+  at::Tensor write_index;         // [N] int64: their rows in the cache's flat storage
+  at::Tensor read_index;          // [B, S] int64: the storage row of key s of row b
+  MoeRouting* routing = nullptr;  // MoE record / replay; null = neither
 };
 
 // y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32.
@@ -46,11 +76,6 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// Rotary position embedding (rotate-half form) applied to x [B, heads, T, D]
-// at positions [B, T], with inv_freq [D/2] = theta^(-2i/D).
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& inv_freq);
-at::Tensor rope_inv_freq(int64_t head_dim, double theta);
-
 // softmax(q k^T / sqrt(D) + mask) v with grouped-query attention: query head h
 // reads key/value head h / (H / KVH), as transformers' repeat_kv does, without
 // materialising the repeated keys. q [B, H, T, D]; k, v [B, KVH, S, D].
@@ -60,9 +85,10 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at:
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const PolicyConfig& config, int64_t layer_index);
-  at::Tensor forward(const at::Tensor& x, const AttentionContext& ctx, const at::Tensor& inv_freq);
+  at::Tensor forward(const at::Tensor& x, const ForwardContext& ctx);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qwen3: over each head's dimension, before RoPE
 
  private:
   int64_t layer_index_;
@@ -75,22 +101,56 @@ TORCH_MODULE(Attention);
 // down(silu(gate(x)) * up(x))
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const PolicyConfig& config);
+  MlpImpl(int64_t hidden, int64_t intermediate);
   at::Tensor forward(const at::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(Mlp);
 
-// Pre-norm residual block: h = x + attn(norm(x)); y = h + mlp(norm(h)).
+// Qwen3-MoE's sparse block: p = softmax(gate(x)) in fp32, the top-k experts
+// by p (renormalised to sum 1 when norm_topk_prob), y = sum_j w_j expert_j(x).
+// Dispatch gathers each expert's tokens and runs the expert once on them
+// (one host sync per layer for the per-expert counts); contributions are
+// added in ascending expert order, as transformers' loop does.
+//
+// Router replay: a replayed row uses the recorded experts, weighted by this
+// model's own p at those experts (renormalised over them when
+// norm_topk_prob), so gradients still reach the router; when the recorded
+// set equals the model's own top-k, the output is exactly the unreplayed one.
+class SparseMoeImpl : public torch::nn::Module {
+ public:
+  explicit SparseMoeImpl(const PolicyConfig& config);
+  // x [B, T, H] -> [B, T, H]. `routing` (may be null) records / replays this
+  // layer's choice as MoE layer number `moe_index`.
+  at::Tensor forward(const at::Tensor& x, MoeRouting* routing, int64_t moe_index);
+
+  torch::nn::Linear gate{nullptr};  // the router
+  torch::nn::ModuleList experts{nullptr};
+
+ private:
+  int64_t num_experts_;
+  int64_t top_k_;
+  bool norm_topk_prob_;
+};
+TORCH_MODULE(SparseMoe);
+
+// Pre-norm residual block: h = x + attn(norm(x)); y = h + mlp(norm(h)),
+// where mlp is the dense MLP or, in MoE layers, the sparse block (registered
+// as "mlp" either way, so names match transformers').
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const PolicyConfig& config, int64_t layer_index);
-  at::Tensor forward(const at::Tensor& x, const AttentionContext& ctx, const at::Tensor& inv_freq);
+  at::Tensor forward(const at::Tensor& x, const ForwardContext& ctx);
 
   RMSNorm input_layernorm{nullptr};
   Attention self_attn{nullptr};
   RMSNorm post_attention_layernorm{nullptr};
-  Mlp mlp{nullptr};
+  Mlp mlp{nullptr};        // dense layers
+  SparseMoe moe{nullptr};  // MoE layers (registered as "mlp")
+  int64_t moe_index() const { return moe_index_; }
+
+ private:
+  int64_t moe_index_ = -1;  // index among MoE layers; -1 = dense
 };
 TORCH_MODULE(DecoderLayer);
 

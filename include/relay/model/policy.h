@@ -1,7 +1,7 @@
 #pragma once
 
-// The policy network: a LLaMA-family decoder (Llama, Qwen2) with two forward
-// paths over the same weights.
+// The policy network: a LLaMA-family decoder (Llama, Qwen2, Qwen3, Qwen3-MoE)
+// with two forward paths over the same weights.
 //
 //  * Scoring/training: a right-padded batch of whole sequences with their
 //    lengths -> logits, or straight to per-token log-probs (score()).
@@ -35,8 +35,10 @@ class KVCache;
 class DecoderImpl : public torch::nn::Module {
  public:
   explicit DecoderImpl(const PolicyConfig& config);
-  at::Tensor forward(const at::Tensor& input_ids, const AttentionContext& ctx,
-                     const at::Tensor& inv_freq);
+  // With `checkpointing` and gradients enabled, each decoder layer keeps
+  // only its input for backward and recomputes its activations then.
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardContext& ctx,
+                     bool checkpointing = false);
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -47,6 +49,12 @@ TORCH_MODULE(Decoder);
 struct ScoreOptions {
   double temperature = 1.0;     // logits are divided by this before log_softmax
   int64_t chunk_tokens = 1024;  // positions per LM-head chunk; bounds the [chunk, vocab] buffer
+  // Ids [0, vocab_limit) are the distribution's support: the logits of the
+  // rest (an embedding padded past the tokenizer's vocabulary) are left out
+  // of the softmax, as the rollout engine leaves them out of sampling.
+  // 0 = the whole vocab_size.
+  int64_t vocab_limit = 0;
+  MoeRouting* routing = nullptr;  // MoE record / replay (layers.h); null = neither
 };
 
 // Per-position outputs of Policy::score_with_entropy, [B, T - 1] fp32 each.
@@ -64,6 +72,12 @@ enum class ExtendLogits {
   kNone,  // undefined tensor: only fill the cache (a prompt's context before its last token)
 };
 
+struct ExtendOptions {
+  ExtendLogits which = ExtendLogits::kLast;
+  int64_t vocab_limit = 0;        // logits of ids [0, vocab_limit) only; 0 = all (ScoreOptions)
+  MoeRouting* routing = nullptr;  // MoE record / replay; null = neither
+};
+
 class PolicyImpl : public torch::nn::Module {
  public:
   // Builds the architecture with placeholder values; call init_weights() or
@@ -77,15 +91,17 @@ class PolicyImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& lengths = {});
 
   // Final hidden states [B, T, H] (after the last RMSNorm) on the scoring path.
-  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& lengths = {});
+  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& lengths = {},
+                           MoeRouting* routing = nullptr);
 
-  // LM head: hidden [..., H] -> logits [..., V].
-  at::Tensor logits(const at::Tensor& hidden);
+  // LM head: hidden [..., H] -> logits [..., V] (or [..., vocab_limit]).
+  at::Tensor logits(const at::Tensor& hidden, int64_t vocab_limit = 0);
 
   // log p(token[t + 1] | tokens[0..t]) for t in [0, T - 1): [B, T - 1], fp32.
   // Positions t >= lengths[b] - 1 (padding) are 0; the caller masks them.
-  // The LM head runs in chunks of options.chunk_tokens positions, so the
-  // full [B, T, V] logits are never held at once. Differentiable.
+  // The LM head runs in chunks of options.chunk_tokens positions and its
+  // backward recomputes them (lm_head.h), so the full [B, T, V] logits are
+  // never held at once, not even for autograd. Differentiable.
   at::Tensor score(const at::Tensor& input_ids, const at::Tensor& lengths = {},
                    const ScoreOptions& options = {});
   // score() plus the entropy of each position's distribution, from the same
@@ -97,21 +113,46 @@ class PolicyImpl : public torch::nn::Module {
   // Incremental path. Appends input_ids[b, 0:new_lengths[b]] to the sequence
   // in cache slot slots[b], at positions cache.length(slot) onwards, then
   // advances the cache. input_ids [B, T] (right-padded), new_lengths [B] >= 1,
-  // slots [B] distinct. Throws c10::Error when a slot would overflow.
+  // slots [B] distinct. Throws c10::Error when a slot would overflow or the
+  // cache has no block for it; the cache is then as it was, but for blocks
+  // handed to slots (still empty, and counted in their reservations).
+  at::Tensor extend(const at::Tensor& input_ids, const at::Tensor& new_lengths,
+                    const at::Tensor& slots, KVCache& cache, const ExtendOptions& options);
   at::Tensor extend(const at::Tensor& input_ids, const at::Tensor& new_lengths,
                     const at::Tensor& slots, KVCache& cache,
-                    ExtendLogits which = ExtendLogits::kLast);
+                    ExtendLogits which = ExtendLogits::kLast) {
+    ExtendOptions o;
+    o.which = which;
+    return extend(input_ids, new_lengths, slots, cache, o);
+  }
+
+  // Per decoder layer activation checkpointing on the scoring path (the
+  // trainer's activation_checkpointing): a layer keeps only its input for
+  // backward and recomputes the rest then, under the same autocast and with
+  // the same MoE routing.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
+  bool activation_checkpointing() const { return checkpointing_; }
 
   Decoder model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
 
  private:
   const at::Tensor& lm_head_weight();
+  // The LM head rows that may be scored: [vocab_limit or V, H].
+  at::Tensor head_rows(int64_t vocab_limit);
+  // RoPE for a pass whose largest position + 1 is seq_len, on `device`.
+  void set_rope(ForwardContext& ctx, int64_t seq_len, c10::Device device);
   ScoreOutput score_impl(const at::Tensor& input_ids, const at::Tensor& lengths,
                          const ScoreOptions& options, bool with_entropy);
 
   PolicyConfig config_;
-  at::Tensor inv_freq_;  // RoPE frequencies, fp32 buffer (not a parameter)
+  // RoPE frequencies for passes within max_position_embeddings: an fp32
+  // copy kept out of the registered buffers on purpose, since
+  // module.to(kBFloat16) would round them and they must stay fp32 as in
+  // transformers. Moved to the weights' device on first use.
+  at::Tensor inv_freq_;
+  double rope_scaling_ = 1.0;
+  bool checkpointing_ = false;
 };
 TORCH_MODULE(Policy);
 

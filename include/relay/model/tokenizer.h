@@ -70,8 +70,9 @@ class CharTokenizer final : public Tokenizer {
 inline constexpr const char* kCharTokenizerFile = "relay_tokenizer.json";
 
 // Loads the tokenizer stored in a model directory: relay_tokenizer.json, or
-// else a Hugging Face tokenizer.json (BpeTokenizer). NotFound when the
-// directory has neither.
+// else a Hugging Face tokenizer.json (BpeTokenizer), whose eos / bos / pad
+// come from tokenizer_config.json when the directory has one. NotFound when
+// the directory has neither tokenizer file.
 StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir);
 // Loads one tokenizer file: a Hugging Face tokenizer.json (it has a "model"
 // object) or relay's char tokenizer file.

@@ -59,15 +59,30 @@
 namespace relay::rollout {
 
 struct EngineOptions {
-  int64_t num_slots = 64;            // sequences decoding at once
-  int64_t max_seq_len = 0;           // positions per slot; 0 = the model's max_position_embeddings
-  int64_t max_new_tokens = 32;       // response tokens per sample, forced prefix included
-  SamplingOptions sampling;          // greedy is allowed (evaluation)
+  int64_t num_slots = 64;       // sequences decoding at once, at most
+  int64_t max_seq_len = 0;      // positions per sequence; 0 = the model's max_position_embeddings
+  int64_t max_new_tokens = 32;  // response tokens per sample, forced prefix included
+  SamplingOptions sampling;     // greedy is allowed (evaluation)
   std::vector<int64_t> stop_tokens;  // a sampled stop token ends its sequence and is kept
   InterruptPolicy interrupt = InterruptPolicy::kRecompute;
   PrefixOptions prefix;
   // The model's forward passes under autocast in this precision (run.autocast).
   std::optional<c10::ScalarType> autocast;
+  // Ids [0, vocab_limit) may be sampled: the tokenizer's vocabulary, when the
+  // model's embedding is padded past it (Qwen2.5: 151,936 rows for 151,665
+  // tokens). The rest are outside the sampling distribution, which is
+  // renormalised over the support; the trainer scores over the same support
+  // (model::ScoreOptions::vocab_limit). 0 = every id of the model.
+  int64_t vocab_limit = 0;
+  // KV-cache budget in bytes (rollout.kv_cache_gb); 0 = the smaller of
+  // num_slots x max_seq_len positions and kv_cache_fraction of the memory
+  // free on the model's device when the engine is created.
+  int64_t kv_cache_bytes = 0;
+  double kv_cache_fraction = 0.5;  // (0, 1]; used when kv_cache_bytes is 0
+  int64_t kv_block_size = 16;      // positions per KV-cache block
+  // MoE models: record each position's routing into the trajectories
+  // (Trajectory::routed_experts), for router replay in the trainer.
+  bool record_routing = true;
 };
 
 // From config (rollout section); stop tokens come from the caller, which
@@ -87,6 +102,12 @@ struct EngineStats {
   int64_t groups_completed = 0;
   int64_t baseline_sequences = 0;  // greedy baselines finished (aborted ones included)
   int64_t baseline_tokens = 0;     // tokens of greedy baselines (also in sampled_tokens)
+  // KV cache: its size, the most positions held at once, and the steps in
+  // which a waiting sequence stayed out because the budget was promised.
+  int64_t kv_capacity_positions = 0;
+  int64_t kv_peak_positions = 0;
+  int64_t kv_bytes_per_position = 0;
+  int64_t admission_waits = 0;
 };
 
 class Engine {
@@ -99,7 +120,8 @@ class Engine {
 
   // Queues a group. InvalidArgument (naming the group and field) for an empty
   // prompt, k < 1, a token outside the vocabulary, a prompt that leaves no
-  // room in a slot, or a duplicate group_id among groups not yet returned.
+  // room in a sequence, a prompt whose sequences could never fit the KV
+  // budget, or a duplicate group_id among groups not yet returned.
   Status submit(PromptGroup group);
 
   // Stages new weights, applied between two steps. `tensors` maps parameter
@@ -141,12 +163,21 @@ class Engine {
     std::unordered_map<std::string, at::Tensor> tensors;
   };
 
-  Engine(model::Policy policy, EngineOptions options, int64_t version, uint64_t digest);
+  Engine(model::Policy policy, EngineOptions options, const model::KVCacheOptions& cache,
+         int64_t version, uint64_t digest);
 
   void enqueue(Submission submission);
   bool is_stop(int64_t token) const;
   void apply_update(PendingUpdate& update);
   void reset_cache(Sequence& seq);
+  // Positions `seq` may reach: prompt + max_new_tokens, within a sequence's capacity.
+  int64_t reserved_positions(const Sequence& seq) const;
+  // Keeps the routing of rows[b]'s new positions, [kv_len, ends[b]), before
+  // kv_len moves on.
+  void record_routing(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
+                      int64_t T, model::MoeRouting& routing);
+  // Gives `seq` the routing of donor's first `positions` positions it lacks.
+  void share_routing(const Sequence& donor, Sequence& seq, int64_t positions);
   void begin_response(Sequence& seq);
   void admit(double now);
   at::Tensor extend_rows(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
@@ -162,7 +193,8 @@ class Engine {
   model::Policy policy_;
   const EngineOptions options_;
   model::KVCache cache_;
-  const int64_t capacity_;                                    // positions per slot
+  const int64_t capacity_;       // positions per sequence
+  const int64_t routing_width_;  // ints per position of routed_experts (0 = not recorded)
   std::map<std::string, std::vector<int64_t>> param_shapes_;  // immutable after construction
 
   // Engine-thread state.

@@ -111,6 +111,17 @@ struct Trajectory {
   // not); NaN until then, so an unscored trajectory cannot pass for reward 0.
   double reward = std::numeric_limits<double>::quiet_NaN();
   std::map<std::string, double> sub_scores;
+  // MoE models (router replay): the experts each router chose, captured when
+  // the engine ran each position and never recomputed, like the behavior
+  // log-probs. Flattened [P + R - 1, routing_layers, routing_top_k]: entry p
+  // is for the input token at position p of prompt + response (the last
+  // response token is never run), so the distribution response token j was
+  // sampled from came from entry P - 1 + j. A position run again after a
+  // weight update keeps the routing of its first run, which produced the
+  // tokens after it. Empty for dense models.
+  std::vector<int32_t> routed_experts;
+  int32_t routing_layers = 0;  // MoE layers of the model
+  int32_t routing_top_k = 0;   // experts per token
 
   int64_t num_forced() const;  // number of offpolicy_mask entries set
 };
@@ -133,8 +144,9 @@ struct TrajectoryGroup {
 
 // Checks the per-token invariants: every per-token field sized like the
 // response, versions non-decreasing, proximal_versions in {-1, v, v + 1},
-// behavior log-probs <= 0 or NaN (missing), digests for every version used. Names the
-// field and index of the first violation.
+// behavior log-probs <= 0 or NaN (missing), digests for every version used,
+// routed_experts empty or sized (P + R - 1) x layers x top_k with ids >= 0.
+// Names the field and index of the first violation.
 Status check_trajectory(const Trajectory& t);
 
 }  // namespace relay::rollout

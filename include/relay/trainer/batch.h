@@ -58,6 +58,11 @@ struct TrainBatch {
   // fp32: reward of the group's greedy baseline response (ReMax); NaN for a
   // group without one.
   at::Tensor baseline_rewards;
+  // MoE router replay: [B, T, layers, k] int64 in the sequence layout, the
+  // experts the engine's router chose at position t (for input token t);
+  // -1 where none was recorded (the last token of each row, padding, and
+  // rows without routing). Undefined when no row carries routing.
+  at::Tensor routed_experts;
   std::vector<std::string> group_ids;
   // Row b of this batch is trajectory `source_rows[b]` of the groups given,
   // counted across groups in order (for error messages and metrics).
@@ -76,8 +81,9 @@ struct BatchStats {
 
 // Builds the batch. InvalidArgument (naming group and trajectory) for an
 // unscored (NaN) reward, an empty response, per-token fields of the wrong
-// size (rollout::check_trajectory) or a prompt that differs between the
-// samples of one group; FailedPrecondition when nothing is left after the
+// size (rollout::check_trajectory), a prompt that differs between the
+// samples of one group, or routing of another shape than the batch's other
+// rows; FailedPrecondition when nothing is left after the
 // staleness filter.
 StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& groups,
                                  const BatchOptions& options, BatchStats* stats = nullptr);

@@ -120,6 +120,16 @@ struct TrainerOptions {
   // Forward passes under autocast in this precision (run.autocast); the
   // weights, gradients and optimizer keep their own dtypes.
   std::optional<c10::ScalarType> autocast;
+  // Ids [0, vocab_limit) are the distribution's support: the tokenizer's
+  // vocabulary, which is what the rollout engine samples from when the
+  // model's embedding is padded past it. 0 = every id of the model.
+  int64_t vocab_limit = 0;
+  // Recompute each decoder layer's activations in backward (trainer.activation_checkpointing).
+  bool activation_checkpointing = false;
+  // MoE models: route every position that carries recorded routing to the
+  // engine's experts (trainer.router_replay: replay); the router's own
+  // weights over them keep their gradient.
+  bool router_replay = false;
 
   // True when the options need a reference policy (KL in the loss or reward).
   bool needs_reference() const { return kl_coef > 0 || reward_kl.controller.kl_coef > 0; }
@@ -188,8 +198,16 @@ class Trainer {
   // (and the reference's) in the response layout, on the host.
   StatusOr<Scores> score_before_update(const TrainBatch& batch);
   bool can_skip_pass(const TrainBatch& batch) const;
-  // Clips, sets the scheduled LR and steps the optimizer; the gradient norm.
+  // Clips, sets the scheduled LR and steps the optimizer, then frees the
+  // gradients; the gradient norm.
   StatusOr<double> apply_gradients();
+  // Scoring options for `mb`: the temperature, the support and, for an MoE
+  // batch with routing, `routing` set to compare with (and, with
+  // router_replay, replay) the recorded experts.
+  model::ScoreOptions score_options(const TrainBatch& mb, model::MoeRouting* routing) const;
+  // The memory/* metrics: bytes of weights, gradients, optimizer state,
+  // master copies and the reference, and the process's resident set.
+  void memory_metrics(StepMetrics& m, int64_t rss_at_start) const;
 
   model::Policy policy_;
   model::Policy reference_{nullptr};

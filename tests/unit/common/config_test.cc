@@ -270,7 +270,11 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    hidden: 64\n"
             "    heads: 4\n"
             "    kv_heads: 2\n"
+            "    head_dim: 0\n"
             "    ffn: 128\n"
+            "    experts: 4\n"
+            "    experts_per_tok: 2\n"
+            "    moe_ffn: 0\n"
             "    vocab: 0\n"
             "    max_seq_len: 256\n"
             "    rope_theta: 10000.0\n"
@@ -285,6 +289,8 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  stop: []\n"
             "  record_raw_logprobs: false\n"
             "  num_slots: 64\n"
+            "  kv_cache_gb: 0.0\n"
+            "  kv_cache_fraction: 0.5\n"
             "  interrupt: recompute\n"
             "  workers: 1\n"
             "  groups_in_flight: 16\n"
@@ -335,6 +341,8 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  rendezvous: \"\"\n"
             "  allreduce_bucket_mb: 25\n"
             "  collective_timeout_s: 300.0\n"
+            "  activation_checkpointing: false\n"
+            "  router_replay: off\n"
             "  advantage:\n"
             "    estimator: grpo\n"
             "    norm_by_std: true\n"
@@ -596,8 +604,8 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "x.yaml:3: rollout.temprature: unknown key; did you mean 'temperature'?"},
       {"no close key", "rollout:\n  beam_width: 4\n",
        "x.yaml:2: rollout.beam_width: unknown key; known keys: n, max_new_tokens, temperature, "
-       "top_k, top_p, stop, record_raw_logprobs, num_slots, interrupt, workers, groups_in_flight, "
-       "prefix"},
+       "top_k, top_p, stop, record_raw_logprobs, num_slots, kv_cache_gb, kv_cache_fraction, "
+       "interrupt, workers, groups_in_flight, prefix"},
       {"unknown section", "optimizer:\n  lr: 1\n",
        "x.yaml:1: optimizer: unknown key; known keys: experiment, eval, run, model, rollout, task, "
        "trainer, "
@@ -608,7 +616,7 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "drop_equal_reward_groups, mask_truncated, kl_coef, kl_estimator, sft_coef, "
        "loss_scale_factor, reference, max_reuse, max_extra_batches, world_size, rendezvous, "
        "allreduce_bucket_mb, "
-       "collective_timeout_s, advantage, ppo, gspo, gmpo, "
+       "collective_timeout_s, activation_checkpointing, router_replay, advantage, ppo, gspo, gmpo, "
        "cispo, sapo, clip_cov, kl_cov, luffy, entropy, reward_kl, rollout_correction, "
        "optimizer"},
       {"trainer nested typo", "trainer:\n  advantage:\n    estimater: rloo\n",
@@ -741,7 +749,7 @@ TEST(ConfigTest, ValidateChecksEachRule) {
        "model.system_prompt: needs model.chat_template (chatml, llama3 or auto); without a chat "
        "format there is no system message, got 'Be brief.'"},
       {"arch", [](ExperimentConfig& c) { c.model.init.arch = "gpt2"; },
-       "model.init.arch: must be one of llama, qwen2, got 'gpt2'"},
+       "model.init.arch: must be one of llama, qwen2, qwen3, qwen3_moe, got 'gpt2'"},
       {"layers", [](ExperimentConfig& c) { c.model.init.layers = 0; },
        "model.init.layers: must be >= 1, got 0"},
       {"ffn", [](ExperimentConfig& c) { c.model.init.ffn = -4; },
@@ -771,6 +779,18 @@ TEST(ConfigTest, ValidateChecksEachRule) {
        "rollout.top_p: must be in (0, 1], got 1.5"},
       {"num_slots", [](ExperimentConfig& c) { c.rollout.num_slots = 0; },
        "rollout.num_slots: must be >= 1, got 0"},
+      {"kv_cache_gb", [](ExperimentConfig& c) { c.rollout.kv_cache_gb = -1; },
+       "rollout.kv_cache_gb: must be >= 0 (0 = kv_cache_fraction of free memory), got -1"},
+      {"kv_cache_fraction", [](ExperimentConfig& c) { c.rollout.kv_cache_fraction = 1.5; },
+       "rollout.kv_cache_fraction: must be in (0, 1], got 1.5"},
+      {"router_replay", [](ExperimentConfig& c) { c.trainer.router_replay = "on"; },
+       "trainer.router_replay: must be one of off, replay, got 'on'"},
+      {"init experts_per_tok",
+       [](ExperimentConfig& c) {
+         c.model.init.arch = "qwen3_moe";
+         c.model.init.experts_per_tok = 5;
+       },
+       "model.init.experts_per_tok: must be <= model.init.experts (4), got 5"},
       {"interrupt", [](ExperimentConfig& c) { c.rollout.interrupt = "drop"; },
        "rollout.interrupt: must be one of recompute, keep, finish, restart, got 'drop'"},
       {"empty stop",

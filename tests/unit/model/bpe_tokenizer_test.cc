@@ -201,6 +201,31 @@ TEST(BpeTokenizerTest, LoadsTokenizerJsonFromAModelDirectory) {
   EXPECT_EQ((*load_tokenizer(dir))->vocab_size(), 5);
 }
 
+// tokenizer_config.json names the special tokens (Qwen2.5-Instruct: eos
+// <|im_end|>, pad <|endoftext|>); it wins over the guess by name.
+TEST(BpeTokenizerTest, TokenizerConfigNamesTheSpecialTokens) {
+  const std::string dir = ::testing::TempDir() + "/bpe_tok_config_dir";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(write_file_atomic(dir + "/tokenizer.json", make_tokenizer().dump()).ok());
+  ASSERT_TRUE(write_file_atomic(dir + "/tokenizer_config.json",
+                                R"({"eos_token": "<|im_end|>", "bos_token": null,
+                                    "pad_token": {"content": "<|endoftext|>", "special": true}})")
+                  .ok());
+  auto loaded = load_tokenizer(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->eos_id(), 301);
+  EXPECT_EQ((*loaded)->pad_id(), 300);
+  EXPECT_EQ((*loaded)->bos_id(), -1);
+  // A name the tokenizer does not have is an error naming the file and key.
+  ASSERT_TRUE(write_file_atomic(dir + "/tokenizer_config.json", R"({"eos_token": "</s>"})").ok());
+  auto bad = load_tokenizer(dir);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            dir + "/tokenizer_config.json: eos_token: '</s>' is not a token of the tokenizer");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(BpeTokenizerTest, ByteMissingFromTheVocabIsAnError) {
   json j = make_tokenizer();
   j["model"]["vocab"].erase(byte_symbol(0x0B));  // "ċ": vertical tab

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
+
 #include "relay/model/policy_config.h"
 
 namespace relay::model {
@@ -159,29 +161,257 @@ TEST(HfConfigTest, DefaultsForAbsentOptionalKeys) {
   EXPECT_EQ(c->torch_dtype, "float32");
 }
 
-TEST(HfConfigTest, RejectsRopeScaling) {
-  const std::string llama31 = [] {
-    json j = json::parse(kLlama3Config);
-    j["rope_scaling"] = {{"factor", 8.0},
-                         {"low_freq_factor", 1.0},
-                         {"high_freq_factor", 4.0},
-                         {"original_max_position_embeddings", 8192},
-                         {"rope_type", "llama3"}};
-    return j.dump();
-  }();
-  auto c = parse_hf_config(llama31, "config.json");
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(c.status().message(),
-            "config.json: rope_scaling: RoPE scaling of type 'llama3' is not supported (relay "
-            "implements plain RoPE only)");
+// Qwen/Qwen3-0.6B's config.json (transformers 4.51).
+constexpr char kQwen3Config[] = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
 
-  auto old_style = parse_hf_config(qwen2_with("rope_scaling", R"({"type": "yarn", "factor": 4})"),
-                                   "config.json");
-  EXPECT_EQ(old_style.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(old_style.status().message().find("'yarn'"), std::string::npos);
+// Qwen/Qwen3-30B-A3B's config.json.
+constexpr char kQwen3MoeConfig[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "decoder_sparse_step": 1,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 6144,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 48,
+  "mlp_only_layers": [],
+  "model_type": "qwen3_moe",
+  "moe_intermediate_size": 768,
+  "norm_topk_prob": true,
+  "num_attention_heads": 32,
+  "num_experts": 128,
+  "num_experts_per_tok": 8,
+  "num_hidden_layers": 48,
+  "num_key_value_heads": 4,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
 
+// meta-llama/Llama-3.2-1B-Instruct's config.json.
+constexpr char kLlama32Config[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009],
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+TEST(HfConfigTest, ParsesQwen3Config) {
+  auto c = parse_hf_config(kQwen3Config, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen3");
+  EXPECT_EQ(c->head_dim, 128);  // 1024 / 16 would be 64
+  EXPECT_EQ(c->resolved_head_dim(), 128);
+  EXPECT_TRUE(c->has_qk_norm());
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int64_t>({151645}));
+  EXPECT_TRUE(c->rope_scaling.is_default());
+  EXPECT_EQ(c->num_moe_layers(), 0);
+}
+
+TEST(HfConfigTest, ParsesQwen3MoeConfig) {
+  auto c = parse_hf_config(kQwen3MoeConfig, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->num_experts_per_tok, 8);
+  EXPECT_EQ(c->moe_intermediate_size, 768);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->decoder_sparse_step, 1);
+  EXPECT_TRUE(c->mlp_only_layers.empty());
+  EXPECT_EQ(c->num_moe_layers(), 48);
+  // Qwen3MoeConfig's defaults when the keys are absent.
+  json j = json::parse(kQwen3MoeConfig);
+  for (const char* k : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}) {
+    j.erase(k);
+  }
+  j["num_hidden_layers"] = 4;
+  j["mlp_only_layers"] = {2};
+  auto d = parse_hf_config(j.dump(), "config.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->num_experts, 128);
+  EXPECT_EQ(d->num_experts_per_tok, 8);
+  EXPECT_FALSE(d->norm_topk_prob);
+  EXPECT_EQ(d->num_moe_layers(), 3);
+  EXPECT_FALSE(d->is_moe_layer(2));
+  // Round trip.
+  auto back = parse_hf_config(to_hf_config_json(*c), "again");
+  ASSERT_TRUE(back.ok()) << back.status();
+  expect_same_config(*c, *back);
+  EXPECT_EQ(back->num_experts, 128);
+  EXPECT_TRUE(back->norm_topk_prob);
+}
+
+TEST(HfConfigTest, ParsesLlama32WithLlama3RopeAndEveryEosId) {
+  auto c = parse_hf_config(kLlama32Config, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_EQ(c->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(c->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(c->eos_token_id, 128001);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int64_t>({128001, 128008, 128009}));
+  auto back = parse_hf_config(to_hf_config_json(*c), "again");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(back->rope_scaling.factor, 32.0);
+  EXPECT_EQ(back->eos_token_ids, c->eos_token_ids);
+}
+
+TEST(HfConfigTest, ReadsEveryRopeTypeAndRefusesOthers) {
+  // transformers 5 style: rope_parameters with rope_theta inside.
+  json j = json::parse(kQwen3Config);
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {
+      {"rope_type", "yarn"},     {"factor", 4.0},   {"original_max_position_embeddings", 32768},
+      {"rope_theta", 1000000.0}, {"beta_fast", 16}, {"truncate", false}};
+  auto yarn = parse_hf_config(j.dump(), "config.json");
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_EQ(yarn->rope_theta, 1e6);
+  EXPECT_EQ(yarn->rope_scaling.rope_type, "yarn");
+  EXPECT_EQ(yarn->rope_scaling.factor, 4.0);
+  EXPECT_EQ(yarn->rope_scaling.original_max_position_embeddings, 32768);
+  EXPECT_EQ(yarn->rope_scaling.beta_fast, 16.0);
+  EXPECT_EQ(yarn->rope_scaling.beta_slow, 1.0);
+  EXPECT_FALSE(yarn->rope_scaling.truncate);
+  auto back = parse_hf_config(to_hf_config_json(*yarn), "again");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rope_scaling.beta_fast, 16.0);
+  EXPECT_FALSE(back->rope_scaling.truncate);
+
+  // Old style "type", linear and dynamic.
+  for (const char* type : {"linear", "dynamic"}) {
+    auto c = parse_hf_config(
+        qwen2_with("rope_scaling", absl::StrCat(R"({"type": ")", type, R"(", "factor": 2})")),
+        "config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->rope_scaling.rope_type, type);
+    EXPECT_EQ(c->rope_scaling.factor, 2.0);
+  }
+  // An unknown type stays a clear error.
+  auto longrope = parse_hf_config(
+      qwen2_with("rope_scaling", R"({"rope_type": "longrope", "factor": 4})"), "config.json");
+  EXPECT_EQ(longrope.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(longrope.status().message(),
+            "config.json: rope_scaling: RoPE scaling of type 'longrope' is not supported (relay "
+            "implements default, linear, dynamic, yarn and llama3)");
+  // Required keys are named.
+  auto no_factor =
+      parse_hf_config(qwen2_with("rope_scaling", R"({"rope_type": "linear"})"), "config.json");
+  EXPECT_EQ(no_factor.status().message(),
+            "config.json: rope_scaling.factor: required key is missing");
+  auto no_low = parse_hf_config(
+      qwen2_with("rope_scaling", R"({"rope_type": "llama3", "factor": 8, "high_freq_factor": 4})"),
+      "config.json");
+  EXPECT_EQ(no_low.status().message(),
+            "config.json: rope_scaling.low_freq_factor: required key is missing");
   // "default" is plain RoPE.
   EXPECT_TRUE(parse_hf_config(qwen2_with("rope_scaling", R"({"rope_type": "default"})"), "c").ok());
+}
+
+TEST(HfConfigTest, RefusesSlidingWindowLayersAndPartialRotary) {
+  json j = json::parse(kQwen3Config);
+  j["layer_types"] = json::array();
+  for (int i = 0; i < 28; ++i)
+    j["layer_types"].push_back(i < 20 ? "full_attention" : "sliding_attention");
+  auto c = parse_hf_config(j.dump(), "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(c.status().message().find("layer_types"), std::string::npos) << c.status();
+  j["layer_types"] = json::array({"full_attention"});
+  EXPECT_TRUE(parse_hf_config(j.dump(), "config.json").ok());
+  auto partial = parse_hf_config(qwen2_with("partial_rotary_factor", "0.5"), "config.json");
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(HfConfigTest, ReadsGenerationConfigEosIds) {
+  const fs::path dir = fs::temp_directory_path() / "relay_generation_config_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto none = read_generation_eos_ids(dir.string());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  std::ofstream(dir / "generation_config.json")
+      << R"({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "do_sample": true})";
+  auto ids = read_generation_eos_ids(dir.string());
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, std::vector<int64_t>({128001, 128008, 128009}));
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": "x"})";
+  auto bad = read_generation_eos_ids(dir.string());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("generation_config.json: eos_token_id"), std::string::npos)
+      << bad.status();
+  fs::remove_all(dir);
 }
 
 TEST(HfConfigTest, ReadsRopeThetaFromRopeParameters) {
@@ -203,7 +433,7 @@ TEST(HfConfigTest, RejectsBadConfigs) {
   const std::vector<Case> cases = {
       {"unsupported model_type", qwen2_with("model_type", R"("gpt2")"),
        absl::StatusCode::kUnimplemented,
-       "config.json: model_type 'gpt2' is not supported (llama, qwen2)"},
+       "config.json: model_type 'gpt2' is not supported (llama, qwen2, qwen3, qwen3_moe)"},
       {"missing model_type", qwen2_with("model_type", ""), absl::StatusCode::kInvalidArgument,
        "config.json: model_type: required key is missing"},
       {"missing hidden_size", qwen2_with("hidden_size", ""), absl::StatusCode::kInvalidArgument,
@@ -365,7 +595,7 @@ TEST(PolicyConfigTest, ValidateEachRule) {
       {"qwen2", [](PolicyConfig& c) { c.model_type = "qwen2"; }, ""},
       {"explicit even head_dim", [](PolicyConfig& c) { c.head_dim = 6; }, ""},
       {"model_type", [](PolicyConfig& c) { c.model_type = "gpt2"; },
-       "model_type: must be llama or qwen2, got 'gpt2'"},
+       "model_type: must be llama, qwen2, qwen3 or qwen3_moe, got 'gpt2'"},
       {"vocab", [](PolicyConfig& c) { c.vocab_size = 0; }, "vocab_size: must be >= 1, got 0"},
       {"layers", [](PolicyConfig& c) { c.num_hidden_layers = -1; },
        "num_hidden_layers: must be >= 1, got -1"},

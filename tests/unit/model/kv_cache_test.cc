@@ -158,8 +158,97 @@ TEST_F(KVCacheTest, RejectsDuplicateAndOutOfRangeSlots) {
 
 TEST_F(KVCacheTest, BytesCountsEveryLayer) {
   KVCache cache(policy_->config(), 3, 10, torch::kFloat32, torch::kCPU);
-  // layers 2 x (k, v) x slots 3 x positions 10 x kv_heads 2 x head_dim 8 x 4 bytes
-  EXPECT_EQ(cache.bytes(), 2 * 2 * 3 * 10 * 2 * 8 * 4);
+  // Blocks of 16: one per slot, plus the zero block. layers 2 x (k, v) x
+  // blocks 4 x 16 positions x kv_heads 2 x head_dim 8 x 4 bytes.
+  EXPECT_EQ(cache.num_blocks(), 3);
+  EXPECT_EQ(cache.bytes(), 2 * 2 * 4 * 16 * 2 * 8 * 4);
+  EXPECT_EQ(cache.bytes_per_position(), 2 * 2 * 2 * 8 * 4);
+}
+
+KVCacheOptions Paged(int64_t slots, int64_t max_len, int64_t block, int64_t blocks) {
+  KVCacheOptions o;
+  o.num_slots = slots;
+  o.max_seq_len = max_len;
+  o.block_size = block;
+  o.num_blocks = blocks;
+  return o;
+}
+
+// Blocks are taken as positions are first written, whatever the slots'
+// capacity, and come back when a slot is released.
+TEST_F(KVCacheTest, BlocksFollowWhatSequencesHold) {
+  KVCache cache(policy_->config(), Paged(4, 64, 4, 100));
+  EXPECT_EQ(cache.blocks_in_use(), 0);
+  Extend(cache, {{1, 2, 3, 4, 5}, {6}}, {0, 3});
+  EXPECT_EQ(cache.blocks_in_use(), 2 + 1);  // 5 positions = 2 blocks of 4; 1 position = 1
+  Extend(cache, {{7, 8, 9}}, {0});
+  EXPECT_EQ(cache.blocks_in_use(), 2 + 1);  // 8 positions still fit 2 blocks
+  Extend(cache, {{10}}, {0});
+  EXPECT_EQ(cache.blocks_in_use(), 3 + 1);
+  cache.release(0);
+  EXPECT_EQ(cache.blocks_in_use(), 1);
+  EXPECT_EQ(cache.peak_blocks_in_use(), 4);
+}
+
+// K samples of one prompt hold its full blocks once; only the partial last
+// block is copied, and a shared block is copied before it is written.
+TEST_F(KVCacheTest, PrefixBlocksAreSharedAndCopiedOnWrite) {
+  KVCache cache(policy_->config(), Paged(4, 32, 4, 100));
+  const Seq prompt = {6, 1, 8, 0, 3, 9, 9, 4, 2, 5};  // 10 positions: 2 full blocks + 2
+  Extend(cache, {prompt}, {0});
+  EXPECT_EQ(cache.blocks_in_use(), 3);
+  for (int64_t s = 1; s < 4; ++s) cache.copy_prefix(0, s, 10);
+  EXPECT_EQ(cache.blocks_in_use(), 3 + 3);  // one partial copy per sample
+  // Each sample decodes its own token; every one matches its full forward.
+  at::Tensor logits = Extend(cache, {{11}, {12}, {13}, {14}}, {0, 1, 2, 3});
+  for (int b = 0; b < 4; ++b) {
+    Seq seq = prompt;
+    seq.push_back(11 + b);
+    EXPECT_TRUE(AllClose(logits[b], FullLast(seq), kTol)) << b;
+  }
+  // Truncate slot 1 into a shared full block (position 6 of block 1), then
+  // write there: slot 1 gets its own copy, and slot 0 is untouched.
+  cache.copy_prefix(1, 1, 6);
+  at::Tensor rewritten = Extend(cache, {{20, 21}}, {1});
+  Seq branch(prompt.begin(), prompt.begin() + 6);
+  branch.insert(branch.end(), {20, 21});
+  EXPECT_TRUE(AllClose(rewritten[0], FullLast(branch), kTol));
+  Seq main = prompt;
+  main.insert(main.end(), {11, 30});
+  at::Tensor after = Extend(cache, {{30}}, {0});
+  EXPECT_TRUE(AllClose(after[0], FullLast(main), kTol));
+}
+
+TEST_F(KVCacheTest, ReservationsPromiseRoomAndRefuseWhatIsPromised) {
+  KVCache cache(policy_->config(), Paged(3, 32, 4, 10));
+  EXPECT_EQ(cache.available_blocks(), 10);
+  EXPECT_TRUE(cache.reserve(0, 24));  // 6 blocks
+  EXPECT_EQ(cache.available_blocks(), 4);
+  EXPECT_FALSE(cache.reserve(1, 20));  // 5 > 4: refused, nothing changes
+  EXPECT_EQ(cache.available_blocks(), 4);
+  EXPECT_TRUE(cache.reserve(1, 16));
+  EXPECT_EQ(cache.available_blocks(), 0);
+  // Slot 2 has no reservation and nothing is left to take.
+  EXPECT_THROW(Extend(cache, {{1}}, {2}), c10::Error);
+  EXPECT_EQ(cache.length(2), 0);
+  // Slot 0 grows within its promise; what it holds stays promised to it.
+  Extend(cache, {Seq(9, 3)}, {0});
+  EXPECT_EQ(cache.blocks_in_use(), 3);
+  EXPECT_EQ(cache.available_blocks(), 0);
+  cache.release(0);
+  EXPECT_EQ(cache.available_blocks(), 6);
+  EXPECT_THROW(cache.reserve(0, 33), c10::Error);  // beyond max_seq_len: a caller bug
+}
+
+TEST_F(KVCacheTest, ResetKeepsTheReservationReleaseDropsIt) {
+  KVCache cache(policy_->config(), Paged(2, 16, 4, 4));
+  ASSERT_TRUE(cache.reserve(0, 16));
+  Extend(cache, {Seq(10, 2)}, {0});
+  cache.reset(0);  // a re-prefill after a weight update keeps its room
+  EXPECT_EQ(cache.available_blocks(), 0);
+  EXPECT_FALSE(cache.reserve(1, 4));
+  cache.release(0);
+  EXPECT_TRUE(cache.reserve(1, 16));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "relay/model/rope.h"
 #include "testing/tensor_testing.h"
 
 namespace relay::model {
@@ -88,7 +89,10 @@ TEST(PolicyTest, RmsNormMatchesHandComputedValues) {
 
 TEST(PolicyTest, RopeIsIdentityAtZeroAndRelative) {
   torch::manual_seed(0);
-  at::Tensor inv_freq = rope_inv_freq(8, 10000.0);
+  PolicyConfig c = TinyConfig();
+  c.num_attention_heads = 1;
+  c.head_dim = 8;
+  at::Tensor inv_freq = rope_frequencies(c).inv_freq;
   // inv_freq[i] = 10000^(-2i/8)
   EXPECT_TRUE(
       AllClose(inv_freq, torch::tensor({1.0, 0.1, 0.01, 0.001}, torch::kFloat32), 1e-7, 1e-6));

@@ -848,7 +848,7 @@ TEST(EngineTest, BadSubmissionsAreRejectedWithTheField) {
   EXPECT_EQ(message(group("x", {1, 37}, 1, 0)),
             "group 'x': prompt[1]: token id 37 outside the vocabulary [0, 37)");
   EXPECT_EQ(message(group("x", std::vector<int64_t>(64, 1), 1, 0)),
-            "group 'x': prompt: length 64 leaves no room in a slot of 64 positions");
+            "group 'x': prompt: length 64 leaves no room in a sequence of 64 positions");
   PromptGroup bad_target = group("x", {1}, 1, 0);
   bad_target.target = {-1};
   EXPECT_EQ(message(bad_target),
@@ -903,6 +903,175 @@ TEST(EngineTest, OptionsFromConfigNameTheField) {
   EXPECT_EQ(o->num_slots, 5);
   EXPECT_EQ(o->stop_tokens, std::vector<int64_t>{2});
   EXPECT_TRUE(o->sampling.record_raw_logprobs);
+}
+
+// ---- Memory: the KV budget.
+
+// A budget for two sequences at a time: four groups still all finish (the
+// others wait for room), each exactly as with room for all.
+TEST(EngineKvBudgetTest, AdmissionWaitsForRoomAndChangesNoResult) {
+  EngineOptions roomy = base_options();
+  EngineOptions tight = base_options();
+  // Prompt 3 + max_new_tokens 8 = 11 positions: one block of 16 each.
+  tight.kv_block_size = 16;
+  const model::PolicyConfig pc = TinyConfig();
+  const int64_t position_bytes =
+      2 * pc.num_hidden_layers * pc.num_key_value_heads * pc.resolved_head_dim() * 4;
+  tight.kv_cache_bytes = 2 * 16 * position_bytes;
+  auto a = make_engine(5, roomy), b = make_engine(5, tight);
+  for (Engine* e : {a.get(), b.get()}) {
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(e->submit(group("g" + std::to_string(i), {1, 7 + i, 3}, 1, 40 + i)).ok());
+    }
+  }
+  auto ra = by_id(run_all(*a)), rb = by_id(run_all(*b));
+  ASSERT_EQ(rb.size(), 4u);
+  for (const auto& [id, g] : ra) {
+    // Batched differently, so equal up to the BLAS's rounding.
+    const Trajectory& t = rb.at(id).trajectories[0];
+    EXPECT_EQ(t.response_tokens, g.trajectories[0].response_tokens) << id;
+    for (size_t j = 0; j < t.behavior_logprobs.size(); ++j) {
+      EXPECT_NEAR(t.behavior_logprobs[j], g.trajectories[0].behavior_logprobs[j], 1e-4) << id;
+    }
+  }
+  const EngineStats st = b->stats();
+  EXPECT_EQ(st.kv_capacity_positions, 32);
+  EXPECT_LE(st.kv_peak_positions, 32);
+  EXPECT_GT(st.admission_waits, 0);
+  EXPECT_EQ(a->stats().admission_waits, 0);
+}
+
+TEST(EngineKvBudgetTest, ABudgetBelowOneSequenceIsAConfigErrorWithTheMinimum) {
+  EngineOptions o = base_options();
+  o.kv_cache_bytes = 1000;
+  auto e = Engine::create(make_policy(1), o, 0, 0);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(e.status().message());
+  EXPECT_NE(msg.find("rollout.kv_cache_gb"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs 9"), std::string::npos) << msg;  // 1 + max_new_tokens 8
+  EXPECT_NE(msg.find("set at least"), std::string::npos) << msg;
+}
+
+TEST(EngineKvBudgetTest, APromptThatCouldNeverFitIsRefusedAtSubmit) {
+  EngineOptions o = base_options();
+  o.kv_block_size = 4;
+  const model::PolicyConfig pc = TinyConfig();
+  o.kv_cache_bytes = 4 * 4 * 2 * pc.num_hidden_layers * pc.num_key_value_heads *
+                     pc.resolved_head_dim() * 4;  // 16 positions
+  auto e = make_engine(1, o);
+  Status s = e->submit(group("long", std::vector<int64_t>(12, 5), 1, 1));  // 12 + 8 > 16
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("group 'long'"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("rollout.kv_cache_gb"), std::string::npos) << s;
+  EXPECT_TRUE(e->submit(group("short", {1, 2}, 2, 1)).ok());
+  EXPECT_EQ(run_all(*e).size(), 1u);
+}
+
+// ---- The sampling support: ids past the tokenizer's vocabulary.
+
+TEST(EngineVocabTest, IdsPastTheSupportAreNeverSampledAndLogProbsMatchTheTrainer) {
+  model::Policy policy = make_policy(3);
+  {
+    // Make the padded rows (ids 30..36) the most likely by far.
+    torch::NoGradGuard g;
+    policy->lm_head->weight.narrow(0, 30, 7).mul_(40.0);
+  }
+  model::Policy scorer = model::clone_policy(*policy);
+  EngineOptions o = base_options();
+  o.vocab_limit = 30;
+  auto e = Engine::create(policy, o, 0, 0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->submit(group("g", {1, 2, 3}, 4, 9)).ok());
+  auto out = run_all(**e);
+  ASSERT_EQ(out.size(), 1u);
+  model::ScoreOptions so;
+  so.vocab_limit = 30;
+  for (const Trajectory& t : out[0].trajectories) {
+    for (int64_t id : t.response_tokens) EXPECT_LT(id, 30);
+    std::vector<int64_t> ids = t.prompt_tokens;
+    ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+    torch::NoGradGuard g;
+    at::Tensor lp = scorer->score(torch::tensor(ids).view({1, -1}), {}, so)[0];
+    for (size_t j = 0; j < t.response_tokens.size(); ++j) {
+      EXPECT_NEAR(t.behavior_logprobs[j], lp[t.prompt_tokens.size() - 1 + j].item<float>(), 1e-5);
+    }
+  }
+  // Without the limit the padded ids dominate: the test has teeth.
+  o.vocab_limit = 0;
+  model::Policy p2 = make_policy(3);
+  {
+    torch::NoGradGuard g;
+    p2->lm_head->weight.narrow(0, 30, 7).mul_(40.0);
+  }
+  auto e2 = Engine::create(p2, o, 0, 0);
+  ASSERT_TRUE(e2.ok()) << e2.status();
+  ASSERT_TRUE((*e2)->submit(group("g", {1, 2, 3}, 4, 9)).ok());
+  int64_t padded = 0;
+  const std::vector<TrajectoryGroup> unlimited = run_all(**e2);
+  ASSERT_EQ(unlimited.size(), 1u);
+  for (const Trajectory& t : unlimited[0].trajectories) {
+    for (int64_t id : t.response_tokens) padded += id >= 30 ? 1 : 0;
+  }
+  EXPECT_GT(padded, 0);
+  // A stop token outside the support could never end a sequence.
+  o.vocab_limit = 30;
+  o.stop_tokens = {33};
+  EXPECT_EQ(Engine::create(make_policy(3), o, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---- MoE routing, recorded like behavior log-probs.
+
+model::PolicyConfig MoeConfig() {
+  model::PolicyConfig c = TinyConfig("qwen3_moe");
+  c.head_dim = 8;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  return c;
+}
+
+TEST(EngineRoutingTest, TrajectoriesCarryTheRoutingOfEveryPositionRun) {
+  model::Policy policy(MoeConfig());
+  model::init_weights(*policy, 4, 0.3);
+  model::Policy scorer = model::clone_policy(*policy);
+  EngineOptions o = base_options();
+  auto e = Engine::create(policy, o, 0, 0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->submit(group("g", {1, 5, 2, 9}, 3, 2)).ok());
+  auto out = run_all(**e);
+  ASSERT_EQ(out.size(), 1u);
+  for (const Trajectory& t : out[0].trajectories) {
+    ASSERT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+    EXPECT_EQ(t.routing_layers, 2);
+    EXPECT_EQ(t.routing_top_k, 2);
+    const int64_t positions = t.prompt_tokens.size() + t.response_tokens.size() - 1;
+    ASSERT_EQ(static_cast<int64_t>(t.routed_experts.size()), positions * 2 * 2);
+    // The routing a full forward over the same tokens takes, position by
+    // position (the engine ran them incrementally, sharing the prompt).
+    std::vector<int64_t> ids = t.prompt_tokens;
+    ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+    model::MoeRouting r;
+    r.record = true;
+    torch::NoGradGuard g;
+    scorer->hidden_states(torch::tensor(ids).view({1, -1}), {}, &r);
+    at::Tensor full = std::get<0>(torch::stack(r.chosen, 1).narrow(0, 0, positions).sort(-1));
+    at::Tensor recorded = std::get<0>(torch::tensor(t.routed_experts, torch::kInt32)
+                                          .view({positions, 2, 2})
+                                          .to(torch::kInt64)
+                                          .sort(-1));
+    EXPECT_TRUE(torch::equal(full, recorded));
+  }
+}
+
+TEST(EngineRoutingTest, DenseModelsRecordNoRouting) {
+  auto e = make_engine(1, base_options());
+  ASSERT_TRUE(e->submit(group("g", {1, 2}, 1, 1)).ok());
+  auto out = run_all(*e);
+  EXPECT_TRUE(out.at(0).trajectories.at(0).routed_experts.empty());
+  EXPECT_EQ(out.at(0).trajectories.at(0).routing_layers, 0);
 }
 
 }  // namespace

@@ -1,0 +1,141 @@
+#include "relay/model/lm_head.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace relay::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One chunk's tempered fp32 logits: exactly the forward's operations.
+at::Tensor chunk_logits(const at::Tensor& h, const at::Tensor& w, double temperature) {
+  at::Tensor z = torch::nn::functional::linear(h, w).to(torch::kFloat32);
+  return temperature != 1.0 ? z / temperature : z;
+}
+
+// Writes the chunk's scores into logp[start:] (and entropy[start:]).
+void score_chunk(const at::Tensor& z, const at::Tensor& targets, at::Tensor& logp,
+                 at::Tensor& entropy, int64_t start) {
+  at::Tensor lse = z.logsumexp(-1);
+  const int64_t len = z.size(0);
+  logp.narrow(0, start, len).copy_(z.gather(1, targets.view({-1, 1})).squeeze(1) - lse);
+  if (entropy.defined()) {
+    entropy.narrow(0, start, len).copy_(lse - (torch::softmax(z, -1) * z).sum(-1));
+  }
+}
+
+class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden,
+                               const at::Tensor& weight, const at::Tensor& targets,
+                               double temperature, int64_t chunk, bool with_entropy) {
+    const int64_t n = hidden.size(0);
+    auto f32 = hidden.options().dtype(torch::kFloat32);
+    at::Tensor logp = torch::empty({n}, f32);
+    at::Tensor entropy = with_entropy ? torch::empty({n}, f32) : at::Tensor();
+    // The dtype the product ran in (autocast may lower it); backward
+    // recomputes in the same one.
+    c10::ScalarType compute = hidden.scalar_type();
+    {
+      torch::NoGradGuard no_grad;
+      for (int64_t start = 0; start < n; start += chunk) {
+        const int64_t len = std::min(chunk, n - start);
+        at::Tensor h = hidden.narrow(0, start, len);
+        at::Tensor raw = torch::nn::functional::linear(h, weight);
+        compute = raw.scalar_type();
+        at::Tensor z = raw.to(torch::kFloat32);
+        if (temperature != 1.0) z = z / temperature;
+        score_chunk(z, targets.narrow(0, start, len), logp, entropy, start);
+      }
+    }
+    ctx->save_for_backward({hidden, weight, targets});
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["compute"] = static_cast<int64_t>(compute);
+    return {logp, with_entropy ? entropy : torch::zeros({0}, f32)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& hidden = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& targets = saved[2];
+    const double temperature = ctx->saved_data["temperature"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const auto compute = static_cast<c10::ScalarType>(ctx->saved_data["compute"].toInt());
+    const at::Tensor& g_logp = grads[0];
+    const at::Tensor& g_ent = grads[1];
+    const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+
+    torch::NoGradGuard no_grad;
+    const int64_t n = hidden.size(0);
+    at::Tensor w = weight.to(compute);
+    at::Tensor g_hidden = need_h ? torch::empty_like(hidden) : at::Tensor();
+    at::Tensor g_weight = need_w ? torch::zeros(weight.sizes(), weight.options()) : at::Tensor();
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t len = std::min(chunk, n - start);
+      at::Tensor h = hidden.narrow(0, start, len).to(compute);
+      at::Tensor z = torch::nn::functional::linear(h, w).to(torch::kFloat32);
+      if (temperature != 1.0) z = z / temperature;
+      at::Tensor logp_all = torch::log_softmax(z, -1);
+      at::Tensor p = logp_all.exp();
+      at::Tensor t = targets.narrow(0, start, len).view({-1, 1});
+      at::Tensor gz = torch::zeros_like(z);
+      if (g_logp.defined()) {
+        at::Tensor g = g_logp.narrow(0, start, len).to(torch::kFloat32).view({-1, 1});
+        gz = -p * g;
+        gz.scatter_add_(1, t, g);
+      }
+      if (g_ent.defined() && g_ent.numel() > 0) {
+        at::Tensor H = -(p * logp_all).sum(-1, /*keepdim=*/true);
+        gz =
+            gz - g_ent.narrow(0, start, len).to(torch::kFloat32).view({-1, 1}) * p * (logp_all + H);
+      }
+      if (temperature != 1.0) gz = gz / temperature;
+      at::Tensor gzc = gz.to(compute);
+      if (need_h) g_hidden.narrow(0, start, len).copy_(torch::matmul(gzc, w));
+      if (need_w) g_weight.add_(torch::matmul(gzc.t(), h).to(weight.scalar_type()));
+    }
+    return {g_hidden, g_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+TokenScores lm_head_token_scores(const at::Tensor& hidden, const at::Tensor& weight,
+                                 const at::Tensor& targets, double temperature,
+                                 int64_t chunk_tokens, bool with_entropy) {
+  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+              "lm_head_token_scores: hidden ", hidden.sizes(), " and weight ", weight.sizes(),
+              " do not fit");
+  TORCH_CHECK(targets.numel() == hidden.size(0), "lm_head_token_scores: ", targets.numel(),
+              " targets for ", hidden.size(0), " positions");
+  TORCH_CHECK(chunk_tokens >= 1, "lm_head_token_scores: chunk_tokens must be >= 1");
+  at::Tensor t = targets.to(hidden.device(), torch::kInt64).reshape({-1});
+  TokenScores out;
+  const bool grad =
+      torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  if (!grad) {
+    const int64_t n = hidden.size(0);
+    auto f32 = hidden.options().dtype(torch::kFloat32);
+    out.logprobs = torch::empty({n}, f32);
+    if (with_entropy) out.entropy = torch::empty({n}, f32);
+    for (int64_t start = 0; start < n; start += chunk_tokens) {
+      const int64_t len = std::min(chunk_tokens, n - start);
+      score_chunk(chunk_logits(hidden.narrow(0, start, len), weight, temperature),
+                  t.narrow(0, start, len), out.logprobs, out.entropy, start);
+    }
+    return out;
+  }
+  variable_list r =
+      ChunkedTokenScores::apply(hidden, weight, t, temperature, chunk_tokens, with_entropy);
+  out.logprobs = r[0];
+  if (with_entropy) out.entropy = r[1];
+  return out;
+}
+
+}  // namespace relay::model
