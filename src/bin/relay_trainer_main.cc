@@ -45,6 +45,7 @@
 #include "relay/comm/weight_broadcaster.h"
 #include "relay/common/file_io.h"
 #include "relay/common/logging.h"
+#include "relay/common/number_format.h"
 #include "relay/common/progress.h"
 #include "relay/common/tensorboard.h"
 #include "relay/model/checkpoint.h"
@@ -603,13 +604,14 @@ int main(int argc, char** argv) {
     }
     // One progress line per step.
     std::printf(
-        "step %lld/%d  v%lld  reward %.3f  accuracy %s  staleness %.2f (max %.0f)  %.0f samples/s"
+        "step %lld/%d  v%lld  reward %.3f  accuracy %s  staleness %.2f (max %.0f)  %s samples/s"
         "  waited %.2fs  mismatch %.1e\n",
         static_cast<long long>(r.rl_step), ex.steps, static_cast<long long>(tr.version()),
         m->at("reward/mean"),
         std::isnan(last_accuracy) ? "-" : absl::StrFormat("%.3f", last_accuracy).c_str(),
-        m->at("staleness/mean"), m->at("staleness/max"), m->at("throughput/samples_per_s"),
-        m->at("store/wait_s"), m->at("mismatch/k3"));
+        m->at("staleness/mean"), m->at("staleness/max"),
+        format_significant(m->at("throughput/samples_per_s")).c_str(), m->at("store/wait_s"),
+        m->at("mismatch/k3"));
     std::fflush(stdout);
     // Periodic checkpoints, and the step of a new best eval accuracy (so
     // that the best model is kept).
