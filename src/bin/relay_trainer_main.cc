@@ -564,11 +564,20 @@ int main(int argc, char** argv) {
     return OkStatus();
   };
   host.set_compact_floor(tr.version());
+  // Workers that registered and then all went silent (killed, out of
+  // memory) fail the wait for groups after 2 x services.worker_timeout_s,
+  // not services.group_wait_s.
+  bool workers_gone = false;
+  auto workers_present = [&]() -> Status {
+    Status st = service.check_workers_present();
+    workers_gone = !st.ok();
+    return st;
+  };
   const auto t0 = std::chrono::steady_clock::now();
   Status result = OkStatus();
   while (r.rl_step < ex.steps && !g_stop) {
     const auto step_start = std::chrono::steady_clock::now();
-    StatusOr<trainer::StepMetrics> m = host.step([] { return g_stop.load(); });
+    StatusOr<trainer::StepMetrics> m = host.step([] { return g_stop.load(); }, workers_present);
     if (!m.ok()) {
       // SIGTERM while waiting for groups is a clean stop, not a failure.
       if (!(g_stop && m.status().code() == absl::StatusCode::kCancelled)) result = m.status();
@@ -636,8 +645,9 @@ int main(int argc, char** argv) {
     }
   }
   (*server)->shutdown(2000);
-  if (result.ok() || g_stop) {
-    // A drained stop (SIGTERM) checkpoints too, so a restart loses nothing.
+  if (result.ok() || g_stop || workers_gone) {
+    // A drained stop (SIGTERM) checkpoints too, so a restart loses nothing;
+    // so does giving up on the workers (the trainer itself is fine).
     if (Status st = checkpoint(); !st.ok() && result.ok()) result = st;
   }
   if (result.ok() && finished && !save.empty()) {
