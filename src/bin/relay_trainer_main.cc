@@ -45,6 +45,7 @@
 #include "relay/comm/weight_broadcaster.h"
 #include "relay/common/file_io.h"
 #include "relay/common/logging.h"
+#include "relay/common/number_format.h"
 #include "relay/common/progress.h"
 #include "relay/common/tensorboard.h"
 #include "relay/model/checkpoint.h"
@@ -565,11 +566,20 @@ int main(int argc, char** argv) {
     return OkStatus();
   };
   host.set_compact_floor(tr.version());
+  // Workers that registered and then all went silent (killed, out of
+  // memory) fail the wait for groups after 2 x services.worker_timeout_s,
+  // not services.group_wait_s.
+  bool workers_gone = false;
+  auto workers_present = [&]() -> Status {
+    Status st = service.check_workers_present();
+    workers_gone = !st.ok();
+    return st;
+  };
   const auto t0 = std::chrono::steady_clock::now();
   Status result = OkStatus();
   while (r.rl_step < ex.steps && !g_stop) {
     const auto step_start = std::chrono::steady_clock::now();
-    StatusOr<trainer::StepMetrics> m = host.step([] { return g_stop.load(); });
+    StatusOr<trainer::StepMetrics> m = host.step([] { return g_stop.load(); }, workers_present);
     if (!m.ok()) {
       // SIGTERM while waiting for groups is a clean stop, not a failure.
       if (!(g_stop && m.status().code() == absl::StatusCode::kCancelled)) result = m.status();
@@ -605,13 +615,14 @@ int main(int argc, char** argv) {
     }
     // One progress line per step.
     std::printf(
-        "step %lld/%d  v%lld  reward %.3f  accuracy %s  staleness %.2f (max %.0f)  %.0f samples/s"
+        "step %lld/%d  v%lld  reward %.3f  accuracy %s  staleness %.2f (max %.0f)  %s samples/s"
         "  waited %.2fs  mismatch %.1e\n",
         static_cast<long long>(r.rl_step), ex.steps, static_cast<long long>(tr.version()),
         m->at("reward/mean"),
         std::isnan(last_accuracy) ? "-" : absl::StrFormat("%.3f", last_accuracy).c_str(),
-        m->at("staleness/mean"), m->at("staleness/max"), m->at("throughput/samples_per_s"),
-        m->at("store/wait_s"), m->at("mismatch/k3"));
+        m->at("staleness/mean"), m->at("staleness/max"),
+        format_significant(m->at("throughput/samples_per_s")).c_str(), m->at("store/wait_s"),
+        m->at("mismatch/k3"));
     std::fflush(stdout);
     // Periodic checkpoints, and the step of a new best eval accuracy (so
     // that the best model is kept).
@@ -636,8 +647,9 @@ int main(int argc, char** argv) {
     }
   }
   (*server)->shutdown(2000);
-  if (result.ok() || g_stop) {
-    // A drained stop (SIGTERM) checkpoints too, so a restart loses nothing.
+  if (result.ok() || g_stop || workers_gone) {
+    // A drained stop (SIGTERM) checkpoints too, so a restart loses nothing;
+    // so does giving up on the workers (the trainer itself is fine).
     if (Status st = checkpoint(); !st.ok() && result.ok()) result = st;
   }
   if (result.ok() && finished && !save.empty()) {

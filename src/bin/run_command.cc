@@ -1,15 +1,17 @@
 // relay run: relay-trainer and rollout.workers relay-rollout workers on this
 // machine as child processes, supervised: the trainer's port is handed to the
-// workers, a worker that dies is restarted, the cores are split between the
-// processes, the workers are stopped when the trainer ends, and Ctrl-C (or
-// SIGTERM) drains them all: workers give their leases back, the trainer
-// checkpoints. With trainer.world_size > 1 it starts that many trainer
+// workers, a worker that dies is restarted (unless it died the same way 3
+// times in a row; bin/supervise.h), the trainer is stopped once no worker is
+// left, the cores are split between the processes, the workers are stopped
+// when the trainer ends, and Ctrl-C (or SIGTERM) drains them all: workers
+// give their leases back, the trainer checkpoints. With trainer.world_size > 1 it starts that many trainer
 // ranks, torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -29,6 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bin/commands.h"
+#include "bin/supervise.h"
 #include "relay/common/config.h"
 
 extern char** environ;
@@ -73,28 +77,89 @@ StatusOr<pid_t> spawn(const std::vector<std::string>& args,
   return pid;
 }
 
-// Exit code of a finished child, or -1 while it runs.
-int poll_exit(pid_t pid) {
+// How the child ended, once it has; nullopt while it runs. Reaped with
+// wait4() rather than waitpid() for its rusage: the peak RSS says whether a
+// SIGKILL was probably the out-of-memory killer.
+std::optional<ChildExit> poll_exit(pid_t pid) {
   int status = 0;
-  if (::waitpid(pid, &status, WNOHANG) != pid) return -1;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  rusage usage{};
+  if (::wait4(pid, &status, WNOHANG, &usage) != pid) return std::nullopt;
+  return child_exit(status, usage.ru_maxrss);
 }
 
-// SIGTERM, then SIGKILL after `grace`; the exit code.
-int stop_child(pid_t pid, std::chrono::milliseconds grace) {
-  int code = poll_exit(pid);
-  if (code >= 0) return code;
+// SIGTERM, then SIGKILL after `grace`; how it ended.
+ChildExit stop_child(pid_t pid, std::chrono::milliseconds grace) {
+  if (std::optional<ChildExit> e = poll_exit(pid)) return *e;
   ::kill(pid, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (std::chrono::steady_clock::now() < deadline) {
-    if ((code = poll_exit(pid)) >= 0) return code;
+    if (std::optional<ChildExit> e = poll_exit(pid)) return *e;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ::kill(pid, SIGKILL);
   int status = 0;
-  ::waitpid(pid, &status, 0);
-  return 128 + SIGKILL;
+  rusage usage{};
+  ::wait4(pid, &status, 0, &usage);
+  ChildExit e = child_exit(status, usage.ru_maxrss);
+  e.killed_by_supervisor = e.signaled && e.code == SIGKILL;
+  return e;
+}
+
+// One rollout worker of relay run, as the supervisor sees it.
+struct Worker {
+  pid_t pid = -1;  // -1 while not running
+  WorkerState state = WorkerState::kRunning;
+  DeathRecord deaths;
+  std::chrono::steady_clock::time_point started_at;
+  std::chrono::steady_clock::time_point restart_at;  // while kRestarting
+};
+
+Status start_worker(Worker& w, const std::vector<std::string>& args) {
+  RELAY_ASSIGN_OR_RETURN(w.pid, spawn(args));
+  w.state = WorkerState::kRunning;
+  w.started_at = std::chrono::steady_clock::now();
+  return OkStatus();
+}
+
+// One look at worker `name`: reaps it if it ended and decides whether it is
+// started again, or starts it when its backoff is over. When it gives up on
+// the worker, returns why, to end a sentence that starts with the name
+// ("died the same way 3 times in a row (killed by SIGKILL, ...)").
+std::string supervise_worker(Worker& w, const std::string& name,
+                             std::chrono::steady_clock::time_point now, const RestartPolicy& policy,
+                             const std::vector<std::string>& args) {
+  if (w.state == WorkerState::kRestarting && now >= w.restart_at) {
+    if (Status st = start_worker(w, args); !st.ok()) {
+      std::fprintf(stderr, "relay run: %s\n", std::string(st.message()).c_str());
+      w.restart_at = now + std::chrono::seconds(30);
+    }
+    return "";
+  }
+  if (w.state != WorkerState::kRunning) return "";
+  const std::optional<ChildExit> e = poll_exit(w.pid);
+  if (!e) return "";
+  w.pid = -1;
+  // 0 is a worker that was told to stop or whose trainer went away for
+  // good; anything else (a crash, a kill) is restarted.
+  if (shell_code(*e) == 0) {
+    w.state = WorkerState::kFinished;
+    return "";
+  }
+  const auto uptime = std::chrono::duration_cast<std::chrono::milliseconds>(now - w.started_at);
+  const RestartDecision decision = record_death(w.deaths, *e, uptime, policy);
+  if (decision == RestartDecision::kRestart) {
+    const std::chrono::seconds backoff = restart_backoff(w.deaths.restarts - 1);
+    std::fprintf(stderr, "relay run: worker %s %s; restarting in %lld s\n", name.c_str(),
+                 describe_exit(*e).c_str(), static_cast<long long>(backoff.count()));
+    w.state = WorkerState::kRestarting;
+    w.restart_at = now + backoff;
+    return "";
+  }
+  const std::string why = give_up_reason(decision, w.deaths, policy);
+  std::fprintf(stderr, "relay run: worker %s %s; not restarting it: it %s\n", name.c_str(),
+               describe_exit(*e).c_str(), why.c_str());
+  w.state = WorkerState::kGivenUp;
+  return absl::StrCat(why, " (", describe_exit_briefly(w.deaths.last), ")");
 }
 
 int fail(const Status& s) {
@@ -204,16 +269,17 @@ int run(const RunArgs& args) {
   std::vector<pid_t> followers;
   auto stop_followers = [&](std::chrono::milliseconds grace) {
     int worst = 0;
-    for (pid_t& pid : followers) {
+    for (size_t i = 0; i < followers.size(); ++i) {
       const auto deadline = std::chrono::steady_clock::now() + grace;
-      int code = -1;
-      while ((code = poll_exit(pid)) < 0 && std::chrono::steady_clock::now() < deadline) {
+      std::optional<ChildExit> e;
+      while (!(e = poll_exit(followers[i])) && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      if (code < 0) code = stop_child(pid, std::chrono::milliseconds(0));
-      if (code != 0) std::fprintf(stderr, "relay run: trainer rank exited with %d\n", code);
-      worst = std::max(worst, code);
-      pid = -1;
+      if (!e) e = stop_child(followers[i], std::chrono::milliseconds(0));
+      if (shell_code(*e) != 0) {
+        std::fprintf(stderr, "relay run: trainer rank %zu %s\n", i + 1, describe_exit(*e).c_str());
+      }
+      worst = std::max(worst, shell_code(*e));
     }
     followers.clear();
     return worst;
@@ -233,15 +299,15 @@ int run(const RunArgs& args) {
   while (port.empty()) {
     if (std::ifstream in(port_file); in) std::getline(in, port);
     if (!port.empty()) break;
-    if (int code = poll_exit(*trainer_pid); code >= 0) {
+    if (std::optional<ChildExit> e = poll_exit(*trainer_pid)) {
       stop_followers(std::chrono::seconds(5));
       return fail(
-          InternalError(absl::StrCat("relay-trainer exited with ", code, " before serving")));
+          InternalError(absl::StrCat("relay-trainer ", describe_exit(*e), " before serving")));
     }
     if (g_interrupted) {
-      const int code = stop_child(*trainer_pid, std::chrono::seconds(30));
+      const ChildExit e = stop_child(*trainer_pid, std::chrono::seconds(30));
       stop_followers(std::chrono::seconds(10));
-      return code;
+      return shell_code(e);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -256,11 +322,6 @@ int run(const RunArgs& args) {
     }
     return w;
   };
-  struct Worker {
-    pid_t pid = -1;
-    int restarts = 0;
-    std::chrono::steady_clock::time_point restart_at;
-  };
   std::vector<Worker> pool(workers);
   auto stop_all = [&] {
     for (Worker& w : pool) {
@@ -269,60 +330,47 @@ int run(const RunArgs& args) {
     }
   };
   for (int i = 0; i < workers; ++i) {
-    StatusOr<pid_t> pid = spawn(worker_args(i));
-    if (!pid.ok()) {
+    if (Status st = start_worker(pool[i], worker_args(i)); !st.ok()) {
       stop_all();
       stop_child(*trainer_pid, std::chrono::seconds(30));
       stop_followers(std::chrono::seconds(10));
-      return fail(pid.status());
+      return fail(st);
     }
-    pool[i].pid = *pid;
   }
 
   // Supervise: a worker that dies while the trainer runs is started again
-  // (its leases expire and are re-leased by the trainer); restarts back off
-  // 1, 2, 4, ... 30 s so a worker that cannot start does not spin.
-  constexpr int kMaxRestarts = 20;
-  int trainer_code = -1;
-  while ((trainer_code = poll_exit(*trainer_pid)) < 0) {
+  // (its leases expire and are re-leased by the trainer) until it has died
+  // the same way 3 times in a row or used up its restarts (RestartPolicy).
+  // Once no worker is left, the trainer is stopped at once: it would only
+  // wait services.group_wait_s for groups nobody makes.
+  const RestartPolicy policy;
+  std::optional<ChildExit> trainer_exit;
+  std::string workers_gone;  // set when relay run stopped the trainer for want of workers
+  std::string last_given_up;
+  while (!(trainer_exit = poll_exit(*trainer_pid))) {
     if (g_interrupted) {
       // Workers first (they give their leases back), then the trainer
       // (it checkpoints and flushes the store).
       stop_all();
-      trainer_code = stop_child(*trainer_pid, std::chrono::seconds(60));
+      trainer_exit = stop_child(*trainer_pid, std::chrono::seconds(60));
       break;
     }
     const auto now = std::chrono::steady_clock::now();
+    std::vector<WorkerState> states;
     for (int i = 0; i < workers; ++i) {
-      Worker& w = pool[i];
-      if (w.pid > 0) {
-        const int code = poll_exit(w.pid);
-        if (code < 0) continue;
-        w.pid = -1;
-        // 0 is a worker that was told to stop or whose trainer went away for
-        // good; anything else (a crash, a kill) is restarted.
-        if (code == 0) continue;
-        if (w.restarts >= kMaxRestarts) {
-          std::fprintf(stderr,
-                       "relay run: worker local%d exited with %d; not restarting (%d restarts)\n",
-                       i, code, w.restarts);
-          w.restarts = kMaxRestarts + 1;  // given up
-          continue;
-        }
-        const int backoff_s = std::min(30, 1 << std::min(w.restarts, 5));
-        std::fprintf(stderr, "relay run: worker local%d exited with %d; restarting in %d s\n", i,
-                     code, backoff_s);
-        w.restart_at = now + std::chrono::seconds(backoff_s);
-        ++w.restarts;
-      } else if (w.restarts > 0 && w.restarts <= kMaxRestarts && now >= w.restart_at) {
-        StatusOr<pid_t> pid = spawn(worker_args(i));
-        if (pid.ok()) {
-          w.pid = *pid;
-        } else {
-          std::fprintf(stderr, "relay run: %s\n", std::string(pid.status().message()).c_str());
-          w.restart_at = now + std::chrono::seconds(30);
-        }
+      const std::string name = absl::StrCat("local", i);
+      if (std::string why = supervise_worker(pool[i], name, now, policy, worker_args(i));
+          !why.empty()) {
+        last_given_up = absl::StrCat("the last, ", name, ", ", why);
       }
+      states.push_back(pool[i].state);
+    }
+    if (every_worker_gone(states)) {
+      // SIGTERM: the trainer stops waiting for groups, checkpoints and exits.
+      workers_gone = absl::StrCat("every rollout worker is gone: ", last_given_up);
+      std::fprintf(stderr, "relay run: %s; stopping the trainer\n", workers_gone.c_str());
+      trainer_exit = stop_child(*trainer_pid, std::chrono::seconds(60));
+      break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -330,8 +378,14 @@ int run(const RunArgs& args) {
   // Rank 0 stops the others on its way out; a rank still running 10 s later
   // is killed.
   const int follower_code = stop_followers(std::chrono::seconds(10));
+  const int trainer_code = shell_code(*trainer_exit);
   if (trainer_code != 0) {
-    std::fprintf(stderr, "relay run: relay-trainer exited with %d\n", trainer_code);
+    std::fprintf(stderr, "relay run: relay-trainer %s\n", describe_exit(*trainer_exit).c_str());
+  }
+  if (!workers_gone.empty()) {
+    // Last, after the trainer's own lines: the reason the run ended.
+    std::fprintf(stderr, "relay run: %s\n", workers_gone.c_str());
+    return trainer_code != 0 ? trainer_code : 1;
   }
   return trainer_code != 0 ? trainer_code : follower_code;
 }

@@ -19,7 +19,8 @@ Status TrainerHost::publish_current() {
   return OkStatus();
 }
 
-StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& stop) {
+StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& stop,
+                                                 const std::function<Status()>& workers_present) {
   const int64_t v = trainer_->version();
   const int64_t min_version = v - options_.max_staleness;
   const auto t0 = std::chrono::steady_clock::now();
@@ -31,6 +32,13 @@ StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& st
     RELAY_ASSIGN_OR_RETURN(int64_t ready, store_->count_ready(min_version));
     if (ready >= options_.groups_per_step) break;
     if (stop && stop()) return CancelledError("trainer: stopped while waiting for groups");
+    if (workers_present) {
+      if (Status st = workers_present(); !st.ok()) {
+        return Status(st.code(),
+                      absl::StrCat("trainer at version ", v, " (", ready, " of ",
+                                   options_.groups_per_step, " groups ready): ", st.message()));
+      }
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       return DeadlineExceededError(absl::StrCat(
           "trainer at version ", v, ": ", ready, " of ", options_.groups_per_step,

@@ -66,6 +66,8 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
       std::lock_guard<std::mutex> lock(s_->mu_);
       w.worker_id = absl::StrCat("w", s_->next_worker_++, "-", req->worker_name());
       s_->workers_[w.worker_id] = w;
+      ++s_->presence_.registrations;
+      s_->presence_.last_heard_unix_ms = w.last_heartbeat_unix_ms;
     }
     resp->set_worker_id(w.worker_id);
     resp->set_version(s_->version_());
@@ -95,6 +97,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     it->second.running_digest = req->running_digest();
     it->second.in_flight = req->in_flight();
     it->second.last_heartbeat_unix_ms = now_ms();
+    s_->presence_.last_heard_unix_ms = it->second.last_heartbeat_unix_ms;
     return grpc::Status::OK;
   }
 
@@ -234,6 +237,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     auto it = s_->workers_.find(worker_id);
     if (it != s_->workers_.end()) {
       it->second.last_heartbeat_unix_ms = now_ms();
+      s_->presence_.last_heard_unix_ms = it->second.last_heartbeat_unix_ms;
       return grpc::Status::OK;
     }
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -381,6 +385,15 @@ int TrainerService::reap_silent_workers() {
   spdlog::warn("trainer: {} worker(s) silent for over {} ms ({}); {} leases go back to the queue",
                silent.size(), options_.worker_timeout_ms, absl::StrJoin(silent, ", "), released);
   return static_cast<int>(silent.size());
+}
+
+WorkerPresence TrainerService::presence() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return presence_;
+}
+
+Status TrainerService::check_workers_present() const {
+  return check_worker_presence(presence(), now_ms(), options_.worker_timeout_ms);
 }
 
 grpc::Service* TrainerService::worker_service() { return worker_impl_.get(); }

@@ -13,6 +13,7 @@
 
 #include "relay/comm/rollout_worker.h"
 #include "relay/comm/rpc.h"
+#include "relay/comm/trainer_host.h"
 #include "relay/comm/trainer_service.h"
 #include "relay/comm/weight_broadcaster.h"
 #include "relay/common/config.h"
@@ -377,6 +378,63 @@ TEST_F(ServiceTest, SilentWorkersAreForgottenAndTheirLeasesReleased) {
   v1::HeartbeatRequest hb;
   hb.set_worker_id(silent);
   EXPECT_TRUE(client->heartbeat(hb).value().reregister()) << "forgotten: register again";
+  server->shutdown();
+}
+
+// A standalone trainer whose workers all died: it waits for groups no one
+// will make. Once every worker that registered has been silent for
+// worker_timeout_ms and none registered for another one, the wait fails
+// saying so, long before group_wait_ms; before any worker registered, the
+// wait is group_wait_ms as always (a trainer may start before its workers).
+TEST_F(ServiceTest, WaitingForGroupsFailsSoonOnceEveryWorkerIsGone) {
+  TrainerServiceOptions o;
+  o.limits.vocab_size = 37;
+  o.worker_timeout_ms = 300;
+  TrainerService service(
+      o, store_.get(), dispenser_.get(), &publisher_,
+      [](int64_t index, int) -> StatusOr<PromptContent> {
+        PromptContent p;
+        p.group_id = "prompt/" + std::to_string(index);
+        p.prompt_tokens = {1, 2, 3};
+        return p;
+      },
+      [this] { return version_.load(); });
+  auto server = RpcServer::start(ServerOptions{}, {service.worker_service()}).value();
+  auto trainer = trainer::Trainer::create(policy_, trainer::TrainerOptions{}).value();
+  TrainerHostOptions ho;
+  ho.groups_per_step = 2;
+  ho.group_wait_ms = 1500;
+  TrainerHost host(trainer.get(), store_.get(), &publisher_, ho);
+  auto workers_present = [&] { return service.check_workers_present(); };
+
+  // No worker yet: today's deadline, whatever worker_timeout_ms says.
+  auto t0 = std::chrono::steady_clock::now();
+  StatusOr<trainer::StepMetrics> m = host.step(nullptr, workers_present);
+  ASSERT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded) << m.status();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+
+  // A worker registers, leases, and dies (it never calls again).
+  ClientOptions c;
+  c.address = "127.0.0.1:" + std::to_string(server->port());
+  auto client = TrainerClient::connect(c).value();
+  const std::string id =
+      client->register_worker("doomed", v1::WorkerCapabilities{}).value().worker_id();
+  ASSERT_EQ(client->lease_prompts(id, 5).value().leases_size(), 2);
+  // 20 s stands for group_wait_s: without the check the wait would end
+  // there with DeadlineExceeded.
+  TrainerHostOptions patient = ho;
+  patient.group_wait_ms = 20000;
+  TrainerHost waiting(trainer.get(), store_.get(), &publisher_, patient);
+  t0 = std::chrono::steady_clock::now();
+  m = waiting.step(nullptr, workers_present);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
+  const std::string msg(m.status().message());
+  EXPECT_NE(msg.find("every rollout worker is gone (last seen"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0 of 2 groups ready"), std::string::npos) << msg;
+  // Two timeouts of silence (600 ms) from the last call, and not much more.
+  EXPECT_GE(waited, std::chrono::milliseconds(300));
+  EXPECT_LT(waited, std::chrono::seconds(10));
   server->shutdown();
 }
 

@@ -38,7 +38,11 @@ class TrainerHost {
   // One asynchronous step. Returns the step's metrics plus store/* ones
   // (seconds waited for groups, groups expired by the bound). Cancelled when
   // `stop` turns true while waiting; DeadlineExceeded after group_wait_ms.
-  StatusOr<trainer::StepMetrics> step(const std::function<bool()>& stop);
+  // `workers_present`, when set, is asked on each look at the store while
+  // waiting too, and its first error ends the wait
+  // (TrainerService::check_workers_present: every worker is gone).
+  StatusOr<trainer::StepMetrics> step(const std::function<bool()>& stop,
+                                      const std::function<Status()>& workers_present = nullptr);
 
   // Compaction keeps every group consumed at `version` or later: the last
   // checkpoint's version, which a restart rewinds the store to.

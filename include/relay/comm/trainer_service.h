@@ -19,6 +19,7 @@
 
 #include "relay/comm/submission.h"
 #include "relay/comm/weight_publisher.h"
+#include "relay/comm/worker_presence.h"
 #include "relay/common/status.h"
 #include "relay/store/dispenser.h"
 #include "relay/store/rollout_store.h"
@@ -89,6 +90,12 @@ class TrainerService {
   // leases; how many workers. Called on every LeasePrompts and Heartbeat.
   int reap_silent_workers();
 
+  // Registrations and the latest call of any registered worker (any thread).
+  WorkerPresence presence() const;
+  // check_worker_presence() now, with options.worker_timeout_ms: what the
+  // trainer asks while it waits for groups (TrainerHost::step).
+  Status check_workers_present() const;
+
   grpc::Service* worker_service();
   grpc::Service* admin_service();
 
@@ -110,6 +117,7 @@ class TrainerService {
   std::set<std::string> told_;  // workers that heard "finished"; under mu_
   mutable std::mutex mu_;
   std::map<std::string, WorkerInfo> workers_;
+  WorkerPresence presence_;  // under mu_
   int64_t next_worker_ = 1;
   std::unique_ptr<WorkerImpl> worker_impl_;
   std::unique_ptr<AdminImpl> admin_impl_;

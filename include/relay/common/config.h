@@ -365,10 +365,14 @@ struct ServicesConfig {
   std::string token_file;
   TlsConfig tls;                 // off when tls.cert is empty
   double lease_timeout_s = 600;  // a leased prompt not submitted by then is re-leased
-  double group_wait_s = 600;     // the trainer gives up when no full batch arrives this long
-  double rpc_timeout_s = 30;     // deadline of each worker call
+  // The trainer gives up when no full batch arrives this long (sooner once
+  // every worker that registered is gone: worker_timeout_s).
+  double group_wait_s = 600;
+  double rpc_timeout_s = 30;  // deadline of each worker call
   // A worker silent (no call at all) this long is taken for dead and its
-  // leases go back to the queue at once; 0 = only lease deadlines.
+  // leases go back to the queue at once; once every worker that registered
+  // has been silent twice this long, the trainer stops waiting for groups
+  // and fails. 0 = only lease deadlines.
   double worker_timeout_s = 30;
   // fetch: every worker downloads each version over gRPC; broadcast: workers
   // join the trainer's c10d group and receive versions by broadcast (fetching
