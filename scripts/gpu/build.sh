@@ -126,11 +126,13 @@ uname -srm
 if [ -r /etc/os-release ]; then grep -E '^(PRETTY_NAME)=' /etc/os-release; fi
 glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
 echo "glibc $glibc, $(nproc) cores"
-for tool in cmake ninja c++ tar xz; do
+for tool in cmake ninja tar xz; do
   command -v "$tool" >/dev/null || die "no $tool on this machine: the build needs it"
 done
+cxx=${CXX:-$(command -v c++ || command -v g++ || true)}
+[ -n "$cxx" ] || die "no C++ compiler (c++ or g++) on this machine"
 cmake --version | sed -n 1p
-c++ --version | sed -n 1p
+"$cxx" --version | sed -n 1p
 
 # ---- the kit ----
 step "kit"
@@ -260,7 +262,7 @@ cxx_flags="-include cstdint -idirafter $prefix/opt/gloo/include ${extra_include:
 # libraries come from LD_LIBRARY_PATH (gpu-env.sh): the wheel's first.
 ldflags="-Wl,--disable-new-dtags -Wl,-rpath,$kit_lib${torch_lib:+:$torch_lib}"
 for d in "${rpath_link[@]}"; do ldflags+=" -Wl,-rpath-link,$d"; done
-cmake_args+=(-G Ninja -DRELAY_WERROR=OFF -DCMAKE_SKIP_BUILD_RPATH=ON
+cmake_args+=(-G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DRELAY_WERROR=OFF -DCMAKE_SKIP_BUILD_RPATH=ON
              -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf"
              -DCMAKE_CXX_FLAGS="$cxx_flags" -DCMAKE_EXE_LINKER_FLAGS="$ldflags"
              -DCMAKE_POLICY_VERSION_MINIMUM=3.5)

@@ -150,12 +150,22 @@ rm -rf "$root"
 mkdir -p "$root"
 for f in "$debs"/*.deb; do dpkg-deb -x "$f" "$root"; done
 # libgloo-dev: its headers, apart, and nothing else.
-mkdir -p "$root/opt/gloo"
-mv "$root/usr/include/gloo" "$root/opt/gloo/include"
+mkdir -p "$root/opt/gloo/include"
+mv "$root/usr/include/gloo" "$root/opt/gloo/include/gloo"
 rm -rf "$root/usr/share/cmake/Gloo" "$root"/usr/lib/x86_64-linux-gnu/libgloo*
 rm -rf "${root:?}/usr/share/doc" "$root/usr/share/man" "$root/usr/share/info" \
   "$root/usr/share/lintian" "$root/usr/share/bug" "$root/usr/share/locale" "$root/usr/src" \
   "$root/usr/share/aclocal" "${root:?}/etc" "$root/usr/sbin" "$root/usr/share/bash-completion"
+# Debian's multiarch headers (OpenSSL's configuration) go to usr/include:
+# the compiler searches include/x86_64-linux-gnu only under /usr.
+if [ -d "$root/usr/include/x86_64-linux-gnu" ]; then
+  (cd "$root/usr/include/x86_64-linux-gnu" && find . -type f) | while read -r h; do
+    [ -e "$root/usr/include/$h" ] && die "multiarch header $h is also in usr/include"
+    mkdir -p "$(dirname "$root/usr/include/$h")"
+    mv "$root/usr/include/x86_64-linux-gnu/$h" "$root/usr/include/$h"
+  done
+  rm -rf "$root/usr/include/x86_64-linux-gnu"
+fi
 # relay finds RocksDB with pkg-config; its CMake package would want the
 # 33 MB static library.
 rm -rf "$root/usr/lib/x86_64-linux-gnu/cmake/rocksdb"

@@ -393,7 +393,8 @@ TEST(CudaTrainerTest, AutocastStepStaysCloseToFp32AndToTheCpu) {
   EXPECT_EQ(bf16->lm_head->weight.device(), device());
   EXPECT_GT(m16->at("mismatch/logprob_abs_diff_max"), 1e-4) << "autocast changed nothing";
   EXPECT_LT(m16->at("mismatch/logprob_abs_diff_max"), 0.5);
-  EXPECT_NEAR(m16->at("grad_norm"), m32->at("grad_norm"), 0.05 * m32->at("grad_norm"));
+  // 4% apart on the CPU (RELAY_CUDA_TESTS_ON_CPU=1).
+  EXPECT_NEAR(m16->at("grad_norm"), m32->at("grad_norm"), 0.1 * m32->at("grad_norm"));
   EXPECT_NEAR(m32->at("grad_norm"), m_cpu->at("grad_norm"), 1e-4 * m_cpu->at("grad_norm"));
   const at::Tensor start = initial->lm_head->weight.detach().cpu();
   const at::Tensor d_cpu = cpu->lm_head->weight.detach() - start;
@@ -413,12 +414,12 @@ TEST(CudaTrainerTest, Bf16WeightsTrainThroughFp32MasterCopies) {
   model::Policy policy = make_policy(13, device());
   const auto groups = sample_groups(policy, std::nullopt);
   policy->to(torch::kBFloat16);
-  trainer::TrainerOptions o = step_options();
-  o.optimizer.lr = 1e-4;  // below bf16's spacing for weights of ~0.3
+  trainer::TrainerOptions o;  // AdamW's own eps: each step moves a weight by about lr
+  o.optimizer.lr = 1e-4;      // below bf16's spacing for weights of ~0.3
   o.allow_missing_logprobs = true;
   auto trainer = trainer::Trainer::create(policy, o).value();
   const at::Tensor before = policy->lm_head->weight.detach().clone();
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 8; ++i) {  // as TrainerTest.Fp32MasterWeights*: about 6 to flip a bf16 value
     auto m = trainer->step(groups);
     ASSERT_TRUE(m.ok()) << m.status();
   }
