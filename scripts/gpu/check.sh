@@ -152,6 +152,8 @@ run_figures() {
   acc=$(sed -n 's/.*eval after: accuracy \([0-9.]*\).*/\1/p' "$1" | tail -1)
   last=$(grep -E '^step [0-9]+/' "$1" | tail -1)
   note "  ${last:-no step line}; held-out accuracy ${acc:-?}"
+  # Each worker's last line: versions applied, how many by broadcast.
+  grep -h 'versions applied' "$@" | sed 's/^/  /' | tee -a "$summary" >/dev/null
 }
 # A relay-trainer on $1 and one relay-rollout on $2 with NCCL (Gloo on the
 # CPU) weight sync, started by hand as on a cluster (docs/cluster.md).
@@ -194,14 +196,12 @@ if want run; then
     t0=cuda:0 t1=cuda:1
     [ "$dev" = cpu ] && t0=cpu t1=cpu
     run_step run-nccl-pair 1 pair_run "$t0" "$t1"
-    run_figures "$out/pair-trainer.log"
-    note "  $(grep -c 'broadcast' "$out/pair-trainer.log") trainer log lines mention broadcasts; $(grep -ci 'fetch' "$out/pair-worker.log") worker lines mention fetching"
+    run_figures "$out/pair-trainer.log" "$out/pair-worker.log"
   fi
   if [ "$gpus" -lt 2 ]; then
     # Broadcast with every process on one GPU: NCCL refuses the group; the
     # workers should fall back to fetching, the run should finish.
     relay_run broadcast-one-gpu 0 run.autocast=bfloat16 services.weight_sync=broadcast
-    note "  $(grep -ci 'fetch' "$out/run-broadcast-one-gpu.log") log lines mention fetching"
   fi
 fi
 
@@ -215,7 +215,7 @@ if want bench; then
     # The engine rows of the table: model, batch, tokens/s, ratio to re-encode.
     awk -v dtype="$dtype" '$2 == "kv" && $4 == "engine" {
            printf "  %s %s B=%s: %s tokens/s (%s re-encode)\n", $1, dtype, $3, $7, $8 }' \
-      "$out/rollout-bench-$dtype.log" | tee -a "$summary" >/dev/null
+      "$out/rollout-bench-$dtype.log" | awk '!seen[$0]++' | tee -a "$summary" >/dev/null
   done
 fi
 
