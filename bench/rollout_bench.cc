@@ -48,6 +48,11 @@
 //   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py]
 //                 [--python] [--python-exe PATH] [--python-script PATH] [--quick]
 //                 [--threads N] [--blas-threads T] [--reps R] [--prompt P] [--new N] [--json]
+//                 [--device cpu|cuda[:i]] [--dtype float32|bfloat16]
+//
+// --device runs the models (weights, KV caches) on a GPU (scripts/gpu/check.sh);
+// timings then wait for the device. --dtype sets the weights' and caches'
+// dtype. The Python comparison (py) and the bound rows are CPU-only.
 //
 // --quick: fewer repetitions (tiny 3, qwen2-100m 1) for a smoke run of the
 // same rows. --only py implies --python.
@@ -58,6 +63,7 @@
 // explicitly, to compare settings. Both are printed.
 // tokens/s counts response tokens only (prompt positions are work, not output).
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -103,6 +109,15 @@ using relay::rollout::SamplingOptions;
 using relay::rollout::SequenceRng;
 using relay::rollout::TrajectoryGroup;
 using Tokens = std::vector<std::vector<int64_t>>;  // one response per sequence
+
+// Where the models run (--device, --dtype); set once in main().
+c10::Device g_device(c10::DeviceType::CPU);
+c10::ScalarType g_dtype = c10::ScalarType::Float;
+
+// Waits for the device's queued work, so that a timing covers it.
+void sync_device() {
+  if (g_device.is_cuda()) torch::cuda::synchronize(g_device.index());
+}
 
 // What one model is benchmarked with.
 struct Workload {
@@ -159,6 +174,7 @@ double since(Clock::time_point t) {
 Policy make_policy(const PolicyConfig& config) {
   Policy policy(config);
   relay::model::init_weights(*policy, /*seed=*/0);
+  policy->to(g_device, g_dtype);
   policy->eval();
   return policy;
 }
@@ -189,7 +205,7 @@ at::Tensor to_tensor(const Tokens& rows) {
 }
 
 Tokens to_rows(const at::Tensor& t) {
-  at::Tensor c = t.contiguous();
+  at::Tensor c = t.to(torch::kCPU).contiguous();
   Tokens out(c.size(0));
   for (int64_t b = 0; b < c.size(0); ++b) {
     const int64_t* p = c[b].data_ptr<int64_t>();
@@ -279,8 +295,9 @@ double kv_reencode(Policy& p, const Tokens& prompts, int64_t N, Tokens* out) {
   for (int64_t s = 0; s < N; ++s) {
     at::Tensor logits = p->forward(seq).select(1, seq.size(1) - 1);
     at::Tensor next = relay::rollout::sample(logits, draw(streams), so).tokens;
-    seq = torch::cat({seq, next.view({B, 1})}, 1);
+    seq = torch::cat({seq, next.view({B, 1}).to(torch::kCPU)}, 1);
   }
+  sync_device();
   const double t = since(start);
   *out = to_rows(seq.narrow(1, seq.size(1) - N, N));
   return t;
@@ -292,7 +309,7 @@ double kv_extend(Policy& p, const Tokens& prompts, int64_t N, Tokens* out) {
   auto streams = row_streams(B);
   const SamplingOptions so;
   torch::NoGradGuard no_grad;
-  relay::model::KVCache cache(p->config(), B, P + N, torch::kFloat32, torch::kCPU);
+  relay::model::KVCache cache(p->config(), B, P + N, g_dtype, g_device);
   const at::Tensor slots = torch::arange(B);
   const auto start = Clock::now();
   at::Tensor logits =
@@ -305,6 +322,7 @@ double kv_extend(Policy& p, const Tokens& prompts, int64_t N, Tokens* out) {
       logits = p->extend(next.view({B, 1}), torch::ones({B}, torch::kInt64), slots, cache);
     }
   }
+  sync_device();
   const double t = since(start);
   *out = to_rows(torch::stack(tokens, 1));
   return t;
@@ -604,6 +622,28 @@ int main(int argc, char** argv) {
   const bool do_py =
       (!only && has(argc, argv, "--python")) || (only && std::strcmp(only, "py") == 0);
 
+  if (const char* d = flag(argc, argv, "--device")) {
+    try {
+      g_device = c10::Device(d);
+    } catch (const std::exception&) {
+      relay::bench::fail(std::string("--device ") + d + ": not cpu or cuda[:i]");
+    }
+    if (g_device.is_cuda() && !torch::cuda::is_available()) {
+      relay::bench::fail(std::string("--device ") + d +
+                         ": no CUDA device (or a CPU-only LibTorch)");
+    }
+  }
+  if (const char* t = flag(argc, argv, "--dtype")) {
+    if (std::strcmp(t, "bfloat16") == 0) {
+      g_dtype = c10::ScalarType::BFloat16;
+    } else if (std::strcmp(t, "float32") != 0) {
+      relay::bench::fail(std::string("--dtype ") + t + ": float32 or bfloat16");
+    }
+  }
+  if (do_py && (!g_device.is_cpu() || g_dtype != c10::ScalarType::Float)) {
+    relay::bench::fail("the Python comparison runs on the CPU in float32 only");
+  }
+
   relay::model::configure_threads(0);
   if (threads_flag) at::set_num_threads(std::atoi(threads_flag));
   const int blas = blas_threads(blas_flag ? std::atoi(blas_flag) : 0);
@@ -611,10 +651,10 @@ int main(int argc, char** argv) {
   const char* blas_env = std::getenv("OPENBLAS_NUM_THREADS");
   // Progress and set-up go to stderr, so --json leaves stdout clean.
   std::fprintf(stderr,
-               "rollout_bench: LibTorch %s, at::get_num_threads() = %d, OpenBLAS threads %d "
-               "(OMP_NUM_THREADS=%s, OPENBLAS_NUM_THREADS=%s)\n",
-               TORCH_VERSION, at::get_num_threads(), blas, omp ? omp : "(unset)",
-               blas_env ? blas_env : "(unset)");
+               "rollout_bench: LibTorch %s, device %s, %s, at::get_num_threads() = %d, OpenBLAS "
+               "threads %d (OMP_NUM_THREADS=%s, OPENBLAS_NUM_THREADS=%s)\n",
+               TORCH_VERSION, g_device.str().c_str(), c10::toString(g_dtype), at::get_num_threads(),
+               blas, omp ? omp : "(unset)", blas_env ? blas_env : "(unset)");
 
   std::vector<Row> rows;
   const auto start = Clock::now();
@@ -689,8 +729,11 @@ int main(int argc, char** argv) {
   if (json) {
     print_json(rows);
   } else {
-    std::printf("rollout_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, %.0f s\n",
-                TORCH_VERSION, at::get_num_threads(), blas, since(start));
+    std::printf(
+        "rollout_bench: LibTorch %s, device %s, %s, %d intra-op threads, %d OpenBLAS threads, "
+        "%.0f s\n",
+        TORCH_VERSION, g_device.str().c_str(), c10::toString(g_dtype), at::get_num_threads(), blas,
+        since(start));
     if (do_py) {
       std::printf(
           "machine (best of start and end): fp32 GEMM peak %.1f GFLOP/s (2048^3); bandwidth: GEMV "

@@ -3,7 +3,10 @@
 #
 # LibTorch: Debian's libtorch-dev (1.13, CPU) by default. For a cluster build,
 # point CMAKE_PREFIX_PATH at an upstream LibTorch 2.x (e.g. the `share/cmake`
-# directory inside a PyTorch install); CUDA is then detected from it.
+# directory inside a PyTorch install); CUDA is then detected from it: the
+# exported torch_cuda target of a CUDA LibTorch, whose Caffe2 config needs the
+# CUDA toolkit (nvcc) and, for a wheel's LibTorch, the cuDNN paths
+# (scripts/gpu/build.sh passes them; docs/gpu.md).
 find_package(Torch REQUIRED)
 set(RELAY_HAS_CUDA OFF)
 if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
@@ -27,6 +30,18 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(fmt REQUIRED)
+# A LibTorch 2.x from a PyTorch wheel may ship fmt's headers (a newer fmt
+# than the one spdlog was built against). relay compiles against the fmt it
+# links, so fmt's own include directory goes before LibTorch's.
+get_target_property(_relay_fmt_include fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+foreach(_relay_torch_include IN LISTS TORCH_INCLUDE_DIRS)
+  if(EXISTS "${_relay_torch_include}/fmt/format.h"
+     AND NOT "${_relay_torch_include}" IN_LIST _relay_fmt_include)
+    target_include_directories(relay_torch SYSTEM BEFORE INTERFACE ${_relay_fmt_include})
+    message(STATUS "relay: LibTorch ships fmt headers; ${_relay_fmt_include} comes first")
+    break()
+  endif()
+endforeach()
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# The GPU checklist (docs/gpu.md), after scripts/gpu/build.sh: each step
+# timed, its output in a log of its own, and a summary of pass/fail and the
+# figures. Everything is written to BUILD_DIR/gpu-check/; when the device
+# tool set $OUT, it gets summary.txt and check-logs.tar.gz (every log and
+# each run's metrics.jsonl): it brings back at most 8 files.
+#
+#   scripts/gpu/check.sh [--build-dir DIR] [--only STEPS] [--steps N]
+#
+#   --build-dir  the build.sh build (default build-gpu)
+#   --only       comma-separated steps: smi, cuda, unit, run, bench
+#                (default: all, in that order)
+#   --steps      RL steps of each `relay run` (default 20)
+#
+# Steps:
+#   smi    nvidia-smi
+#   cuda   ctest -L cuda: the CUDA tests (tests/unit/cuda/cuda_test.cc)
+#   unit   every unit test on the CUDA build (CPU tests too)
+#   run    relay run configs/arith.yaml on the GPU: run.autocast=bfloat16,
+#          then also model.dtype=bfloat16, both fetching weights over gRPC
+#          (relay run puts every process on cuda:0); weight sync over NCCL
+#          (services.weight_sync=broadcast) needs the worker on another GPU
+#          than the trainer: with 2 GPUs a relay-trainer on cuda:0 and a
+#          relay-rollout on cuda:1; with one, a broadcast run shows what
+#          relay does when NCCL refuses the group (not counted)
+#   bench  rollout_bench --quick on the GPU (fp32, then bf16)
+# Exits 0 when every counted step passed; 1 otherwise.
+set -uo pipefail
+# One block, read whole before it runs: editing this file meanwhile is safe.
+{
+cd "$(dirname "$0")/../.." || exit 1
+
+build_dir=build-gpu
+only=smi,cuda,unit,run,bench
+rl_steps=20
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) build_dir=$2; shift ;;
+    --only) only=$2; shift ;;
+    --steps) rl_steps=$2; shift ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "check.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -f "$build_dir/gpu-env.sh" ] || { echo "check.sh: no $build_dir/gpu-env.sh: run scripts/gpu/build.sh first" >&2; exit 1; }
+# shellcheck source=/dev/null
+source "$build_dir/gpu-env.sh"
+
+out=$build_dir/gpu-check
+rm -rf "$out"
+mkdir -p "$out"
+summary=$out/summary.txt
+: >"$summary"
+failed=0
+bin=$build_dir/src
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# NCCL's own timeouts and errors as exceptions, not a process torn down
+# (docs/cluster.md, GPUs).
+export TORCH_NCCL_BLOCKING_WAIT=${TORCH_NCCL_BLOCKING_WAIT:-1}
+
+note() { echo "$*" | tee -a "$summary"; }
+want() { [[ ",$only," == *",$1,"* ]]; }
+# run_step NAME COUNTED CMD...: runs CMD with its output in $out/NAME.log,
+# timed; COUNTED=1 makes a failure fail the checklist.
+run_step() {
+  local name=$1 counted=$2
+  shift 2
+  local t0 rc
+  t0=$(date +%s.%N)
+  echo "== $name: $*" >&2
+  "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  local secs
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  local verdict=PASS
+  if [ $rc -ne 0 ]; then
+    verdict=$([ "$counted" = 1 ] && echo FAIL || echo "FAIL (not counted)")
+    [ "$counted" = 1 ] && failed=$((failed + 1))
+  fi
+  note "$(printf '%-28s %-20s %7s s  (exit %d, log %s.log)' "$name" "$verdict" "$secs" "$rc" "$name")"
+  return "$rc"
+}
+ctest_counts() {  # "N passed, N failed, N skipped" from a ctest log
+  local total failed skipped
+  total=$(sed -n 's/.* tests failed out of \([0-9]*\).*/\1/p' "$1" | tail -1)
+  failed=$(sed -n 's/.*, \([0-9]*\) tests failed out of.*/\1/p' "$1" | tail -1)
+  skipped=$(grep -c '(Skipped)$' "$1")
+  echo "$((${total:-0} - ${failed:-0} - skipped)) passed, ${failed:-?} failed, $skipped skipped"
+}
+finish() {
+  note "result: $([ $failed -eq 0 ] && echo PASS || echo "FAIL ($failed counted steps failed)")"
+  if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+    cp "$summary" "$OUT/summary.txt"
+    (cd "$out" && find . -name '*.log' -o -name metrics.jsonl -o -name config.yaml |
+       tar -czf "$OUT/check-logs.tar.gz" -T -)
+  fi
+  echo "summary: $summary" >&2
+  cat "$summary" >&2
+  [ $failed -eq 0 ]
+}
+
+note "relay GPU checklist, $(date -u '+%Y-%m-%d %H:%M UTC'), build $build_dir$([ "$RELAY_GPU_SIMULATED" = 1 ] && echo ' (SIMULATED: CPU LibTorch)')"
+gpus=0
+dev=cuda
+[ "$RELAY_GPU_SIMULATED" = 1 ] && dev=cpu  # the script's own logic, on the CPU
+if command -v nvidia-smi >/dev/null; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+fi
+
+# ---- nvidia-smi ----
+if want smi; then
+  if command -v nvidia-smi >/dev/null; then
+    run_step nvidia-smi 1 nvidia-smi
+    note "  $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | paste -sd';')"
+  else
+    note "nvidia-smi                   SKIP                  (not on this machine)"
+  fi
+fi
+note "GPUs visible: $gpus"
+
+# ---- the CUDA tests ----
+if want cuda; then
+  run_step ctest-cuda 1 ctest --test-dir "$build_dir" -L cuda --output-on-failure --timeout 300
+  note "  $(ctest_counts "$out/ctest-cuda.log")"
+  grep -E 'decode vs score|GPU vs CPU|on-policy step|autocast|one GPU:|two GPUs' "$out/ctest-cuda.log" |
+    sed 's/^/  /' | sort -u | tee -a "$summary" >/dev/null
+fi
+
+# ---- the whole unit suite ----
+if want unit; then
+  run_step ctest-unit 1 ctest --test-dir "$build_dir" -E '_NOT_BUILT$' -j "$(( $(nproc) > 8 ? 8 : $(nproc) ))" \
+    --output-on-failure --timeout 300
+  note "  $(ctest_counts "$out/ctest-unit.log")"
+  grep -A30 'The following tests FAILED' "$out/ctest-unit.log" | sed 's/^/  /' >>"$summary"
+fi
+
+# ---- relay run on the GPU ----
+# relay_run NAME COUNTED OVERRIDES...: one run in $out/runs/NAME.
+relay_run() {
+  local name=$1 counted=$2
+  shift 2
+  run_step "run-$name" "$counted" timeout 300 "$bin/relay" run configs/arith.yaml \
+    experiment.name="$name" experiment.output_dir="$out/runs" experiment.steps="$rl_steps" \
+    run.device="$dev" "$@"
+  local rc=$?
+  run_figures "$out/run-$name.log"
+  return "$rc"
+}
+run_figures() {
+  local acc last
+  acc=$(sed -n 's/.*eval after: accuracy \([0-9.]*\).*/\1/p' "$1" | tail -1)
+  last=$(grep -E '^step [0-9]+/' "$1" | tail -1)
+  note "  ${last:-no step line}; held-out accuracy ${acc:-?}"
+  # Each worker's last line: versions applied, how many by broadcast.
+  grep -h 'versions applied' "$@" | sed 's/^/  /' | tee -a "$summary" >/dev/null
+}
+# A relay-trainer on $1 and one relay-rollout on $2 with NCCL (Gloo on the
+# CPU) weight sync, started by hand as on a cluster (docs/cluster.md).
+# shellcheck disable=SC2317 # called through run_step
+pair_run() {
+  local trainer_dev=$1 worker_dev=$2 dir=$out/runs/pair
+  local common=(configs/arith.yaml experiment.steps="$rl_steps" run.autocast=bfloat16
+                services.weight_sync=broadcast rollout.workers=1)
+  [ "$dev" = cpu ] && common=(configs/arith.yaml experiment.steps="$rl_steps" services.weight_sync=broadcast rollout.workers=1)
+  "$bin/relay-trainer" "${common[@]}" --run-dir "$dir" services.listen=127.0.0.1:0 \
+    run.device="$trainer_dev" >"$out/pair-trainer.log" 2>&1 &
+  local trainer=$! port=""
+  for _ in $(seq 1 600); do
+    port=$(sed -n 's/^serving on port \([0-9]*\).*/\1/p' "$out/pair-trainer.log")
+    [ -n "$port" ] && break
+    kill -0 "$trainer" 2>/dev/null || break
+    sleep 0.5
+  done
+  if [ -z "$port" ]; then
+    kill "$trainer" 2>/dev/null
+    echo "the trainer did not start serving" >&2
+    return 1
+  fi
+  timeout 300 "$bin/relay-rollout" "${common[@]}" --trainer "127.0.0.1:$port" --name worker-1 \
+    run.device="$worker_dev" >"$out/pair-worker.log" 2>&1 &
+  local worker=$!
+  local rc=0
+  wait "$trainer" || rc=$?
+  wait "$worker" || rc=$?
+  cat "$out/pair-trainer.log" "$out/pair-worker.log"
+  return "$rc"
+}
+if want run; then
+  note "weight sync: NCCL (services.weight_sync=broadcast) needs the worker on another GPU than"
+  note "  the trainer (NCCL refuses two ranks on one device), and relay run puts every process"
+  note "  on cuda:0 (workers have no LOCAL_RANK): its runs fetch over gRPC (docs/gpu.md)"
+  relay_run autocast-bf16 1 run.autocast=bfloat16
+  relay_run bf16-weights 1 run.autocast=bfloat16 model.dtype=bfloat16
+  if [ "$gpus" -ge 2 ] || [ "$dev" = cpu ]; then
+    t0=cuda:0 t1=cuda:1
+    [ "$dev" = cpu ] && t0=cpu t1=cpu
+    run_step run-nccl-pair 1 pair_run "$t0" "$t1"
+    run_figures "$out/pair-trainer.log" "$out/pair-worker.log"
+  fi
+  if [ "$gpus" -lt 2 ]; then
+    # Broadcast with every process on one GPU: NCCL refuses the group; the
+    # workers should fall back to fetching, the run should finish.
+    relay_run broadcast-one-gpu 0 run.autocast=bfloat16 services.weight_sync=broadcast
+  fi
+fi
+
+# ---- the decode benchmark ----
+if want bench; then
+  models=tiny,qwen2-100m
+  [ "$dev" = cpu ] && models=tiny  # the simulation checks the step, not the figures
+  for dtype in float32 bfloat16; do
+    run_step "rollout-bench-$dtype" 1 timeout 420 "$build_dir/bench/rollout_bench" --quick \
+      --device "$dev" --dtype "$dtype" --only kv --models "$models" --batches 1,8,64
+    # The engine rows of the table: model, batch, tokens/s, ratio to re-encode.
+    awk -v dtype="$dtype" '$2 == "kv" && $4 == "engine" {
+           printf "  %s %s B=%s: %s tokens/s (%s re-encode)\n", $1, dtype, $3, $7, $8 }' \
+      "$out/rollout-bench-$dtype.log" | awk '!seen[$0]++' | tee -a "$summary" >/dev/null
+  done
+fi
+
+finish
+exit
+}
