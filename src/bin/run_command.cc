@@ -4,8 +4,8 @@
 // times in a row; bin/supervise.h), the trainer is stopped once no worker is
 // left, the cores are split between the processes, the workers are stopped
 // when the trainer ends, and Ctrl-C (or SIGTERM) drains them all: workers
-// give their leases back, the trainer checkpoints. With trainer.world_size > 1 it starts that many trainer
-// ranks, torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+// give their leases back, the trainer checkpoints. With trainer.world_size > 1 it starts that many
+// trainer ranks, torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
