@@ -48,7 +48,15 @@
 //   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py]
 //                 [--python] [--python-exe PATH] [--python-script PATH] [--quick]
 //                 [--threads N] [--blas-threads T] [--reps R] [--prompt P] [--new N] [--json]
-//                 [--device cpu|cuda[:i]] [--dtype float32|bfloat16]
+//                 [--device cpu|cuda[:i]] [--dtype float32|bfloat16] [--model-dir DIR]
+//
+// --model-dir DIR adds the model in DIR (config.json + safetensors, any
+// dtype, sharded or not; e.g. scripts/models/qwen2.5-0.5b.sh's) with its own
+// weights, P = 16, N = 32; alone (no --models) it is the only model run. Its
+// py rows also report memory: each process's resident set with the model
+// loaded and the most one decode added to it (VmHWM after a reset), and the
+// KV cache's bytes per position against the old preallocation
+// (num_slots 64 x max_position_embeddings).
 //
 // --device runs the models (weights, KV caches) on a GPU (scripts/gpu/check.sh);
 // timings then wait for the device. --dtype sets the weights' and caches'
@@ -72,6 +80,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -81,6 +90,9 @@
 #include "bench_util.h"
 #include "machine_limits.h"
 #include "python_ref.h"
+#include "relay/model/checkpoint.h"
+#include "relay/model/device.h"
+#include "relay/model/hf_config.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/policy.h"
 #include "relay/model/threads.h"
@@ -123,6 +135,7 @@ void sync_device() {
 struct Workload {
   std::string name;
   PolicyConfig config;
+  std::string model_dir;         // --model-dir: its weights instead of a random init
   int64_t prompt_len = 16;       // P, both benchmarks
   int64_t new_tokens = 32;       // N, kv
   int64_t mixed_max_new = 64;    // cap on a mixed-length response
@@ -161,6 +174,16 @@ struct Row {
   std::string model, bench, mode;
   int64_t batch = 0, tokens = 0;
   double seconds = 0.0, ratio = 1.0;  // ratio = this row's tokens/s over the baseline's
+  std::string notes;
+};
+
+// Memory of one decode mode (py): the resident set with the model loaded,
+// and the most the decode added to it (the peak over repetitions), each
+// process measured by itself. KV rows: the engine's cache.
+struct MemRow {
+  std::string model, mode;
+  int64_t batch = 0;
+  double rss_mb = 0, decode_peak_mb = 0;
   std::string notes;
 };
 
@@ -328,7 +351,8 @@ double kv_extend(Policy& p, const Tokens& prompts, int64_t N, Tokens* out) {
   return t;
 }
 
-double kv_engine(Policy& p, const Tokens& prompts, int64_t N, Tokens* out, int64_t* steps) {
+double kv_engine(Policy& p, const Tokens& prompts, int64_t N, Tokens* out, int64_t* steps,
+                 relay::rollout::EngineStats* stats = nullptr) {
   const int64_t B = static_cast<int64_t>(prompts.size());
   const int64_t P = static_cast<int64_t>(prompts[0].size());
   auto engine = make_engine(p, B, P + N, N, {});
@@ -338,6 +362,7 @@ double kv_engine(Policy& p, const Tokens& prompts, int64_t N, Tokens* out, int64
   drain(*engine, out);
   const double t = since(start);
   *steps = engine->stats().steps;
+  if (stats != nullptr) *stats = engine->stats();
   return t;
 }
 
@@ -481,11 +506,34 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 
   return buf;
 }
 
-double kv_python(relay::bench::PythonRef& py, const Tokens& prompts, int64_t N) {
+// The resident set a run started from and the most any run added to it.
+struct PeakGrowth {
+  double rss = 0, peak = 0;  // bytes
+  void add(double start, double peak_seen) {
+    rss = start;
+    peak = std::max(peak, peak_seen - start);
+  }
+  // Runs `f` (which returns seconds) between a reset of this process's peak
+  // resident set and a read of it.
+  template <typename F>
+  double track(F f) {
+    relay::model::reset_peak_rss();
+    const double start = static_cast<double>(relay::model::current_rss_bytes());
+    const double secs = f();
+    add(start, static_cast<double>(relay::model::peak_rss_bytes()));
+    return secs;
+  }
+};
+
+double kv_python(relay::bench::PythonRef& py, const Tokens& prompts, int64_t N,
+                 PeakGrowth* mem = nullptr) {
   nlohmann::json reply =
       py.call({{"cmd", "decode"}, {"prompts", prompts}, {"new", N}, {"seed", 0}});
   const int64_t B = static_cast<int64_t>(prompts.size());
   if (reply.value("tokens", int64_t{0}) != B * N) relay::bench::fail("python decode: token count");
+  if (mem != nullptr) {
+    mem->add(reply.value("rss_bytes", -1.0), reply.value("peak_rss_bytes", -1.0));
+  }
   return reply.at("seconds").get<double>();
 }
 
@@ -502,7 +550,7 @@ struct PendingBound {
 
 void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
               relay::bench::PythonRef& py, const std::string& check, std::vector<Row>* rows,
-              std::vector<PendingBound>* bounds) {
+              std::vector<PendingBound>* bounds, std::vector<MemRow>* mem) {
   const int64_t P = w.prompt_len;
   const Tokens prompts = random_prompts(B, P, w.config.vocab_size, 1000 + B);
   Tokens warm, b, c;
@@ -513,10 +561,16 @@ void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
 
   // Interleaved (alternating order, a pause before each run); each ratio is
   // the median of per-repetition ratios against that repetition's python run.
-  const auto t =
-      relay::bench::interleave(reps, {[&] { return kv_python(py, prompts, N); },
-                                      [&] { return kv_extend(p, prompts, N, &b); },
-                                      [&] { return kv_engine(p, prompts, N, &c, &steps); }});
+  // Each run's peak resident set above the one it started from is kept.
+  PeakGrowth py_mem, extend_mem, engine_mem;
+  relay::rollout::EngineStats engine_stats;
+  const auto t = relay::bench::interleave(
+      reps, {[&] { return kv_python(py, prompts, N, &py_mem); },
+             [&] { return extend_mem.track([&] { return kv_extend(p, prompts, N, &b); }); },
+             [&] {
+               return engine_mem.track(
+                   [&] { return kv_engine(p, prompts, N, &c, &steps, &engine_stats); });
+             }});
   const std::vector<double>&tp = t[0], &te = t[1], &tg = t[2];
   const int64_t tokens = B * N;
   auto row = [&](const char* mode, const std::vector<double>& secs, std::string notes) {
@@ -528,6 +582,20 @@ void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   row("extend", te, spread(te));
   const double engine = median(tg);
   row("engine", tg, spread(tg) + ", steps " + std::to_string(steps));
+  if (mem != nullptr) {
+    auto mrow = [&](const char* mode, const PeakGrowth& g, std::string notes) {
+      mem->push_back({w.name, mode, B, g.rss / 1e6, g.peak / 1e6, std::move(notes)});
+    };
+    mrow("python", py_mem, "torch.cat KV cache, no preallocation");
+    mrow("extend", extend_mem,
+         "KVCache for B x (P + N) positions: " +
+             fmt("%.1f MB", B * (P + N) * engine_stats.kv_bytes_per_position / 1e6));
+    mrow("engine", engine_mem,
+         fmt("KV cache peak %.1f MB (%.0f positions in blocks), budget %.1f MB",
+             engine_stats.kv_peak_positions * engine_stats.kv_bytes_per_position / 1e6,
+             double(engine_stats.kv_peak_positions),
+             engine_stats.kv_capacity_positions * engine_stats.kv_bytes_per_position / 1e6));
+  }
 
   PendingBound pb;
   pb.model = w.name;
@@ -570,7 +638,62 @@ void bound_rows(const std::vector<PendingBound>& bounds, const MachineLimits& li
 }
 
 // ---------------------------------------------------------------------------
+// --model-dir: a model directory as a user brings it (config.json, sharded
+// safetensors in any dtype), run in fp32 like the random models.
+
+Policy load_directory(const std::string& dir) {
+  relay::model::LoadOptions lo;
+  lo.dtype = g_dtype;
+  auto p = relay::model::load_policy(dir, lo);
+  die_if(p.status(), ("--model-dir " + dir).c_str());
+  Policy policy = *std::move(p);
+  policy->to(g_device);
+  policy->eval();
+  return policy;
+}
+
+Workload directory_workload(const std::string& dir) {
+  auto config = relay::model::read_hf_config(dir + "/config.json");
+  die_if(config.status(), ("--model-dir " + dir).c_str());
+  Workload w;
+  w.name = std::filesystem::path(dir).filename().string();
+  if (w.name.empty()) w.name = std::filesystem::path(dir).parent_path().filename().string();
+  w.config = *std::move(config);
+  w.model_dir = dir;
+  w.prompt_len = 16;
+  w.new_tokens = 32;
+  w.mixed_max_new = 64;
+  w.mixed_mean_len = 16.0;
+  w.mixed_per_slot = 2;
+  w.reps = 3;
+  w.reps_64 = 1;
+  return w;
+}
+
+// ---------------------------------------------------------------------------
 // Output.
+
+void print_memory(const std::vector<MemRow>& mem, const std::vector<Workload>& runs, FILE* f) {
+  std::fprintf(f, "\nmemory (py rows; each process by itself, peak over repetitions)\n");
+  std::fprintf(f, "%-14s %5s %-8s %12s %16s  %s\n", "model", "batch", "mode", "RSS MB",
+               "decode peak MB", "notes");
+  for (const MemRow& r : mem) {
+    std::fprintf(f, "%-14s %5lld %-8s %12.0f %16.1f  %s\n", r.model.c_str(), (long long)r.batch,
+                 r.mode.c_str(), r.rss_mb, r.decode_peak_mb, r.notes.c_str());
+  }
+  for (const Workload& w : runs) {
+    if (w.model_dir.empty()) continue;
+    const PolicyConfig& c = w.config;
+    const double per_position = 2.0 * c.num_hidden_layers * c.num_key_value_heads *
+                                c.resolved_head_dim() * c10::elementSize(g_dtype);
+    std::fprintf(f,
+                 "%s KV cache: %.0f bytes per position; the old preallocation, rollout.num_slots "
+                 "64 x max_position_embeddings %lld: %.1f GB\n",
+                 w.name.c_str(), per_position, (long long)c.max_position_embeddings,
+                 64.0 * c.max_position_embeddings * per_position / 1e9);
+  }
+  std::fflush(f);
+}
 
 void print_table(const std::vector<Row>& rows, FILE* f) {
   std::fprintf(f, "%-11s %-6s %5s %-11s %7s %9s %10s %7s  %s\n", "model", "bench", "batch", "mode",
@@ -612,7 +735,10 @@ int main(int argc, char** argv) {
   const bool quick = has(argc, argv, "--quick");
   const char* python_exe = flag(argc, argv, "--python-exe");
   const char* python_script = flag(argc, argv, "--python-script");
-  const std::vector<std::string> models = split(models_flag ? models_flag : "tiny,qwen2-100m");
+  const char* model_dir = flag(argc, argv, "--model-dir");
+  // With --model-dir alone, only that model runs.
+  const std::vector<std::string> models =
+      split(models_flag ? models_flag : (model_dir ? "" : "tiny,qwen2-100m"));
   std::vector<int64_t> batches;
   for (const std::string& b : split(batches_flag ? batches_flag : "1,8,64")) {
     batches.push_back(std::atoll(b.c_str()));
@@ -677,8 +803,13 @@ int main(int argc, char** argv) {
                  "copy %.1f GB/s\n",
                  limits.peak_gflops, limits.gemv_gbs, limits.copy_gbs);
   }
-  for (Workload w : workloads()) {
-    if (std::find(models.begin(), models.end(), w.name) == models.end()) continue;
+  std::vector<Workload> runs;
+  for (Workload& w : workloads()) {
+    if (std::find(models.begin(), models.end(), w.name) != models.end()) runs.push_back(w);
+  }
+  if (model_dir != nullptr) runs.push_back(directory_workload(model_dir));
+  std::vector<MemRow> mem;
+  for (Workload w : runs) {
     if (prompt_flag) w.prompt_len = std::atoll(prompt_flag);
     if (new_flag) w.new_tokens = std::atoll(new_flag);
     if (quick) {
@@ -688,7 +819,7 @@ int main(int argc, char** argv) {
     }
     if (reps_flag) w.reps = w.reps_64 = std::atoi(reps_flag);
     die_if(relay::model::validate(w.config), w.name.c_str());
-    Policy policy = make_policy(w.config);
+    Policy policy = w.model_dir.empty() ? make_policy(w.config) : load_directory(w.model_dir);
     const PolicyConfig& c = w.config;
     std::fprintf(stderr,
                  "%s: %s, %lld layers, hidden %lld, %lld heads / %lld kv heads, ffn %lld, vocab "
@@ -714,7 +845,8 @@ int main(int argc, char** argv) {
         // At least 5 repetitions each (9 for tiny, whose runs take ms) (a median), unless asked
         // otherwise.
         const int py_reps = quick || reps_flag ? reps : std::max(reps, w.name == "tiny" ? 9 : 5);
-        bench_py(w, policy, B, py_reps, w.new_tokens, *py, check, &rows, &bounds);
+        bench_py(w, policy, B, py_reps, w.new_tokens, *py, check, &rows, &bounds,
+                 w.model_dir.empty() ? nullptr : &mem);
       }
       print_table({rows.begin() + first, rows.end()}, stderr);
       std::fprintf(stderr, "  (%.0f s so far)\n", since(start));
@@ -741,6 +873,7 @@ int main(int argc, char** argv) {
           limits.peak_gflops, limits.gemv_gbs, limits.copy_gbs, py->hello().dump().c_str());
     }
     print_table(rows, stdout);
+    if (!mem.empty()) print_memory(mem, runs, stdout);
   }
   return 0;
 }

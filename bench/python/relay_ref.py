@@ -340,6 +340,31 @@ def check_logits(model, path, tol):
             "max_abs_diff_cached": d_cached, "max_abs_logit": ref.abs().max().item(), "tol": tol}
 
 
+# ---------------------------------------------------------------- memory
+
+
+def status_bytes(field):
+    """A /proc/self/status size (VmRSS, VmHWM) in bytes; -1 when unreadable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return -1
+
+
+def reset_peak_rss():
+    """Restarts VmHWM from the current resident set, as relay's
+    model::reset_peak_rss does (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 # ---------------------------------------------------------------- threads
 
 
@@ -368,7 +393,9 @@ class Server:
       {"cmd": "check_logits", "file": F, "tol": x} -> {"ok", "max_abs_diff", ...}
                                                   (ok: within x times max(1, max |logit|))
       {"cmd": "decode", "prompts": [[...]], "new": N, "seed": s}
-                                               -> {"ok", "seconds", "tokens"}
+                                               -> {"ok", "seconds", "tokens", "rss_bytes",
+                                                   "peak_rss_bytes"} (resident set before the
+                                                  loop, and its peak during it)
       {"cmd": "train_setup", "file": F, "lr": x}  (fresh AdamW, batch loaded)
       {"cmd": "train_step"}                    -> {"ok", "seconds", "loss", "grad_norm"}
                                                   (loss before the update, norm before clipping)
@@ -391,8 +418,11 @@ class Server:
 
     def decode(self, c):
         gen = torch.Generator().manual_seed(int(c.get("seed", 0)))
+        reset_peak_rss()
+        rss = status_bytes("VmRSS")
         secs, out = generate(self.model, c["prompts"], int(c["new"]), gen)
-        return {"ok": True, "seconds": secs, "tokens": sum(len(r) for r in out)}
+        return {"ok": True, "seconds": secs, "tokens": sum(len(r) for r in out),
+                "rss_bytes": rss, "peak_rss_bytes": status_bytes("VmHWM")}
 
     def train_setup(self, c):
         self.batch = load_batch(c["file"])

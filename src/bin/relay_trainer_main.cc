@@ -472,7 +472,11 @@ int main(int argc, char** argv) {
                 static_cast<long long>(orphaned));
   }
 
-  comm::WeightPublisher publisher;
+  // One host copy of the weights, not two: a worker still downloading (or
+  // a broadcast still sending) the previous version holds that snapshot
+  // until it is done, and a worker that asks for a version no longer kept
+  // takes the newer one. For a 0.5B-parameter fp32 model that is 2 GB less.
+  comm::WeightPublisher publisher(/*keep=*/1);
   comm::TrainerHostOptions ho;
   ho.groups_per_step = ex.groups_per_step;
   ho.max_staleness = s.config.trainer.max_staleness;

@@ -4,6 +4,10 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "relay/comm/manifest_proto.h"
@@ -29,6 +33,67 @@ StatusOr<std::string> read_pem(const std::string& path, const char* what) {
                   absl::StrCat(what, " ", path, ": ", std::string(text.status().message())));
   }
   return text;
+}
+
+// Cancels a stream that receives nothing for `idle`. A weight transfer is
+// bounded by silence, not by its length: a 2 GB version on a slow link (or a
+// 2-core machine) is not cut off half-way by a deadline sized for small
+// calls, and a trainer that stops sending is still noticed within `idle`.
+class StallWatchdog {
+ public:
+  StallWatchdog(grpc::ClientContext* context, std::chrono::milliseconds idle)
+      : context_(context), idle_(idle), last_(std::chrono::steady_clock::now()) {
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~StallWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void progress() {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ = std::chrono::steady_clock::now();
+  }
+  bool fired() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fired_;
+  }
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      const auto deadline = last_ + idle_;
+      // Progress moves the deadline; the wait re-arms at the old one.
+      if (cv_.wait_until(lock, deadline, [&] { return stop_ || last_ + idle_ > deadline; })) {
+        continue;
+      }
+      fired_ = true;
+      context_->TryCancel();
+      return;
+    }
+  }
+
+  grpc::ClientContext* context_;
+  const std::chrono::milliseconds idle_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::chrono::steady_clock::time_point last_;
+  bool stop_ = false;
+  bool fired_ = false;
+  std::thread thread_;
+};
+
+bool same_weights(const model::WeightManifest& a, const model::WeightManifest& b) {
+  if (a.digest != b.digest || a.tensors.size() != b.tensors.size()) return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const model::TensorSpec &x = a.tensors[i], &y = b.tensors[i];
+    if (x.name != y.name || x.shape != y.shape || x.dtype != y.dtype) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -91,6 +156,13 @@ class TrainerClient::Impl {
     if (!options.auth_token.empty())
       c->AddMetadata("authorization", "Bearer " + options.auth_token);
     c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
+    return c;
+  }
+  // The same without a deadline, for a stream a StallWatchdog bounds.
+  std::unique_ptr<grpc::ClientContext> stream_context() const {
+    auto c = std::make_unique<grpc::ClientContext>();
+    if (!options.auth_token.empty())
+      c->AddMetadata("authorization", "Bearer " + options.auth_token);
     return c;
   }
 
@@ -197,38 +269,64 @@ StatusOr<std::vector<v1::SubmitGroupAck>> TrainerClient::submit_groups(
 }
 
 StatusOr<FetchedWeights> TrainerClient::fetch_weights(const std::string& worker_id, int64_t version,
-                                                      uint64_t chunk_bytes) {
+                                                      uint64_t chunk_bytes,
+                                                      const model::WeightManifest* held) {
   v1::FetchWeightsRequest req;
   req.set_worker_id(worker_id);
   req.set_version(version);
   req.set_chunk_bytes(chunk_bytes);
-  auto c = impl_->context(impl_->options.timeout_ms);
+  auto c = impl_->stream_context();
+  const std::chrono::milliseconds idle(impl_->options.timeout_ms);
+  StallWatchdog watchdog(c.get(), idle);
   auto reader = impl_->worker->FetchWeights(c.get(), req);
   v1::WeightChunk chunk;
   FetchedWeights out;
-  bool have_manifest = false;
-  std::string bytes;
+  std::optional<WeightAssembler> assembler;
   while (reader->Read(&chunk)) {
-    if (chunk.has_manifest()) {
-      out.manifest = from_proto(chunk.manifest());
-      have_manifest = true;
-    }
-    if (!have_manifest) return DataLossError("FetchWeights: the first chunk has no manifest");
-    if (chunk.offset() != bytes.size()) {
-      c->TryCancel();
-      return DataLossError(absl::StrCat("FetchWeights: chunk at offset ", chunk.offset(), " after ",
-                                        bytes.size(), " bytes"));
+    watchdog.progress();
+    if (!assembler) {
+      if (!chunk.has_manifest()) {
+        c->TryCancel();
+        return DataLossError("FetchWeights: the first chunk has no manifest");
+      }
+      model::WeightManifest m = from_proto(chunk.manifest());
+      if (held != nullptr && same_weights(m, *held)) {
+        // The worker already holds these bytes (it loaded the same model
+        // directory): the rest of the stream is not needed.
+        c->TryCancel();
+        out.manifest = std::move(m);
+        out.already_held = true;
+        return out;
+      }
+      StatusOr<WeightAssembler> a = WeightAssembler::create(std::move(m));
+      if (!a.ok()) {
+        c->TryCancel();
+        return a.status();
+      }
+      assembler.emplace(*std::move(a));
     }
     if (XXH3_64bits(chunk.data().data(), chunk.data().size()) != chunk.chunk_digest()) {
       c->TryCancel();
       return DataLossError(
           absl::StrCat("FetchWeights: chunk at offset ", chunk.offset(), " fails its digest"));
     }
-    bytes.append(chunk.data());
+    if (Status s = assembler->add(chunk.offset(), chunk.data().data(), chunk.data().size());
+        !s.ok()) {
+      c->TryCancel();
+      return DataLossError(absl::StrCat("FetchWeights: ", s.message()));
+    }
   }
-  RELAY_RETURN_IF_ERROR(from_grpc("FetchWeights", reader->Finish()));
-  if (!have_manifest) return DataLossError("FetchWeights: no manifest received");
-  RELAY_ASSIGN_OR_RETURN(out.tensors, tensors_from_bytes(out.manifest, bytes));
+  const grpc::Status finished = reader->Finish();
+  if (watchdog.fired()) {
+    return DeadlineExceededError(absl::StrCat(
+        "FetchWeights: nothing arrived from the trainer for ", idle.count() / 1000.0,
+        " s (services.rpc_timeout_s) after ", assembler ? assembler->received_bytes() : 0, " of ",
+        assembler ? std::to_string(assembler->total_bytes()) : std::string("?"), " bytes"));
+  }
+  RELAY_RETURN_IF_ERROR(from_grpc("FetchWeights", finished));
+  if (!assembler) return DataLossError("FetchWeights: no manifest received");
+  out.manifest = assembler->manifest();
+  RELAY_ASSIGN_OR_RETURN(out.tensors, assembler->finish());
   return out;
 }
 

@@ -204,6 +204,9 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
         req->chunk_bytes() > 0 ? req->chunk_bytes() : s_->options_.default_chunk_bytes;
     bool first = true, ok = true;
     for_each_chunk(**snap, chunk, [&](uint64_t offset, const char* data, uint64_t size) {
+      // A worker downloading is alive: a 2 GB version can take longer than
+      // services.worker_timeout_s while the trainer is busy stepping.
+      touch(req->worker_id());
       v1::WeightChunk c;
       if (first) to_proto((*snap)->manifest, c.mutable_manifest());
       first = false;
@@ -229,6 +232,15 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
       s_->told_.insert(worker_id);
     }
     return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "the run is finished");
+  }
+
+  // Marks a registered worker alive; nothing for an unknown id.
+  void touch(const std::string& worker_id) {
+    std::lock_guard<std::mutex> lock(s_->mu_);
+    auto it = s_->workers_.find(worker_id);
+    if (it == s_->workers_.end()) return;
+    it->second.last_heartbeat_unix_ms = now_ms();
+    s_->presence_.last_heard_unix_ms = it->second.last_heartbeat_unix_ms;
   }
 
   // Also marks the worker alive.

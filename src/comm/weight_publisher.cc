@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -83,16 +84,8 @@ void for_each_chunk(const WeightSnapshot& snapshot, uint64_t chunk_bytes,
   if (!buffer.empty()) emit(offset, buffer.data(), buffer.size());
 }
 
-StatusOr<std::unordered_map<std::string, at::Tensor>> tensors_from_bytes(
-    const model::WeightManifest& manifest, const std::string& bytes) {
-  uint64_t total = 0;
-  for (const model::TensorSpec& spec : manifest.tensors) total += spec.num_bytes;
-  if (bytes.size() != total) {
-    return DataLossError(absl::StrCat("weights version ", manifest.version, ": received ",
-                                      bytes.size(), " bytes, the manifest says ", total));
-  }
-  std::unordered_map<std::string, at::Tensor> out;
-  uint64_t offset = 0;
+StatusOr<WeightAssembler> WeightAssembler::create(model::WeightManifest manifest) {
+  WeightAssembler a;
   for (const model::TensorSpec& spec : manifest.tensors) {
     RELAY_ASSIGN_OR_RETURN(model::DType dtype, model::parse_dtype(spec.dtype));
     at::Tensor t =
@@ -101,18 +94,69 @@ StatusOr<std::unordered_map<std::string, at::Tensor>> tensors_from_bytes(
       return DataLossError(absl::StrCat("weights version ", manifest.version, ": ", spec.name, ": ",
                                         spec.num_bytes, " bytes do not fit shape and dtype"));
     }
-    std::memcpy(t.data_ptr(), bytes.data() + offset, spec.num_bytes);
-    offset += spec.num_bytes;
-    out.emplace(spec.name, std::move(t));
+    a.total_ += spec.num_bytes;
+    a.tensors_.push_back(std::move(t));
   }
+  a.manifest_ = std::move(manifest);
+  return a;
+}
+
+Status WeightAssembler::add(uint64_t offset, const char* data, uint64_t size) {
+  if (offset != received_) {
+    return DataLossError(absl::StrCat("weights version ", manifest_.version, ": bytes at offset ",
+                                      offset, " after ", received_));
+  }
+  if (size > total_ - received_) {
+    return DataLossError(absl::StrCat("weights version ", manifest_.version, ": received ",
+                                      received_ + size, " bytes, the manifest says ", total_));
+  }
+  while (size > 0) {
+    const uint64_t room = manifest_.tensors[tensor_].num_bytes - tensor_done_;
+    const uint64_t take = std::min(room, size);
+    std::memcpy(static_cast<char*>(tensors_[tensor_].data_ptr()) + tensor_done_, data, take);
+    data += take;
+    size -= take;
+    received_ += take;
+    tensor_done_ += take;
+    if (tensor_done_ == manifest_.tensors[tensor_].num_bytes) {
+      ++tensor_;
+      tensor_done_ = 0;
+    }
+  }
+  // Zero-byte tensors (none in practice) are complete as soon as reached.
+  while (tensor_ < tensors_.size() && manifest_.tensors[tensor_].num_bytes == 0) ++tensor_;
+  return OkStatus();
+}
+
+StatusOr<std::unordered_map<std::string, at::Tensor>> WeightAssembler::finish() {
+  if (received_ != total_) {
+    return DataLossError(absl::StrCat("weights version ", manifest_.version, ": received ",
+                                      received_, " bytes, the manifest says ", total_));
+  }
+  std::unordered_map<std::string, at::Tensor> out;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    out.emplace(manifest_.tensors[i].name, std::move(tensors_[i]));
+  }
+  tensors_.clear();
   RELAY_ASSIGN_OR_RETURN(model::WeightManifest check,
-                         model::weight_manifest(out, manifest.version));
-  if (check.digest != manifest.digest) {
-    return DataLossError(absl::StrCat("weights version ", manifest.version, ": digest ",
+                         model::weight_manifest(out, manifest_.version));
+  if (check.digest != manifest_.digest) {
+    return DataLossError(absl::StrCat("weights version ", manifest_.version, ": digest ",
                                       check.digest, " of the received bytes is not the published ",
-                                      manifest.digest));
+                                      manifest_.digest));
   }
   return out;
+}
+
+StatusOr<std::unordered_map<std::string, at::Tensor>> tensors_from_bytes(
+    const model::WeightManifest& manifest, const std::string& bytes) {
+  RELAY_ASSIGN_OR_RETURN(WeightAssembler a, WeightAssembler::create(manifest));
+  if (bytes.size() != a.total_bytes()) {
+    return DataLossError(absl::StrCat("weights version ", manifest.version, ": received ",
+                                      bytes.size(), " bytes, the manifest says ", a.total_bytes()));
+  }
+  RELAY_RETURN_IF_ERROR(a.add(0, bytes.data(), bytes.size()));
+  return a.finish();
 }
 
 }  // namespace relay::comm

@@ -74,37 +74,84 @@ class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> 
     torch::NoGradGuard no_grad;
     const int64_t n = hidden.size(0);
     at::Tensor w = weight.to(compute);
-    at::Tensor g_hidden = need_h ? torch::empty_like(hidden) : at::Tensor();
-    at::Tensor g_weight = need_w ? torch::zeros(weight.sizes(), weight.options()) : at::Tensor();
+    // dW accumulates in place (beta = 1) when it has the product's dtype: no
+    // [V, H] temporary per chunk (545 MB for Qwen2.5-0.5B's head), which
+    // also spares the BLAS zeroing one and the kernel mapping it afresh.
+    const bool w_in_place = weight.scalar_type() == compute;
+    at::Tensor g_hidden = need_h ? torch::empty(hidden.sizes(), hidden.options()) : at::Tensor();
+    at::Tensor g_weight;
+    if (need_w) {
+      g_weight = w_in_place ? torch::empty(weight.sizes(), weight.options())
+                            : torch::zeros(weight.sizes(), weight.options());
+    }
+    const bool ent = g_ent.defined() && g_ent.numel() > 0;
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t len = std::min(chunk, n - start);
       at::Tensor h = hidden.narrow(0, start, len).to(compute);
-      at::Tensor z = torch::nn::functional::linear(h, w).to(torch::kFloat32);
-      if (temperature != 1.0) z = z / temperature;
-      at::Tensor logp_all = torch::log_softmax(z, -1);
+      at::Tensor logp_all;
+      {
+        at::Tensor z = torch::nn::functional::linear(h, w).to(torch::kFloat32);
+        if (temperature != 1.0) z = z / temperature;
+        logp_all = torch::log_softmax(z, -1);
+      }
       at::Tensor p = logp_all.exp();
       at::Tensor t = targets.narrow(0, start, len).view({-1, 1});
-      at::Tensor gz = torch::zeros_like(z);
-      if (g_logp.defined()) {
-        at::Tensor g = g_logp.narrow(0, start, len).to(torch::kFloat32).view({-1, 1});
-        gz = -p * g;
-        gz.scatter_add_(1, t, g);
-      }
-      if (g_ent.defined() && g_ent.numel() > 0) {
+      // gz = dL/dz, built in place over the chunk's buffers:
+      //   from logp:     g (onehot - p)
+      //   from entropy:  -g_H p (log p + H)
+      at::Tensor gz;
+      if (ent) {
         at::Tensor H = -(p * logp_all).sum(-1, /*keepdim=*/true);
-        gz =
-            gz - g_ent.narrow(0, start, len).to(torch::kFloat32).view({-1, 1}) * p * (logp_all + H);
+        at::Tensor g_h = g_ent.narrow(0, start, len).to(torch::kFloat32).view({-1, 1});
+        gz = logp_all.add_(H).mul_(p).mul_(-g_h);
+        if (g_logp.defined()) {
+          at::Tensor g = g_logp.narrow(0, start, len).to(torch::kFloat32).view({-1, 1});
+          gz.sub_(p.mul_(g));
+          gz.scatter_add_(1, t, g);
+        }
+      } else {
+        logp_all.reset();
+        if (g_logp.defined()) {
+          at::Tensor g = g_logp.narrow(0, start, len).to(torch::kFloat32).view({-1, 1});
+          gz = p.mul_(-g);
+          gz.scatter_add_(1, t, g);
+        } else {
+          gz = p.zero_();
+        }
       }
-      if (temperature != 1.0) gz = gz / temperature;
+      p.reset();
+      if (temperature != 1.0) gz.div_(temperature);
       at::Tensor gzc = gz.to(compute);
-      if (need_h) g_hidden.narrow(0, start, len).copy_(torch::matmul(gzc, w));
-      if (need_w) g_weight.add_(torch::matmul(gzc.t(), h).to(weight.scalar_type()));
+      gz.reset();
+      if (need_h) {
+        at::Tensor dst = g_hidden.narrow(0, start, len);  // rows of a contiguous tensor
+        if (g_hidden.scalar_type() == compute) {
+          torch::mm_out(dst, gzc, w);
+        } else {
+          dst.copy_(torch::mm(gzc, w));
+        }
+      }
+      if (need_w) {
+        if (!w_in_place) {
+          g_weight.add_(torch::mm(gzc.t(), h).to(weight.scalar_type()));
+        } else if (start == 0) {
+          torch::mm_out(g_weight, gzc.t(), h);
+        } else {
+          g_weight.addmm_(gzc.t(), h);
+        }
+      }
     }
     return {g_hidden, g_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+int64_t lm_head_chunk_tokens(int64_t vocab) {
+  constexpr int64_t kChunkBytes = int64_t{256} << 20;
+  const int64_t fit = kChunkBytes / (std::max<int64_t>(1, vocab) * 4);
+  return std::clamp<int64_t>(fit, 16, 1024);
+}
 
 TokenScores lm_head_token_scores(const at::Tensor& hidden, const at::Tensor& weight,
                                  const at::Tensor& targets, double temperature,

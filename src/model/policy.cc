@@ -205,7 +205,7 @@ ScoreOutput PolicyImpl::score_with_entropy(const at::Tensor& input_ids, const at
 ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor& lengths,
                                    const ScoreOptions& options, bool with_entropy) {
   TORCH_CHECK(options.temperature > 0, "Policy::score: temperature must be > 0");
-  TORCH_CHECK(options.chunk_tokens >= 1, "Policy::score: chunk_tokens must be >= 1");
+  TORCH_CHECK(options.chunk_tokens >= 0, "Policy::score: chunk_tokens must be >= 0");
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   at::Tensor hidden = hidden_states(input_ids, lengths, options.routing);
   ScoreOutput out;
@@ -222,8 +222,10 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
   // A target outside the support (only a padding id could be) scores -inf.
   const int64_t support = head.size(0);
   at::Tensor outside = targets.ge(support);
+  const int64_t chunk =
+      options.chunk_tokens > 0 ? options.chunk_tokens : lm_head_chunk_tokens(support);
   TokenScores s = lm_head_token_scores(h, head, targets.clamp_max(support - 1), options.temperature,
-                                       options.chunk_tokens, with_entropy);
+                                       chunk, with_entropy);
   out.logprobs =
       s.logprobs.masked_fill(outside, -std::numeric_limits<float>::infinity()).view({B, T - 1});
   if (with_entropy) out.entropy = s.entropy.view({B, T - 1});

@@ -515,7 +515,12 @@ TEST_F(CliTest, RunWithBroadcastWeightSync) {
     ++workers;
     EXPECT_GT(std::stoi((*it)[1]), 0) << r.out;
   }
-  EXPECT_EQ(workers, 2) << r.out;
+  // On a loaded machine the second worker may start after the ten tiny
+  // steps are done ("stopping before registering"); every worker that ran
+  // took its versions by broadcast.
+  const int late = static_cast<int>(r.out.find("stopping before registering") != std::string::npos);
+  EXPECT_GE(workers, 1) << r.out;
+  EXPECT_EQ(workers + late, 2) << r.out;
   std::ifstream in(base + "/tiny/metrics.jsonl");
   std::string line;
   int steps = 0;

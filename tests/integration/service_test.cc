@@ -7,10 +7,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
 
+#include <grpcpp/grpcpp.h>
+#include <xxhash.h>
+
+#include "relay/comm/manifest_proto.h"
 #include "relay/comm/rollout_worker.h"
 #include "relay/comm/rpc.h"
 #include "relay/comm/trainer_host.h"
@@ -21,6 +26,7 @@
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/task.h"
 #include "relay/v1/admin.pb.h"
+#include "relay/v1/worker.grpc.pb.h"
 #include "relay/v1/worker.pb.h"
 #include "testing/tensor_testing.h"
 
@@ -213,6 +219,28 @@ TEST_F(ServiceTest, FetchedWeightsAreBitIdenticalAtAnyChunkSize) {
     for (const auto& [name, t] : mine) EXPECT_TRUE(torch::equal(t, w->tensors.at(name))) << name;
   }
   EXPECT_EQ(client_->fetch_weights(id, 5).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A worker that loaded the trainer's model directory holds version 0: only
+// the manifest travels. Different bytes (or shapes) are transferred in full.
+TEST_F(ServiceTest, FetchSkipsTheTransferOfWeightsTheWorkerAlreadyHolds) {
+  const std::string id = register_worker();
+  const model::WeightManifest mine = model::weight_manifest(*policy_, 0).value();
+  auto held = client_->fetch_weights(id, -1, 0, &mine);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(held->already_held);
+  EXPECT_TRUE(held->tensors.empty());
+  EXPECT_EQ(held->manifest.digest, mine.digest);
+
+  model::WeightManifest other = mine;
+  other.digest ^= 1;
+  auto full = client_->fetch_weights(id, -1, 0, &other);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_FALSE(full->already_held);
+  EXPECT_EQ(full->tensors.size(), mine.tensors.size());
+  other = mine;
+  other.tensors[0].shape.push_back(1);
+  EXPECT_FALSE(client_->fetch_weights(id, -1, 0, &other)->already_held);
 }
 
 TEST_F(ServiceTest, WatchAnnouncesANewVersion) {
@@ -721,6 +749,79 @@ TEST(ServiceTlsTest, ClientsThatTrustTheCaConnectPlaintextOnesDoNot) {
             std::string::npos)
       << bad.status();
   server->shutdown();
+}
+
+// A Worker service whose FetchWeights streams a real snapshot in small
+// chunks `pause` apart, or (stall) sends the first chunk and then nothing
+// until the client gives up.
+class PacedWeights final : public v1::Worker::Service {
+ public:
+  PacedWeights(std::shared_ptr<const WeightSnapshot> snap, std::chrono::milliseconds pause,
+               bool stall)
+      : snap_(std::move(snap)), pause_(pause), stall_(stall) {}
+
+  grpc::Status FetchWeights(grpc::ServerContext* context, const v1::FetchWeightsRequest*,
+                            grpc::ServerWriter<v1::WeightChunk>* writer) override {
+    const uint64_t chunk = snap_->total_bytes / 8 + 1;
+    bool first = true;
+    for_each_chunk(*snap_, chunk, [&](uint64_t offset, const char* data, uint64_t size) {
+      if (!first) std::this_thread::sleep_for(pause_);
+      v1::WeightChunk c;
+      if (first) to_proto(snap_->manifest, c.mutable_manifest());
+      c.set_offset(offset);
+      c.set_data(data, size);
+      c.set_chunk_digest(XXH3_64bits(data, size));
+      const bool ok = writer->Write(c);
+      if (first && stall_) {
+        while (!context->IsCancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return false;
+      }
+      first = false;
+      return ok && !context->IsCancelled();
+    });
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::shared_ptr<const WeightSnapshot> snap_;
+  std::chrono::milliseconds pause_;
+  bool stall_;
+};
+
+// The fetch is bounded by silence, not by its length: a stream that takes
+// 3x timeout_ms but never pauses for timeout_ms completes; one that stops
+// sending fails with DeadlineExceeded about timeout_ms later.
+TEST(FetchWeightsTimeoutTest, SlowStreamsCompleteAndStalledOnesFailFast) {
+  torch::manual_seed(3);
+  model::Policy policy(relay::testing::TinyConfig());
+  WeightPublisher publisher;
+  ASSERT_TRUE(publisher.publish(0, model::parameter_tensors(*policy)).ok());
+  auto snap = publisher.snapshot(0).value();
+  for (bool stall : {false, true}) {
+    SCOPED_TRACE(stall ? "stalled" : "slow");
+    PacedWeights service(snap, std::chrono::milliseconds(120), stall);
+    auto server = RpcServer::start(ServerOptions{}, {&service}).value();
+    ClientOptions c;
+    c.address = "127.0.0.1:" + std::to_string(server->port());
+    c.timeout_ms = 400;
+    auto client = TrainerClient::connect(c).value();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto w = client->fetch_weights("w", -1);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!stall) {
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_GT(s, 0.4 * 2);  // 8 pauses of 120 ms: well past one timeout
+      for (const auto& [name, t] : model::parameter_tensors(*policy)) {
+        EXPECT_TRUE(torch::equal(t, w->tensors.at(name))) << name;
+      }
+    } else {
+      EXPECT_EQ(w.status().code(), absl::StatusCode::kDeadlineExceeded) << w.status();
+      EXPECT_NE(std::string(w.status().message()).find("services.rpc_timeout_s"), std::string::npos)
+          << w.status();
+      EXPECT_LT(s, 3.0);
+    }
+    server->shutdown(0);
+  }
 }
 
 }  // namespace

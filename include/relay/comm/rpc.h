@@ -68,16 +68,22 @@ class RpcServer {
 };
 
 struct ClientOptions {
-  std::string address;         // host:port
-  std::string auth_token;      // sent as "authorization: Bearer <token>"; empty = none
-  TlsOptions tls;              // root_ca_file set = TLS
-  int64_t timeout_ms = 10000;  // deadline of every unary call and of a whole stream
+  std::string address;     // host:port
+  std::string auth_token;  // sent as "authorization: Bearer <token>"; empty = none
+  TlsOptions tls;          // root_ca_file set = TLS
+  // Deadline of every unary call and of a whole stream, except FetchWeights:
+  // a weight transfer fails after this long without a byte, however long it
+  // runs while bytes keep coming.
+  int64_t timeout_ms = 10000;
   int64_t max_message_bytes = int64_t{64} << 20;
 };
 
 struct FetchedWeights {
   model::WeightManifest manifest;
   std::unordered_map<std::string, at::Tensor> tensors;  // verified against the digest
+  // The trainer's version is the one the caller said it holds: no tensors
+  // were transferred.
+  bool already_held = false;
 };
 
 // The worker's side of the Worker service (and the operator's Admin calls).
@@ -100,8 +106,13 @@ class TrainerClient {
       const std::vector<std::pair<uint64_t, rollout::TrajectoryGroup>>& groups);
   // Downloads `version` (-1 = latest) in chunks, checks each chunk's digest,
   // its offset, and the whole version's digest; DataLoss on any mismatch.
+  // Chunks land in place (WeightAssembler). With `held` (the manifest of the
+  // weights the caller has), a version with the same tensors and digest is
+  // not transferred: the result has already_held set and no tensors.
+  // DeadlineExceeded when nothing arrives for ClientOptions::timeout_ms.
   StatusOr<FetchedWeights> fetch_weights(const std::string& worker_id, int64_t version,
-                                         uint64_t chunk_bytes = 0);
+                                         uint64_t chunk_bytes = 0,
+                                         const model::WeightManifest* held = nullptr);
   // The first version announced after `after_version`, or nullopt when none
   // arrives within `wait_ms`.
   StatusOr<std::optional<v1::VersionAnnouncement>> next_version(const std::string& worker_id,

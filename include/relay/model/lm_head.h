@@ -21,6 +21,13 @@
 
 namespace relay::model {
 
+// Positions per chunk when the caller leaves it to the head: as many as keep
+// one chunk's fp32 logits within 256 MiB, in [16, 1024] (441 for a
+// 151,936-token vocabulary, 1024 for small ones). Backward holds about three
+// such buffers at once. Smaller chunks cost time: each one reads and writes
+// the whole [V, H] weight gradient once.
+int64_t lm_head_chunk_tokens(int64_t vocab);
+
 struct TokenScores {
   at::Tensor logprobs;  // [n] fp32
   at::Tensor entropy;   // [n] fp32, or undefined when not asked for

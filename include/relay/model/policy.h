@@ -47,8 +47,10 @@ class DecoderImpl : public torch::nn::Module {
 TORCH_MODULE(Decoder);
 
 struct ScoreOptions {
-  double temperature = 1.0;     // logits are divided by this before log_softmax
-  int64_t chunk_tokens = 1024;  // positions per LM-head chunk; bounds the [chunk, vocab] buffer
+  double temperature = 1.0;  // logits are divided by this before log_softmax
+  // Positions per LM-head chunk; bounds the [chunk, vocab] buffers. 0 = by
+  // the vocabulary (lm_head_chunk_tokens: 441 for 151,936 ids).
+  int64_t chunk_tokens = 0;
   // Ids [0, vocab_limit) are the distribution's support: the logits of the
   // rest (an embedding padded past the tokenizer's vocabulary) are left out
   // of the softmax, as the rollout engine leaves them out of sampling.

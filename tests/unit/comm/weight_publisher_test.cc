@@ -75,6 +75,39 @@ TEST(WeightPublisherTest, ChunksReassembleAndTheDigestIsChecked) {
   EXPECT_EQ(calls, 3);
 }
 
+// Chunks land in place as they arrive; out-of-order, overlapping or excess
+// bytes and an early finish are DataLoss.
+TEST(WeightPublisherTest, AssemblerBuildsTensorsChunkByChunk) {
+  WeightPublisher p;
+  ASSERT_TRUE(p.publish(1, weights(3)).ok());
+  auto snap = p.snapshot(1).value();
+  for (uint64_t chunk : {1u, 7u, 12u, 100u}) {
+    auto a = WeightAssembler::create(snap->manifest);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->total_bytes(), 32u);
+    for_each_chunk(*snap, chunk, [&](uint64_t offset, const char* data, uint64_t size) {
+      EXPECT_TRUE(a->add(offset, data, size).ok());
+      return true;
+    });
+    EXPECT_EQ(a->received_bytes(), 32u);
+    auto back = a->finish();
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(torch::equal(back->at("a"), snap->tensors[0]));
+    EXPECT_TRUE(torch::equal(back->at("b"), torch::arange(5, torch::kFloat32) + 3));
+  }
+  std::string bytes;
+  for_each_chunk(*snap, 32, [&](uint64_t, const char* data, uint64_t size) {
+    bytes.append(data, size);
+    return true;
+  });
+  auto a = WeightAssembler::create(snap->manifest).value();
+  EXPECT_EQ(a.add(4, bytes.data() + 4, 4).code(), absl::StatusCode::kDataLoss);  // a gap
+  ASSERT_TRUE(a.add(0, bytes.data(), 8).ok());
+  EXPECT_EQ(a.add(4, bytes.data() + 4, 4).code(), absl::StatusCode::kDataLoss);  // an overlap
+  EXPECT_EQ(a.add(8, bytes.data(), 30).code(), absl::StatusCode::kDataLoss);     // past the end
+  EXPECT_EQ(a.finish().status().code(), absl::StatusCode::kDataLoss);            // 8 of 32
+}
+
 TEST(WeightPublisherTest, WaitWakesOnPublishOrTimesOut) {
   WeightPublisher p;
   ASSERT_TRUE(p.publish(0, weights(0)).ok());
