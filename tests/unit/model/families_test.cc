@@ -287,7 +287,8 @@ TEST(LmHeadTest, ChunkedScoresAndGradientsEqualAutogradOverTheFullLogits) {
   at::Tensor logp_all = torch::log_softmax(z, -1);
   at::Tensor logp = logp_all.gather(1, targets.view({-1, 1})).squeeze(1);
   at::Tensor ent = -(logp_all.exp() * logp_all).sum(-1);
-  auto want = torch::autograd::grad({logp, ent}, {hidden, weight}, {g_logp, g_ent});
+  auto want = torch::autograd::grad({logp, ent}, {hidden, weight}, {g_logp, g_ent},
+                                    /*retain_graph=*/true);
 
   TokenScores s = lm_head_token_scores(hidden, weight, targets, tau, /*chunk_tokens=*/8, true);
   EXPECT_TRUE(AllClose(s.logprobs, logp, 1e-5));
@@ -295,6 +296,21 @@ TEST(LmHeadTest, ChunkedScoresAndGradientsEqualAutogradOverTheFullLogits) {
   auto got = torch::autograd::grad({s.logprobs, s.entropy}, {hidden, weight}, {g_logp, g_ent});
   EXPECT_TRUE(AllClose(got[0], want[0], 1e-5, 1e-4));
   EXPECT_TRUE(AllClose(got[1], want[1], 1e-5, 1e-4));
+
+  // Log-probs alone (no entropy term): the other in-place path of backward,
+  // at a chunking that leaves a short last chunk.
+  auto want_logp = torch::autograd::grad({logp}, {hidden, weight}, {g_logp});
+  TokenScores only = lm_head_token_scores(hidden, weight, targets, tau, /*chunk_tokens=*/7, false);
+  auto got_logp = torch::autograd::grad({only.logprobs}, {hidden, weight}, {g_logp});
+  EXPECT_TRUE(AllClose(got_logp[0], want_logp[0], 1e-5, 1e-4));
+  EXPECT_TRUE(AllClose(got_logp[1], want_logp[1], 1e-5, 1e-4));
+}
+
+// Chunks sized by the vocabulary: 256 MiB of fp32 logits, within [16, 1024].
+TEST(LmHeadTest, ChunkSizeFollowsTheVocabulary) {
+  EXPECT_EQ(lm_head_chunk_tokens(151936), 441);
+  EXPECT_EQ(lm_head_chunk_tokens(32), 1024);
+  EXPECT_EQ(lm_head_chunk_tokens(int64_t{1} << 24), 16);
 }
 
 TEST(LmHeadTest, VocabLimitScoresOverTheSupportOnly) {
