@@ -639,17 +639,16 @@ void bound_rows(const std::vector<PendingBound>& bounds, const MachineLimits& li
 
 // ---------------------------------------------------------------------------
 // --model-dir: a model directory as a user brings it (config.json, sharded
-// safetensors in any dtype), run in fp32 like the random models.
+// safetensors in any dtype), run in --dtype on --device like the random ones.
 
 Policy load_directory(const std::string& dir) {
   relay::model::LoadOptions lo;
   lo.dtype = g_dtype;
+  lo.device = g_device;
   auto p = relay::model::load_policy(dir, lo);
   die_if(p.status(), ("--model-dir " + dir).c_str());
-  Policy policy = *std::move(p);
-  policy->to(g_device);
-  policy->eval();
-  return policy;
+  (*p)->eval();
+  return *std::move(p);
 }
 
 Workload directory_workload(const std::string& dir) {

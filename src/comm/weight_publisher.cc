@@ -123,8 +123,6 @@ Status WeightAssembler::add(uint64_t offset, const char* data, uint64_t size) {
       tensor_done_ = 0;
     }
   }
-  // Zero-byte tensors (none in practice) are complete as soon as reached.
-  while (tensor_ < tensors_.size() && manifest_.tensors[tensor_].num_bytes == 0) ++tensor_;
   return OkStatus();
 }
 
@@ -151,10 +149,6 @@ StatusOr<std::unordered_map<std::string, at::Tensor>> WeightAssembler::finish() 
 StatusOr<std::unordered_map<std::string, at::Tensor>> tensors_from_bytes(
     const model::WeightManifest& manifest, const std::string& bytes) {
   RELAY_ASSIGN_OR_RETURN(WeightAssembler a, WeightAssembler::create(manifest));
-  if (bytes.size() != a.total_bytes()) {
-    return DataLossError(absl::StrCat("weights version ", manifest.version, ": received ",
-                                      bytes.size(), " bytes, the manifest says ", a.total_bytes()));
-  }
   RELAY_RETURN_IF_ERROR(a.add(0, bytes.data(), bytes.size()));
   return a.finish();
 }

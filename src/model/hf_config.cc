@@ -162,16 +162,22 @@ class ConfigFields {
   const std::string prefix_;
 };
 
-}  // namespace
-
-StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::string& source) {
+// `text` as a JSON object; errors name `source`.
+StatusOr<json> parse_object(const std::string& text, const std::string& source) {
   json j;
   try {
-    j = json::parse(json_text);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     return InvalidArgumentError(source + ": not valid JSON: " + e.what());
   }
   if (!j.is_object()) return InvalidArgumentError(source + ": must be a JSON object");
+  return j;
+}
+
+}  // namespace
+
+StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::string& source) {
+  RELAY_ASSIGN_OR_RETURN(const json j, parse_object(json_text, source));
   const ConfigFields f(j, source);
   PolicyConfig c;
 
@@ -354,13 +360,7 @@ StatusOr<std::vector<int64_t>> read_generation_eos_ids(const std::string& model_
   const std::string path = model_dir + "/generation_config.json";
   if (!std::filesystem::exists(path)) return std::vector<int64_t>{};
   RELAY_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(path + ": not valid JSON: " + e.what());
-  }
-  if (!j.is_object()) return InvalidArgumentError(path + ": must be a JSON object");
+  RELAY_ASSIGN_OR_RETURN(const json j, parse_object(text, path));
   std::vector<int64_t> ids;
   RELAY_RETURN_IF_ERROR(ConfigFields(j, path).get_token_ids("eos_token_id", &ids));
   return ids;
