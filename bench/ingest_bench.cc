@@ -203,12 +203,12 @@ Timing run_grpc(const std::vector<TrajectoryGroup>& groups, const std::string& p
   o.limits.vocab_size = kVocab;
   comm::TrainerService service(
       o, s.get(), d.get(), &publisher,
-      [&groups](int64_t index, int attempt) -> StatusOr<comm::PromptContent> {
-        const TrajectoryGroup& g = groups[index % groups.size()];
+      [&groups](const store::Lease& l) -> StatusOr<comm::PromptContent> {
+        const TrajectoryGroup& g = groups[l.prompt_index % groups.size()];
         comm::PromptContent p;
         p.group_id = g.group_id;
         p.prompt_tokens = g.trajectories.front().prompt_tokens;
-        p.seed = 1000 * index + attempt;
+        p.seed = 1000 * l.occurrence + l.attempt;
         return p;
       },
       [] { return kVersion; });

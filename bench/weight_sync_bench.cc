@@ -388,7 +388,8 @@ class GrpcFetch {
                        "PromptDispenser::open");
     service_ = std::make_unique<TrainerService>(
         TrainerServiceOptions{}, rollouts_.get(), dispenser_.get(), &publisher,
-        [](int64_t, int) -> StatusOr<PromptContent> { return PromptContent{}; }, [] { return 1; });
+        [](const store::Lease&) -> StatusOr<PromptContent> { return PromptContent{}; },
+        [] { return 1; });
     rpc_ = check(RpcServer::start(ServerOptions{}, {service_->worker_service()}), "RpcServer");
     for (int c = 0; c < clients; ++c) {
       ClientOptions o;

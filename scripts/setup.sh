@@ -25,6 +25,10 @@ packages=(
   # tests (openssl makes throwaway TLS certificates for the service tests;
   # chromium loads the dashboard headless in relay_dashboard_tests)
   libgtest-dev libgmock-dev openssl chromium
+  # tests: the hostile gRPC client (tests/integration/grpc_client_test.py,
+  # ctest grpc_hostile_client) talks to relay-trainer from /usr/bin/python3
+  # with Debian's gRPC and protobuf modules (protoc generates its messages)
+  python3-grpcio python3-protobuf
 )
 
 missing=()

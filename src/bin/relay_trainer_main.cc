@@ -477,7 +477,18 @@ int main(int argc, char** argv) {
   // until it is done, and a worker that asks for a version no longer kept
   // takes the newer one. For a 0.5B-parameter fp32 model that is 2 GB less.
   comm::WeightPublisher publisher(/*keep=*/1);
+  // What a group must satisfy to be trained on under this run's settings:
+  // checked when it arrives and again when the trainer takes it.
+  comm::SubmissionLimits limits;
+  limits.vocab_size = s.policy->config().vocab_size;
+  limits.moe_layers = s.policy->config().num_moe_layers();
+  limits.moe_top_k = s.policy->config().num_experts_per_tok;
+  limits.num_experts = s.policy->config().num_experts;
+  limits.max_context = s.policy->config().max_position_embeddings;
+  limits.max_response_tokens = s.config.rollout.max_new_tokens;
+  limits.require_behavior_logprobs = !s.config.trainer.allow_missing_logprobs;
   comm::TrainerHostOptions ho;
+  ho.limits = limits;
   ho.groups_per_step = ex.groups_per_step;
   ho.max_staleness = s.config.trainer.max_staleness;
   ho.group_wait_ms = ms(sv.group_wait_s);
@@ -516,24 +527,26 @@ int main(int argc, char** argv) {
   if (broadcaster) sopt.weight_sync_endpoint = broadcaster->endpoint();
   sopt.max_staleness = s.config.trainer.max_staleness;
   sopt.greedy_baseline = s.config.trainer.advantage.estimator == "remax";
-  sopt.limits.vocab_size = s.policy->config().vocab_size;
-  sopt.limits.moe_layers = s.policy->config().num_moe_layers();
-  sopt.limits.moe_top_k = s.policy->config().num_experts_per_tok;
-  sopt.limits.num_experts = s.policy->config().num_experts;
+  sopt.limits = limits;
   comm::TrainerService service(
       sopt, store->get(), dispenser->get(), &publisher,
-      // A prompt's sampling seed is a function of its position in the
-      // prompt stream only, not of the lease attempt: a prompt leased again
-      // (expired, released, or re-queued by a restart) samples exactly what
-      // it would have the first time under the same weights, which is what
-      // makes a resumed run repeat an uninterrupted one.
-      [&](int64_t index, int /*attempt*/) -> StatusOr<comm::PromptContent> {
-        RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(split.train_index(index)));
+      // A lease's group id and sampling seed are functions of its position in
+      // the prompt stream (occurrence) only, not of the lease attempt: a
+      // prompt leased again (expired, released, or re-queued by a restart)
+      // samples exactly what it would have the first time under the same
+      // weights, which is what makes a resumed run repeat an uninterrupted
+      // one. The epoch is in the id, so a finite task's prompts are new
+      // groups on every pass (and with fewer prompts than leases in flight,
+      // one prompt may be in flight several times at once).
+      [&](const store::Lease& lease) -> StatusOr<comm::PromptContent> {
+        RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p,
+                               s.task->prompt(split.train_index(lease.prompt_index)));
+        const int64_t epoch = dopt.num_prompts > 0 ? lease.occurrence / dopt.num_prompts : 0;
         RELAY_ASSIGN_OR_RETURN(
             rollout::PromptGroup g,
-            cli::prompt_group(
-                s, p, absl::StrCat(p.id, "#", index),
-                rollout::sequence_seed(s.config.run.seed, static_cast<uint64_t>(index))));
+            cli::prompt_group(s, p, absl::StrCat(p.id, "#", lease.occurrence, "@e", epoch),
+                              rollout::sequence_seed(s.config.run.seed,
+                                                     static_cast<uint64_t>(lease.occurrence))));
         comm::PromptContent c;
         c.group_id = g.group_id;
         c.prompt_tokens = std::move(g.prompt);

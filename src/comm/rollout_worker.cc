@@ -123,7 +123,7 @@ Status RolloutWorker::fill_leases() {
   if (want <= 0) return OkStatus();
   // After an empty answer, ask again when the version the trainer named
   // arrives, or after idle_wait_ms anyway: capacity also comes back within a
-  // version (a refused group's lease is released), and waiting only for the
+  // version (a refused group's lease is given back), and waiting only for the
   // next version could then wait forever.
   if (wait_for_version_ >= 0 && latest_known_ < wait_for_version_ &&
       now_ms() < retry_lease_at_ms_) {
@@ -227,6 +227,7 @@ Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> grou
   }
   RELAY_ASSIGN_OR_RETURN(std::vector<v1::SubmitGroupAck> acks,
                          client_->submit_groups(worker_id_, batch));
+  std::vector<uint64_t> give_back;
   for (const v1::SubmitGroupAck& ack : acks) {
     ++stats_.groups_submitted;
     if (ack.accepted()) {
@@ -235,7 +236,16 @@ Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> grou
       ++stats_.groups_refused;
       spdlog::warn("worker {}: lease {} refused: {}", worker_id_, ack.lease_id(),
                    ack.error_message());
+      // A malformed group keeps its lease for a corrected resubmission; this
+      // worker has nothing better to send, so it gives the lease back and the
+      // prompt is leased again now instead of at the deadline.
+      if (ack.error_code() == static_cast<int32_t>(absl::StatusCode::kInvalidArgument)) {
+        give_back.push_back(ack.lease_id());
+      }
     }
+  }
+  if (!give_back.empty()) {
+    RELAY_RETURN_IF_ERROR(client_->release_leases(worker_id_, give_back).status());
   }
   return OkStatus();
 }

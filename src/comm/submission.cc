@@ -1,6 +1,7 @@
 #include "relay/comm/submission.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,10 +14,16 @@ Status bad(const std::string& where, const std::string& what) {
 }
 
 Status check_logprobs(const std::vector<float>& values, const std::string& where, const char* field,
-                      double tolerance) {
+                      const SubmissionLimits& l, bool required) {
+  const double tolerance = l.logprob_tolerance;
   for (size_t j = 0; j < values.size(); ++j) {
     const float lp = values[j];
-    if (std::isnan(lp)) continue;
+    if (std::isnan(lp)) {
+      if (!required) continue;
+      return bad(absl::StrCat(where, ".", field, "[", j, "]"),
+                 "NaN (missing), but trainer.allow_missing_logprobs is off: every sampled "
+                 "token needs the log-prob it was sampled with (DESIGN.md invariant 5)");
+    }
     if (std::isinf(lp)) {
       return bad(
           absl::StrCat(where, ".", field, "[", j, "]"),
@@ -25,6 +32,11 @@ Status check_logprobs(const std::vector<float>& values, const std::string& where
     if (lp > tolerance) {
       return bad(absl::StrCat(where, ".", field, "[", j, "]"),
                  absl::StrCat(lp, " > 0 is not a log-prob"));
+    }
+    if (lp < l.min_logprob) {
+      return bad(absl::StrCat(where, ".", field, "[", j, "]"),
+                 absl::StrCat(lp, " is below ", l.min_logprob,
+                              ": not the log-prob of a token anyone sampled"));
     }
   }
   return OkStatus();
@@ -35,6 +47,11 @@ Status check_versions(const std::vector<int64_t>& versions, const std::string& w
   for (size_t j = 0; j < versions.size(); ++j) {
     const int64_t v = versions[j];
     if (allow_missing && v == -1) continue;
+    if (v < 0) {
+      return bad(absl::StrCat(where, ".", field, "[", j, "]"),
+                 absl::StrCat("version ", v, " is negative; versions count from 0",
+                              allow_missing ? " (-1 = missing)" : ""));
+    }
     if (v > c.trainer_version) {
       return bad(
           absl::StrCat(where, ".", field, "[", j, "]"),
@@ -52,7 +69,7 @@ Status check_versions(const std::vector<int64_t>& versions, const std::string& w
 
 Status check_trajectory_submission(const rollout::Trajectory& t, const std::string& where,
                                    const std::vector<int64_t>& prompt, const SubmissionContext& c,
-                                   const SubmissionLimits& l) {
+                                   const SubmissionLimits& l, bool sampled) {
   if (t.prompt_tokens.empty()) return bad(where, "prompt_tokens: empty");
   if (t.response_tokens.empty()) return bad(where, "response_tokens: empty");
   if (t.prompt_tokens != prompt) {
@@ -62,6 +79,17 @@ Status check_trajectory_submission(const rollout::Trajectory& t, const std::stri
   if (total > l.max_tokens) {
     return bad(where,
                absl::StrCat(total, " prompt + response tokens exceed the limit of ", l.max_tokens));
+  }
+  if (l.max_context > 0 && total > l.max_context) {
+    return bad(where, absl::StrCat(t.prompt_tokens.size(), " prompt + ", t.response_tokens.size(),
+                                   " response tokens exceed the model's context of ", l.max_context,
+                                   " (max_position_embeddings)"));
+  }
+  if (l.max_response_tokens > 0 &&
+      static_cast<int64_t>(t.response_tokens.size()) > l.max_response_tokens) {
+    return bad(absl::StrCat(where, ".response_tokens"),
+               absl::StrCat(t.response_tokens.size(),
+                            " tokens exceed rollout.max_new_tokens = ", l.max_response_tokens));
   }
   if (l.vocab_size > 0) {
     for (const auto* field : {&t.prompt_tokens, &t.response_tokens}) {
@@ -77,11 +105,10 @@ Status check_trajectory_submission(const rollout::Trajectory& t, const std::stri
       }
     }
   }
-  RELAY_RETURN_IF_ERROR(
-      check_logprobs(t.behavior_logprobs, where, "behavior_logprobs", l.logprob_tolerance));
-  RELAY_RETURN_IF_ERROR(
-      check_logprobs(t.proximal_logprobs, where, "proximal_logprobs", l.logprob_tolerance));
-  RELAY_RETURN_IF_ERROR(check_logprobs(t.raw_logprobs, where, "raw_logprobs", l.logprob_tolerance));
+  RELAY_RETURN_IF_ERROR(check_logprobs(t.behavior_logprobs, where, "behavior_logprobs", l,
+                                       sampled && l.require_behavior_logprobs));
+  RELAY_RETURN_IF_ERROR(check_logprobs(t.proximal_logprobs, where, "proximal_logprobs", l, false));
+  RELAY_RETURN_IF_ERROR(check_logprobs(t.raw_logprobs, where, "raw_logprobs", l, false));
   // check_trajectory wants behavior log-probs <= 0: test a clamped copy, so
   // rounding within the tolerance is not refused here.
   rollout::Trajectory clamped = t;
@@ -115,6 +142,13 @@ Status check_trajectory_submission(const rollout::Trajectory& t, const std::stri
     return bad(absl::StrCat(where, ".reward"),
                absl::StrCat(t.reward, ": the trajectory was not scored"));
   }
+  // Stored and trained as float: 1e300 is finite here and inf there.
+  if (std::fabs(t.reward) > std::numeric_limits<float>::max() ||
+      std::fabs(t.reward) > l.max_abs_reward) {
+    return bad(absl::StrCat(where, ".reward"),
+               absl::StrCat(t.reward, ": |reward| above ", l.max_abs_reward,
+                            " (a reward function's bug, not a learning signal)"));
+  }
   return OkStatus();
 }
 
@@ -124,18 +158,20 @@ Status validate_submission(const rollout::TrajectoryGroup& group, const Submissi
                            const SubmissionLimits& l) {
   const std::string g = absl::StrCat("group '", group.group_id, "'");
   if (group.group_id.empty()) return bad("group", "group_id: empty");
-  if (static_cast<int>(group.trajectories.size()) != c.k) {
+  if (group.trajectories.empty()) return bad(g, "no trajectories");
+  if (c.k > 0 && static_cast<int>(group.trajectories.size()) != c.k) {
     return bad(g,
                absl::StrCat(group.trajectories.size(), " trajectories for a lease of k = ", c.k));
   }
   const std::vector<int64_t>& prompt = group.trajectories.front().prompt_tokens;
   for (size_t i = 0; i < group.trajectories.size(); ++i) {
     RELAY_RETURN_IF_ERROR(check_trajectory_submission(
-        group.trajectories[i], absl::StrCat(g, " trajectories[", i, "]"), prompt, c, l));
+        group.trajectories[i], absl::StrCat(g, " trajectories[", i, "]"), prompt, c, l, true));
   }
   if (group.baseline) {
-    RELAY_RETURN_IF_ERROR(
-        check_trajectory_submission(*group.baseline, absl::StrCat(g, " baseline"), prompt, c, l));
+    RELAY_RETURN_IF_ERROR(check_trajectory_submission(*group.baseline, absl::StrCat(g, " baseline"),
+                                                      prompt, c, l,
+                                                      /*sampled=*/false));
   }
   return OkStatus();
 }

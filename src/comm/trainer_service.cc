@@ -48,7 +48,17 @@ grpc::Status authorize(const grpc::ServerContext* context, const std::string& to
 
 class TrainerService::WorkerImpl final : public v1::Worker::Service {
  public:
-  explicit WorkerImpl(TrainerService* s) : s_(s) {}
+  explicit WorkerImpl(TrainerService* s) : s_(s) {
+    // Method 3 of relay.v1.Worker is SubmitGroups (proto order); the
+    // malformed-bytes test fails if that ever changes.
+    MarkMethodStreamed(
+        3, new grpc::internal::BidiStreamingHandler<WorkerImpl, grpc::ByteBuffer, grpc::ByteBuffer>(
+               [](WorkerImpl* self, grpc::ServerContext* context,
+                  grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+                 return self->SubmitGroupsRaw(context, stream);
+               },
+               this));
+  }
 
   grpc::Status RegisterWorker(grpc::ServerContext* context, const v1::RegisterWorkerRequest* req,
                               v1::RegisterWorkerResponse* resp) override {
@@ -116,7 +126,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
         s_->dispenser_->lease(req->worker_id(), req->max_prompts(), version);
     if (!leases.ok()) return to_grpc(leases.status());
     for (const store::Lease& l : *leases) {
-      StatusOr<PromptContent> p = s_->prompts_(l.prompt_index, l.attempt);
+      StatusOr<PromptContent> p = s_->prompts_(l);
       if (!p.ok()) {
         // The lease stays recorded and expires; say which prompt failed.
         return grpc::Status(
@@ -156,12 +166,22 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status SubmitGroups(
+  // SubmitGroups as raw bytes (installed in the constructor): a message that
+  // does not parse ends the stream with INVALID_ARGUMENT instead of looking
+  // like the client's half-close (the typed reader cannot tell them apart).
+  grpc::Status SubmitGroupsRaw(
       grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::SubmitGroupAck, v1::SubmitGroupRequest>* stream) override {
+      grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
     if (grpc::Status a = authorize(context, s_->options_.auth_token); !a.ok()) return a;
-    v1::SubmitGroupRequest req;
-    while (stream->Read(&req)) {
+    grpc::ByteBuffer in;
+    for (int64_t n = 0; stream->Read(&in); ++n) {
+      v1::SubmitGroupRequest req;
+      if (!grpc::SerializationTraits<v1::SubmitGroupRequest>::Deserialize(&in, &req).ok()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("SubmitGroups message ", n,
+                                         ": does not parse as relay.v1.SubmitGroupRequest; "
+                                         "the groups before it were acknowledged"));
+      }
       v1::SubmitGroupAck ack;
       ack.set_lease_id(req.lease_id());
       Status st = accept(req, &ack);
@@ -170,7 +190,12 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
         ack.set_error_code(static_cast<int32_t>(st.code()));
         ack.set_error_message(std::string(st.message()));
       }
-      if (!stream->Write(ack)) break;
+      grpc::ByteBuffer out;
+      bool own = false;
+      if (!grpc::SerializationTraits<v1::SubmitGroupAck>::Serialize(ack, &out, &own).ok() ||
+          !stream->Write(out)) {
+        break;
+      }
     }
     return grpc::Status::OK;
   }
@@ -257,6 +282,10 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
   }
 
   // Validates, stores and acknowledges one group; the error otherwise.
+  // A group is bound to its lease: only the worker that holds the lease may
+  // submit on it, with the leased group id and prompt. A malformed group
+  // keeps the lease (the worker may correct and resubmit, or release it); a
+  // stale one releases it, since no resubmission can make it fresh.
   Status accept(const v1::SubmitGroupRequest& req, v1::SubmitGroupAck* ack) {
     if (grpc::Status k = known(req.worker_id()); !k.ok()) {
       return FailedPreconditionError(k.error_message());
@@ -266,33 +295,64 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
       // An expired lease was re-leased to another worker: the group is late.
       return FailedPreconditionError(std::string(lease.status().message()));
     }
+    if (lease->worker_id != req.worker_id()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "lease ", req.lease_id(), ": held by worker '", lease->worker_id, "', not '",
+          req.worker_id(), "'; group '", req.group().group_id(), "' was not accepted"));
+    }
     StatusOr<rollout::TrajectoryGroup> group = store::from_proto(req.group(), /*check=*/false);
-    if (!group.ok()) return refuse(req.lease_id(), group.status());
+    if (!group.ok()) return group.status();
+    RELAY_RETURN_IF_ERROR(check_leased(*lease, *group));
     const int64_t version = s_->version_();
     SubmissionContext c;
     c.k = lease->k;
     c.trainer_version = version;
     c.oldest_version = std::max<int64_t>(0, version - s_->options_.max_staleness);
     if (Status v = validate_submission(*group, c, s_->options_.limits); !v.ok()) {
-      return refuse(req.lease_id(), v);
+      return v.code() == absl::StatusCode::kFailedPrecondition ? release(req.lease_id(), v) : v;
     }
     normalize_submission(*group, s_->options_.limits);
     StatusOr<uint64_t> seq = s_->dispenser_->submit(req.lease_id(), *group, version);
-    if (!seq.ok()) {
-      if (seq.status().code() == absl::StatusCode::kInvalidArgument) {
-        return refuse(req.lease_id(), seq.status());
-      }
-      return seq.status();
-    }
+    if (!seq.ok()) return seq.status();
     ack->set_accepted(true);
     ack->set_store_seq(*seq);
     return OkStatus();
   }
 
-  // A refused group's lease is released and its prompt leased again: the
-  // worker does not resubmit, and a held lease would block the staleness
-  // capacity until its deadline.
-  Status refuse(uint64_t lease_id, const Status& why) {
+  // The group answers `lease`: the leased group id, and the leased prompt in
+  // every trajectory (and the baseline). The prompt is derived again from the
+  // lease (the same function LeasePrompts used), so this holds across a
+  // trainer restart without remembering what was sent.
+  Status check_leased(const store::Lease& lease, const rollout::TrajectoryGroup& group) {
+    StatusOr<PromptContent> leased = s_->prompts_(lease);
+    if (!leased.ok()) {
+      return InternalError(absl::StrCat("lease ", lease.id,
+                                        ": cannot derive its prompt: ", leased.status().message()));
+    }
+    if (group.group_id != leased->group_id) {
+      return InvalidArgumentError(absl::StrCat("group_id: '", group.group_id, "', but lease ",
+                                               lease.id, " is for group '", leased->group_id, "'"));
+    }
+    auto check = [&](const rollout::Trajectory& t, const std::string& where) -> Status {
+      const std::vector<int64_t>& want = leased->prompt_tokens;
+      if (t.prompt_tokens == want) return OkStatus();
+      size_t j = 0;
+      while (j < t.prompt_tokens.size() && j < want.size() && t.prompt_tokens[j] == want[j]) ++j;
+      return InvalidArgumentError(
+          absl::StrCat("group '", group.group_id, "' ", where, ".prompt_tokens: differ from lease ",
+                       lease.id, "'s prompt (", t.prompt_tokens.size(), " tokens vs ", want.size(),
+                       " leased; first ", "difference at position ", j, ")"));
+    };
+    for (size_t i = 0; i < group.trajectories.size(); ++i) {
+      RELAY_RETURN_IF_ERROR(check(group.trajectories[i], absl::StrCat("trajectories[", i, "]")));
+    }
+    if (group.baseline) RELAY_RETURN_IF_ERROR(check(*group.baseline, "baseline"));
+    return OkStatus();
+  }
+
+  // Releases the lease of a group that can never be accepted (stale), so its
+  // prompt is leased again at once rather than at the deadline.
+  Status release(uint64_t lease_id, const Status& why) {
     if (Status r = s_->dispenser_->release(lease_id); !r.ok()) {
       return Status(why.code(), absl::StrCat(why.message(), " (and releasing lease ", lease_id,
                                              " failed: ", r.message(), ")"));

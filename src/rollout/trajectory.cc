@@ -69,9 +69,14 @@ Status check_trajectory(const Trajectory& t) {
           "behavior_logprobs[", j, "]: must be finite and <= 0 (or NaN if missing), got ", lp));
     }
     const int64_t v = t.token_versions[j];
-    if (v < 0 || (j > 0 && v < t.token_versions[j - 1])) {
+    if (v < 0) {
       return InvalidArgumentError(
-          absl::StrCat("token_versions[", j, "]: ", v, " breaks the non-decreasing order"));
+          absl::StrCat("token_versions[", j, "]: ", v, " is negative; versions count from 0"));
+    }
+    if (j > 0 && v < t.token_versions[j - 1]) {
+      return InvalidArgumentError(absl::StrCat("token_versions[", j, "]: ", v,
+                                               " breaks the non-decreasing order (after ",
+                                               t.token_versions[j - 1], ")"));
     }
     used.insert(v);
     const int64_t pv = t.proximal_versions[j];

@@ -22,6 +22,7 @@ void to_record(const Lease& l, v1::LeaseRecord* r) {
   r->set_leased_version(l.leased_version);
   r->set_deadline_unix_ms(l.deadline_unix_ms);
   r->set_attempt(l.attempt);
+  r->set_occurrence(l.occurrence);
 }
 
 Lease from_record(const v1::LeaseRecord& r) {
@@ -33,6 +34,8 @@ Lease from_record(const v1::LeaseRecord& r) {
   l.leased_version = r.leased_version();
   l.deadline_unix_ms = r.deadline_unix_ms();
   l.attempt = r.attempt();
+  // Records from before occurrences existed: the index was the position.
+  l.occurrence = r.occurrence() != 0 ? r.occurrence() : r.prompt_index();
   return l;
 }
 
@@ -78,11 +81,13 @@ StatusOr<std::unique_ptr<PromptDispenser>> PromptDispenser::open(RolloutStore* s
 }
 
 int64_t PromptDispenser::room_locked(int64_t version) const {
-  // Accepted groups that expired in the store were never trained on: they
-  // give their place back (AReaL counts them as rejected). Without this, every
-  // group that arrives after its batch is full would shrink the bound for
-  // good, and a synchronous run (max_staleness 0) would stall.
-  const int64_t live = stats_.accepted - static_cast<int64_t>(store_->expired_total());
+  // Accepted groups that expired (or were quarantined) in the store were
+  // never trained on: they give their place back (AReaL counts them as
+  // rejected). Without this, every group that arrives after its batch is full
+  // would shrink the bound for good, and a synchronous run (max_staleness 0)
+  // would stall.
+  const int64_t live = stats_.accepted - static_cast<int64_t>(store_->expired_total()) -
+                       static_cast<int64_t>(store_->rejected_total());
   const int64_t steps = std::max<int64_t>(0, version - options_.base_version);
   const int64_t bound = (options_.max_staleness + steps + 1) * options_.groups_per_step;
   return std::max<int64_t>(0, bound - live - static_cast<int64_t>(leases_.size()));
@@ -164,6 +169,7 @@ StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id
       l = retry_.front();
       retry_.pop_front();
     } else {
+      l.occurrence = stats_.next_prompt;
       l.prompt_index =
           options_.num_prompts > 0 ? stats_.next_prompt % options_.num_prompts : stats_.next_prompt;
       ++stats_.next_prompt;

@@ -46,6 +46,8 @@ StatusOr<StoreReport> build_report(const RolloutStore& store) {
       ++r.wait_in_store[g.consumed_version - g.arrival_version];
     } else if (g.state == GroupState::kReady) {
       ++r.ready_age[r.latest_version - g.min_version];
+    } else if (g.state == GroupState::kRejected) {
+      r.rejected.push_back({g.seq, g.group.group_id, g.consumed_version, g.reject_reason});
     }
   }
   if (!all.empty()) r.sample = all.back();
@@ -54,9 +56,10 @@ StatusOr<StoreReport> build_report(const RolloutStore& store) {
 
 std::string report_text(const StoreReport& r) {
   const StoreStats& s = r.stats;
-  std::string out = absl::StrCat("store ", r.path, "\n", "groups: ", s.ready, " ready, ",
-                                 s.consumed, " consumed, ", s.expired, " expired; next seq ",
-                                 s.next_seq, "; latest version ", r.latest_version, "\n");
+  std::string out =
+      absl::StrCat("store ", r.path, "\n", "groups: ", s.ready, " ready, ", s.consumed,
+                   " consumed, ", s.expired, " expired, ", s.rejected, " rejected; next seq ",
+                   s.next_seq, "; latest version ", r.latest_version, "\n");
   absl::StrAppend(&out, "by oldest token version:\n");
   absl::StrAppend(&out, absl::StrFormat("  %8s %7s %9s %8s %12s %11s\n", "version", "ready",
                                         "consumed", "expired", "trajectories", "reward mean"));
@@ -70,6 +73,13 @@ std::string report_text(const StoreReport& r) {
                   "  oldest token when trained:", histogram_text(r.age_when_trained), "\n",
                   "  waited in the store:      ", histogram_text(r.wait_in_store), "\n",
                   "  ready, behind latest:     ", histogram_text(r.ready_age), "\n");
+  if (!r.rejected.empty()) {
+    absl::StrAppend(&out, "rejected (quarantined; never trained on):\n");
+    for (const StoreReport::Rejection& x : r.rejected) {
+      absl::StrAppend(&out, "  seq ", x.seq, " '", x.group_id, "' at version ", x.version, ": ",
+                      x.reason, "\n");
+    }
+  }
   if (r.sample) {
     const StoredGroup& g = *r.sample;
     absl::StrAppend(&out, "latest group: seq ", g.seq, " '", g.group.group_id, "' (",
@@ -101,6 +111,7 @@ std::string report_json(const StoreReport& r) {
         {"ready", c.ready},
         {"consumed", c.consumed},
         {"expired", c.expired},
+        {"rejected", c.rejected},
         {"trajectories", c.trajectories},
         {"reward_mean", c.trajectories > 0 ? c.reward_sum / c.trajectories : 0.0}};
   }
@@ -108,6 +119,7 @@ std::string report_json(const StoreReport& r) {
                       {"ready", s.ready},
                       {"consumed", s.consumed},
                       {"expired", s.expired},
+                      {"rejected", s.rejected},
                       {"next_seq", s.next_seq},
                       {"latest_version", r.latest_version},
                       {"by_min_version", by_version},
@@ -115,6 +127,12 @@ std::string report_json(const StoreReport& r) {
                        {{"age_when_trained", histogram(r.age_when_trained)},
                         {"wait_in_store", histogram(r.wait_in_store)},
                         {"ready_age", histogram(r.ready_age)}}}};
+  nlohmann::json rejected = nlohmann::json::array();
+  for (const StoreReport::Rejection& x : r.rejected) {
+    rejected.push_back(
+        {{"seq", x.seq}, {"group_id", x.group_id}, {"version", x.version}, {"reason", x.reason}});
+  }
+  j["rejected_groups"] = rejected;
   if (r.sample && !r.sample->group.trajectories.empty()) {
     const StoredGroup& g = *r.sample;
     const rollout::Trajectory& t = g.group.trajectories.front();

@@ -63,6 +63,7 @@ StatusOr<int64_t> ready_min_version(const rocksdb::Slice& value, uint64_t seq) {
 const char kNextSeqKey[] = "m/next_seq";
 const char kSideRecordKey[] = "m/dispenser";
 const char kExpiredKey[] = "m/expired_total";
+const char kRejectedKey[] = "m/rejected_total";
 
 Status rocks_error(const std::string& what, const rocksdb::Status& s) {
   return InternalError(absl::StrCat("rollout store: ", what, ": ", s.ToString()));
@@ -76,6 +77,8 @@ v1::GroupState state_to_proto(GroupState s) {
       return v1::GROUP_STATE_CONSUMED;
     case GroupState::kExpired:
       return v1::GROUP_STATE_EXPIRED;
+    case GroupState::kRejected:
+      return v1::GROUP_STATE_REJECTED;
   }
   return v1::GROUP_STATE_UNSPECIFIED;
 }
@@ -97,6 +100,9 @@ StatusOr<StoredGroup> decode(uint64_t seq, const std::string& bytes) {
     case v1::GROUP_STATE_EXPIRED:
       g.state = GroupState::kExpired;
       break;
+    case v1::GROUP_STATE_REJECTED:
+      g.state = GroupState::kRejected;
+      break;
     default:
       return DataLossError(
           absl::StrCat("rollout store: group ", seq, ": unknown state ", rec.state()));
@@ -106,7 +112,11 @@ StatusOr<StoredGroup> decode(uint64_t seq, const std::string& bytes) {
   g.arrival_version = rec.arrival_version();
   g.arrival_unix_ms = rec.arrival_unix_ms();
   g.consumed_version = rec.consumed_version();
-  StatusOr<rollout::TrajectoryGroup> group = from_proto(rec.group());
+  g.reject_reason = rec.reject_reason();
+  // A quarantined group may be exactly what fails the checks: read it back
+  // as stored, so that inspection can show it.
+  StatusOr<rollout::TrajectoryGroup> group =
+      from_proto(rec.group(), /*check=*/g.state != GroupState::kRejected);
   if (!group.ok()) {
     return DataLossError(
         absl::StrCat("rollout store: group ", seq, ": ", std::string(group.status().message())));
@@ -124,6 +134,7 @@ std::string encode(const StoredGroup& g) {
   rec.set_arrival_version(g.arrival_version);
   rec.set_arrival_unix_ms(g.arrival_unix_ms);
   rec.set_consumed_version(g.consumed_version);
+  rec.set_reject_reason(g.reject_reason);
   to_proto(g.group, rec.mutable_group());
   return rec.SerializeAsString();
 }
@@ -144,6 +155,8 @@ const char* group_state_name(GroupState state) {
       return "consumed";
     case GroupState::kExpired:
       return "expired";
+    case GroupState::kRejected:
+      return "rejected";
   }
   return "?";
 }
@@ -181,15 +194,19 @@ StatusOr<std::unique_ptr<RolloutStore>> RolloutStore::open(const StoreOptions& o
   } else if (!s.IsNotFound()) {
     return rocks_error(absl::StrCat("read ", kNextSeqKey), s);
   }
-  uint64_t expired_total = 0;
-  s = db->Get(rocksdb::ReadOptions(), kExpiredKey, &value);
-  if (s.ok() && value.size() == 8) {
-    expired_total = get_u64(value, 0);
-  } else if (!s.ok() && !s.IsNotFound()) {
-    return rocks_error(absl::StrCat("read ", kExpiredKey), s);
+  uint64_t totals[2] = {0, 0};
+  const char* total_keys[2] = {kExpiredKey, kRejectedKey};
+  for (int i = 0; i < 2; ++i) {
+    s = db->Get(rocksdb::ReadOptions(), total_keys[i], &value);
+    if (s.ok() && value.size() == 8) {
+      totals[i] = get_u64(value, 0);
+    } else if (!s.ok() && !s.IsNotFound()) {
+      return rocks_error(absl::StrCat("read ", total_keys[i]), s);
+    }
   }
   auto store = std::unique_ptr<RolloutStore>(new RolloutStore(options, std::move(db), next_seq));
-  store->expired_total_ = expired_total;
+  store->expired_total_ = totals[0];
+  store->rejected_total_ = totals[1];
   return store;
 }
 
@@ -250,7 +267,7 @@ StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, 
   RELAY_RETURN_IF_ERROR(check_writable());
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<StoredGroup> out;
-  int64_t n_expired = 0;
+  int64_t n_expired = 0, n_rejected = 0;
   rocksdb::WriteBatch batch;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
@@ -259,7 +276,23 @@ StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, 
     std::string bytes;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
     if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
-    RELAY_ASSIGN_OR_RETURN(StoredGroup g, decode(seq, bytes));
+    StatusOr<StoredGroup> decoded = decode(seq, bytes);
+    if (!decoded.ok()) {
+      // A record that parses but fails the trajectory checks (written by a
+      // build with looser ones) is quarantined, not handed out and not
+      // allowed to stop every future take. One that does not parse is
+      // corruption: an error.
+      v1::StoredGroup rec;
+      if (!rec.ParseFromString(bytes)) return decoded.status();
+      rec.set_state(v1::GROUP_STATE_REJECTED);
+      rec.set_consumed_version(trainer_version);
+      rec.set_reject_reason(std::string(decoded.status().message()));
+      batch.Put(group_key(seq), rec.SerializeAsString());
+      batch.Delete(ready_key(seq));
+      ++n_rejected;
+      continue;
+    }
+    StoredGroup g = *std::move(decoded);
     const bool stale = min_version >= 0 && g.min_version < min_version;
     g.state = stale ? GroupState::kExpired : GroupState::kConsumed;
     g.consumed_version = trainer_version;
@@ -277,11 +310,17 @@ StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, 
     put_u64(&total, expired_total_ + static_cast<uint64_t>(n_expired));
     batch.Put(kExpiredKey, total);
   }
+  if (n_rejected > 0) {
+    std::string total;
+    put_u64(&total, rejected_total_ + static_cast<uint64_t>(n_rejected));
+    batch.Put(kRejectedKey, total);
+  }
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(write_options(options_), &batch);
     if (!s.ok()) return rocks_error("mark groups consumed", s);
   }
   expired_total_ += static_cast<uint64_t>(n_expired);
+  rejected_total_ += static_cast<uint64_t>(n_rejected);
   if (expired != nullptr) *expired = n_expired;
   return out;
 }
@@ -355,7 +394,11 @@ StatusOr<int64_t> RolloutStore::compact(int64_t current_version, int64_t floor) 
       return DataLossError(
           absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
     }
-    if (rec.state() == v1::GROUP_STATE_READY || rec.consumed_version() >= cutoff) continue;
+    // REJECTED groups stay for inspection: they are rare and the evidence.
+    if (rec.state() == v1::GROUP_STATE_READY || rec.state() == v1::GROUP_STATE_REJECTED ||
+        rec.consumed_version() >= cutoff) {
+      continue;
+    }
     batch.Delete(group_key(rec.seq()));
     batch.Delete(version_key(rec.min_version(), rec.seq()));
     ++n;
@@ -375,6 +418,43 @@ StatusOr<int64_t> RolloutStore::compact(int64_t current_version, int64_t floor) 
 uint64_t RolloutStore::expired_total() const {
   std::lock_guard<std::mutex> lock(mu_);
   return expired_total_;
+}
+
+uint64_t RolloutStore::rejected_total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rejected_total_;
+}
+
+Status RolloutStore::reject(uint64_t seq, const std::string& reason, int64_t trainer_version) {
+  RELAY_RETURN_IF_ERROR(check_writable());
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string bytes;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
+  if (s.IsNotFound()) return NotFoundError(absl::StrCat("rollout store: no group ", seq));
+  if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
+  v1::StoredGroup rec;
+  if (!rec.ParseFromString(bytes)) {
+    return DataLossError(absl::StrCat("rollout store: group ", seq, ": record does not parse"));
+  }
+  if (rec.state() != v1::GROUP_STATE_READY && rec.state() != v1::GROUP_STATE_CONSUMED) {
+    return FailedPreconditionError(
+        absl::StrCat("rollout store: group ", seq, " is ",
+                     rec.state() == v1::GROUP_STATE_EXPIRED ? "expired" : "already rejected",
+                     "; only a ready or taken group is quarantined"));
+  }
+  rocksdb::WriteBatch batch;
+  if (rec.state() == v1::GROUP_STATE_READY) batch.Delete(ready_key(seq));
+  rec.set_state(v1::GROUP_STATE_REJECTED);
+  rec.set_consumed_version(trainer_version);
+  rec.set_reject_reason(reason);
+  batch.Put(group_key(seq), rec.SerializeAsString());
+  std::string total;
+  put_u64(&total, rejected_total_ + 1);
+  batch.Put(kRejectedKey, total);
+  s = db_->Write(write_options(options_), &batch);
+  if (!s.ok()) return rocks_error(absl::StrCat("reject group ", seq), s);
+  ++rejected_total_;
+  return OkStatus();
 }
 
 uint64_t RolloutStore::appended() const {
@@ -413,6 +493,8 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
           absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
     }
     const bool ready = rec.state() == v1::GROUP_STATE_READY;
+    // Quarantine is final: a resumed run would only reject the group again.
+    if (rec.state() == v1::GROUP_STATE_REJECTED) continue;
     if (rec.seq() >= pos.next_seq) {
       // Not in the store at the checkpoint: the resumed run must not see it.
       if (rec.state() == v1::GROUP_STATE_EXPIRED) continue;
@@ -512,6 +594,10 @@ StatusOr<StoreStats> RolloutStore::stats() const {
       case v1::GROUP_STATE_CONSUMED:
         ++st.consumed;
         ++c.consumed;
+        break;
+      case v1::GROUP_STATE_REJECTED:
+        ++st.rejected;
+        ++c.rejected;
         break;
       default:
         ++st.expired;

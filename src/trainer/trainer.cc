@@ -35,6 +35,83 @@ double lr_at(const OptimizerOptions& o, int64_t step) {
 
 namespace {
 
+// The group of batch row `row`.
+const std::string& row_group(const TrainBatch& b, int64_t row) {
+  return b.group_ids.at(static_cast<size_t>(b.group_index[row].item<int64_t>()));
+}
+
+// One fault per group, the first reason found; in row order.
+void add_fault(std::vector<Trainer::StepFault>& faults, const std::string& group,
+               std::string reason) {
+  for (const Trainer::StepFault& f : faults) {
+    if (f.group_id == group) return;
+  }
+  faults.push_back({group, std::move(reason)});
+}
+
+// Rows whose inputs no step can train on: a reward that is not a finite
+// float (1e300 arrives as a finite double), or, when they are required,
+// missing or non-finite behavior log-probs on response tokens. Checked per
+// row before anything mixes rows (group or batch normalisation), so one bad
+// group is blamed alone.
+std::vector<Trainer::StepFault> input_faults(const TrainBatch& b, bool require_behavior) {
+  std::vector<Trainer::StepFault> out;
+  at::Tensor bad_reward = b.rewards.isfinite().logical_not();
+  at::Tensor bad_behavior =
+      b.behavior_logprobs.isfinite().logical_not().logical_and(b.response_mask);
+  at::Tensor bad_rows = require_behavior ? bad_reward.logical_or(bad_behavior.any(1)) : bad_reward;
+  at::Tensor rows = bad_rows.nonzero().view(-1);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    const int64_t r = rows[i].item<int64_t>();
+    if (bad_reward[r].item<bool>()) {
+      add_fault(out, row_group(b, r),
+                absl::StrCat("batch row ", r, ": reward ", b.rewards[r].item<float>(),
+                             " is not a finite float"));
+    } else {
+      const int64_t j = bad_behavior[r].nonzero()[0][0].item<int64_t>();
+      add_fault(out, row_group(b, r),
+                absl::StrCat("batch row ", r, ": behavior log-prob of response token ", j, " is ",
+                             b.behavior_logprobs[r][j].item<float>(),
+                             " and trainer.allow_missing_logprobs is off"));
+    }
+  }
+  return out;
+}
+
+// Rows where a per-token quantity the update would use is not finite on a
+// response token (or a per-row one on the row).
+void derived_faults(const TrainBatch& b, const at::Tensor& mask, const char* what,
+                    const at::Tensor& values, std::vector<Trainer::StepFault>& out) {
+  if (!values.defined()) return;
+  at::Tensor v = values.detach().to(torch::kCPU);
+  at::Tensor bad;
+  if (v.dim() == 2 && v.sizes() == mask.sizes()) {
+    bad = v.isfinite().logical_not().logical_and(mask).any(1);
+  } else if (v.dim() == 1 && v.size(0) == mask.size(0)) {
+    bad = v.isfinite().logical_not();
+  } else {
+    return;
+  }
+  at::Tensor rows = bad.nonzero().view(-1);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    const int64_t r = rows[i].item<int64_t>();
+    add_fault(out, row_group(b, r), absl::StrCat("batch row ", r, ": non-finite ", what));
+  }
+}
+
+std::string describe(const std::vector<Trainer::StepFault>& faults) {
+  std::string out;
+  for (const Trainer::StepFault& f : faults) {
+    absl::StrAppend(&out, out.empty() ? "" : "; ", "group '", f.group_id, "' (", f.reason, ")");
+  }
+  return out;
+}
+
+// A LibTorch message that says memory ran out (CPU or CUDA allocators).
+bool is_out_of_memory(const std::string& what) {
+  return what.find("out of memory") != std::string::npos || what.find("alloc") != std::string::npos;
+}
+
 Status validate_options(const TrainerOptions& o) {
   auto bad = [](const std::string& field, const std::string& rule, double got) {
     return InvalidArgumentError(absl::StrCat(field, ": ", rule, ", got ", got));
@@ -303,7 +380,8 @@ double Trainer::reward_kl_coef() const { return reward_kl_->value(); }
 double Trainer::entropy_coef() const { return entropy_->value(); }
 
 StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::TrajectoryGroup>& groups,
-                                            StepMetrics& m, std::vector<uint64_t>* keys) const {
+                                            StepMetrics& m, std::vector<uint64_t>* keys,
+                                            std::vector<StepFault>* faults) const {
   const TrainerOptions& o = options_;
   // The reuse cap drops trajectories before anything else looks at them.
   const std::vector<rollout::TrajectoryGroup>* source = &groups;
@@ -341,9 +419,16 @@ StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::Trajector
   RELAY_ASSIGN_OR_RETURN(TrainBatch batch, build_batch(*source, bo, &bstats));
   m["batch/dropped_stale"] = static_cast<double>(bstats.dropped_stale);
 
-  // Invariant 5: missing behavior log-probs are refused unless allowed.
+  // Invariant 5: missing behavior log-probs are refused unless allowed. A
+  // row that cannot be trained on fails the step before anything changes,
+  // naming its group (see step()).
   m["frac_old_logprobs_valid"] = frac_behavior_logprobs_valid(batch);
-  if (!o.allow_missing_logprobs) RELAY_RETURN_IF_ERROR(check_behavior_logprobs(batch));
+  if (std::vector<StepFault> f = input_faults(batch, !o.allow_missing_logprobs); !f.empty()) {
+    *faults = f;
+    return FailedPreconditionError(absl::StrCat("trainer step at version ", version_, ": ",
+                                                f.size(),
+                                                " group(s) cannot be trained on: ", describe(f)));
+  }
 
   if (o.drop_equal_reward_groups) {
     RELAY_ASSIGN_OR_RETURN(EqualRewardGroups eq,
@@ -486,7 +571,48 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
   if (device_peak >= 0) m["memory/device_peak_gb"] = static_cast<double>(device_peak) / kGiB;
 }
 
+Status Trainer::step_exception(const char* what, bool out_of_memory) {
+  // Gradients of the micro-batches before the throw must not leak into the
+  // next step.
+  optimizer_->zero_grad();
+  for (at::Tensor& p : policy_->parameters()) p.mutable_grad().reset();
+  const std::string where = absl::StrCat("trainer step at version ", version_, ": ");
+  if (out_of_memory || is_out_of_memory(what)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        where, "out of memory (", what,
+        "); lower trainer.micro_batch_tokens, turn on trainer.activation_checkpointing, or "
+        "bound rollout.max_new_tokens"));
+  }
+  return InternalError(absl::StrCat(where, what));
+}
+
 StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>& groups) {
+  step_faults_.clear();
+  try {
+    return step_unguarded(groups);
+  } catch (const c10::Error& e) {
+    return step_exception(e.what_without_backtrace(), false);
+  } catch (const std::bad_alloc&) {
+    return step_exception("std::bad_alloc", true);
+  } catch (const std::exception& e) {
+    return step_exception(e.what(), false);
+  }
+}
+
+StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGroup>& groups) {
+  step_faults_.clear();
+  try {
+    return sft_step_unguarded(groups);
+  } catch (const c10::Error& e) {
+    return step_exception(e.what_without_backtrace(), false);
+  } catch (const std::bad_alloc&) {
+    return step_exception("std::bad_alloc", true);
+  } catch (const std::exception& e) {
+    return step_exception(e.what(), false);
+  }
+}
+
+StatusOr<StepMetrics> Trainer::step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups) {
   if (dp_.lead) RELAY_RETURN_IF_ERROR(dp_.lead("step", groups));
   const TrainerOptions& o = options_;
   StepMetrics m;
@@ -494,7 +620,7 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   model::reset_peak_rss();
   model::reset_device_peak(policy_->parameters().front().device());
   std::vector<uint64_t> keys;
-  RELAY_ASSIGN_OR_RETURN(TrainBatch batch, prepare_batch(groups, m, &keys));
+  RELAY_ASSIGN_OR_RETURN(TrainBatch batch, prepare_batch(groups, m, &keys, &step_faults_));
   const int64_t B = batch.size();
   const at::Tensor mask = batch.response_mask;
 
@@ -627,6 +753,27 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   // sees enough entropy (without the pass: the last step's entropy).
   const double entropy_coef = entropy_->coef_for(skip_pass ? last_entropy_ : m.at("entropy"));
   m["entropy/coef"] = entropy_coef;
+
+  // Nothing has changed yet: a row whose derived values are not finite
+  // fails the step here, naming its group, rather than as a NaN gradient
+  // norm after earlier mini-batches' updates.
+  {
+    const at::Tensor cpu_mask = mask.to(torch::kCPU);
+    std::vector<StepFault> f;
+    if (!skip_pass) derived_faults(batch, cpu_mask, "trainer log-probs", before.logprobs, f);
+    derived_faults(batch, cpu_mask, "advantages", adv.advantages, f);
+    derived_faults(batch, cpu_mask, "PPO anchor log-probs", anchor, f);
+    derived_faults(batch, cpu_mask, "proximal log-probs", proximal, f);
+    derived_faults(batch, train_mask.to(torch::kCPU), "IS weights", is_weights, f);
+    if (!f.empty()) {
+      step_faults_ = f;
+      return FailedPreconditionError(absl::StrCat("trainer step at version ", version_, ": ",
+                                                  f.size(),
+                                                  " group(s) give non-finite values before the "
+                                                  "update: ",
+                                                  describe(f)));
+    }
+  }
 
   // Rejected tokens leave the mask the loss and its normalizers see.
   batch.response_mask = train_mask;
@@ -871,7 +1018,8 @@ StatusOr<double> Trainer::apply_gradients() {
   return grad_norm;
 }
 
-StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGroup>& groups) {
+StatusOr<StepMetrics> Trainer::sft_step_unguarded(
+    const std::vector<rollout::TrajectoryGroup>& groups) {
   if (dp_.lead) RELAY_RETURN_IF_ERROR(dp_.lead("sft_step", groups));
   BatchOptions bo;
   bo.trainer_version = version_;

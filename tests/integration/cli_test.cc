@@ -18,6 +18,7 @@
 #include "relay/common/tensorboard.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/weight_manifest.h"
+#include "relay/store/rollout_store.h"
 #include "testing/byte_tokenizer_json.h"
 
 namespace relay {
@@ -495,6 +496,61 @@ TEST_F(CliTest, RunWithMaxStalenessZeroIsSynchronous) {
     EXPECT_EQ(j["batch/trajectories"].get<double>(), 32.0);
   }
   EXPECT_EQ(steps, 12);
+  fs::remove_all(base);
+}
+
+// A finite dataset smaller than the leases in flight (3 prompts; 3 workers
+// holding up to 4 leases each; staleness 4): every lease is its own group
+// (the epoch and the stream position are in its id), so the same prompt may
+// be in flight several times at once and training proceeds. It once sat at
+// step 0 while workers died on "group_id: already queued or in flight".
+TEST_F(CliTest, RunTrainsOnADatasetSmallerThanTheLeasesInFlight) {
+  const std::string base = ::testing::TempDir() + "/run_small_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const std::string data = base + "/three.jsonl";
+  std::ofstream(data) << R"({"prompt": "1+1=", "answer": "2"})"
+                      << "\n"
+                      << R"({"prompt": "2+2=", "answer": "4"})"
+                      << "\n"
+                      << R"({"prompt": "3+3=", "answer": "6"})"
+                      << "\n";
+  const std::string metrics = base + "/metrics.jsonl";
+  CliResult r = RelayCli("run " + kTinyConfig + " --model " + *model_dir_ +
+                         " --workers 3 --steps 6 --groups-per-step 2 --groups-in-flight 4"
+                         " --metrics-out " +
+                         metrics + " experiment.output_dir=" + base +
+                         " trainer.max_staleness=4 rollout.n=2 eval.prompts=0 task.name=jsonl"
+                         " task.path=" +
+                         data);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_EQ(r.err.find("already queued or in flight"), std::string::npos) << r.err;
+  std::ifstream in(metrics);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    if (nlohmann::json::parse(line)["phase"] == "rl") ++steps;
+  }
+  EXPECT_EQ(steps, 6);
+  // Every stored group has its own id, and the prompts came round again.
+  CliResult inspect = RelayCli("store inspect " + base + "/tiny/store --json");
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  const nlohmann::json st = nlohmann::json::parse(inspect.out);
+  EXPECT_GE(st["consumed"].get<int64_t>(), 12);
+  EXPECT_EQ(st["rejected"].get<int64_t>(), 0);
+  store::StoreOptions so;
+  so.path = base + "/tiny/store";
+  so.read_only = true;
+  auto store = store::RolloutStore::open(so).value();
+  std::set<std::string> ids;
+  int later_epochs = 0;
+  auto scanned = store->scan();
+  ASSERT_TRUE(scanned.ok()) << scanned.status();
+  for (const store::StoredGroup& g : *scanned) {
+    EXPECT_TRUE(ids.insert(g.group.group_id).second) << g.group.group_id << " stored twice";
+    if (g.group.group_id.find("@e0") == std::string::npos) ++later_epochs;
+  }
+  EXPECT_GT(later_epochs, 0) << "3 prompts, 12+ groups: later epochs were leased";
   fs::remove_all(base);
 }
 

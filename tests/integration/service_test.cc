@@ -75,14 +75,17 @@ class ServiceTest : public ::testing::Test {
     TrainerServiceOptions o;
     o.auth_token = "secret";
     o.limits.vocab_size = 37;
+    o.limits.max_response_tokens = 8;
+    o.limits.max_context = 64;
+    o.limits.require_behavior_logprobs = true;
     o.watch_poll_ms = 20;
     service_ = std::make_unique<TrainerService>(
         o, store_.get(), dispenser_.get(), &publisher_,
-        [](int64_t index, int attempt) -> StatusOr<PromptContent> {
+        [](const store::Lease& l) -> StatusOr<PromptContent> {
           PromptContent p;
-          p.group_id = "prompt/" + std::to_string(index);
-          p.prompt_tokens = {1, 2, 3 + index % 10};
-          p.seed = 1000 * index + attempt;
+          p.group_id = "prompt/" + std::to_string(l.occurrence);
+          p.prompt_tokens = {1, 2, 3 + l.prompt_index % 10};
+          p.seed = 1000 * l.occurrence + l.attempt;
           return p;
         },
         [this] { return version_.load(); });
@@ -168,21 +171,12 @@ TEST_F(ServiceTest, RegisterLeaseSubmitAndStats) {
   EXPECT_FALSE((*acks)[2].accepted());
   EXPECT_EQ((*acks)[2].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
 
-  // The refused group's lease was released: resubmitting on it is refused,
-  // and its prompt is leased again (second attempt) instead of being lost.
+  // The refused group's lease is still held: the corrected group is accepted
+  // on it, and nothing was leased twice.
   auto again = client_->submit_groups(id, {{l0.lease_id(), make_group("prompt/0", 2, 0, prompt)}});
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_FALSE((*again)[0].accepted());
-  EXPECT_EQ((*again)[0].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
-  auto retry = client_->lease_prompts(id, 1);
-  ASSERT_TRUE(retry.ok()) << retry.status();
-  ASSERT_EQ(retry->leases_size(), 1);
-  EXPECT_EQ(retry->leases(0).prompt_index(), 0);
-  EXPECT_EQ(retry->leases(0).seed(), 1u) << "attempt 1 samples afresh";
-  auto retried = client_->submit_groups(
-      id, {{retry->leases(0).lease_id(), make_group("prompt/0", 2, 0, prompt)}});
-  ASSERT_TRUE(retried.ok()) << retried.status();
-  EXPECT_TRUE((*retried)[0].accepted());
+  EXPECT_TRUE((*again)[0].accepted()) << (*again)[0].error_message();
+  EXPECT_EQ(client_->lease_prompts(id, 1).value().leases_size(), 0) << "bound still full";
   // Durable in the store, in arrival order.
   auto ready = store_->take_ready(10, -1, 0).value();
   ASSERT_EQ(ready.size(), 2u);
@@ -287,9 +281,9 @@ TEST_F(ServiceTest, EveryCallNeedsTheToken) {
 TEST_F(ServiceTest, EachMalformedSubmissionGetsItsOwnErrorAndTheServerKeepsServing) {
   version_ = 20;  // capacity (0 + 20 + 1) x 2 = 42 leases
   const std::string id = register_worker();
-  auto leased = client_->lease_prompts(id, 12);
+  auto leased = client_->lease_prompts(id, 20);
   ASSERT_TRUE(leased.ok()) << leased.status();
-  ASSERT_EQ(leased->leases_size(), 12);
+  ASSERT_EQ(leased->leases_size(), 20);
   struct Case {
     const char* what;
     std::function<void(rollout::TrajectoryGroup&)> spoil;
@@ -326,7 +320,40 @@ TEST_F(ServiceTest, EachMalformedSubmissionGetsItsOwnErrorAndTheServerKeepsServi
        absl::StatusCode::kInvalidArgument, "trajectories[0].reward"},
       {"two prompts",
        [](rollout::TrajectoryGroup& g) { g.trajectories[1].prompt_tokens.push_back(4); },
-       absl::StatusCode::kInvalidArgument, "prompt_tokens: differ from trajectories[0]'s"},
+       absl::StatusCode::kInvalidArgument, "trajectories[1].prompt_tokens: differ from lease"},
+      {"missing log-probs",
+       [](rollout::TrajectoryGroup& g) {
+         for (float& lp : g.trajectories[1].behavior_logprobs) lp = NAN;
+       },
+       absl::StatusCode::kInvalidArgument,
+       "trajectories[1].behavior_logprobs[0]: NaN (missing), but trainer.allow_missing_logprobs "
+       "is off"},
+      {"reward beyond float", [](rollout::TrajectoryGroup& g) { g.trajectories[0].reward = 1e300; },
+       absl::StatusCode::kInvalidArgument, "trajectories[0].reward: 1e+300: |reward| above"},
+      {"absurd log-prob",
+       [](rollout::TrajectoryGroup& g) { g.trajectories[0].behavior_logprobs[0] = -1e30f; },
+       absl::StatusCode::kInvalidArgument, "behavior_logprobs[0]: -1e+30 is below -10000"},
+      {"negative version",
+       [](rollout::TrajectoryGroup& g) {
+         g.trajectories[0].token_versions = {-3, -3};
+         g.trajectories[0].version_digests = {{-3, 77}};
+       },
+       absl::StatusCode::kInvalidArgument, "token_versions[0]: -3 is negative"},
+      {"longer than max_new_tokens",
+       [](rollout::TrajectoryGroup& g) {
+         rollout::Trajectory& t = g.trajectories[0];
+         const size_t n = 9;
+         t.response_tokens.assign(n, 6);
+         t.behavior_logprobs.assign(n, -0.5f);
+         t.token_versions.assign(n, 20);
+         t.proximal_logprobs.assign(n, NAN);
+         t.proximal_versions.assign(n, -1);
+         t.offpolicy_mask.assign(n, 0);
+       },
+       absl::StatusCode::kInvalidArgument,
+       "trajectories[0].response_tokens: 9 tokens exceed rollout.max_new_tokens = 8"},
+      {"wrong group id", [](rollout::TrajectoryGroup& g) { g.group_id = "prompt/999"; },
+       absl::StatusCode::kInvalidArgument, "group_id: 'prompt/999', but lease"},
       {"empty response",
        [](rollout::TrajectoryGroup& g) {
          for (auto* v : {&g.trajectories[0].response_tokens}) v->clear();
@@ -359,7 +386,15 @@ TEST_F(ServiceTest, EachMalformedSubmissionGetsItsOwnErrorAndTheServerKeepsServi
   }
   EXPECT_TRUE(acks->back().accepted()) << acks->back().error_message();
   EXPECT_EQ(store_->appended(), 1u) << "only the good group was stored";
-  // Still serving: the refused groups' prompts are leased again.
+  // Still serving, and every refused group kept its lease: a corrected
+  // resubmission on the first is accepted.
+  const v1::PromptLease& first = leased->leases(0);
+  auto fixed = client_->submit_groups(
+      id, {{first.lease_id(), make_group(first.group_id(), 2, 20,
+                                         std::vector<int64_t>(first.prompt_tokens().begin(),
+                                                              first.prompt_tokens().end()))}});
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_TRUE((*fixed)[0].accepted()) << (*fixed)[0].error_message();
   auto again = client_->lease_prompts(id, 3);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->leases_size(), 3);
@@ -375,11 +410,11 @@ TEST_F(ServiceTest, SilentWorkersAreForgottenAndTheirLeasesReleased) {
   o.worker_timeout_ms = 300;
   TrainerService service(
       o, store_.get(), dispenser_.get(), &publisher_,
-      [](int64_t index, int attempt) -> StatusOr<PromptContent> {
+      [](const store::Lease& l) -> StatusOr<PromptContent> {
         PromptContent p;
-        p.group_id = "prompt/" + std::to_string(index);
+        p.group_id = "prompt/" + std::to_string(l.occurrence);
         p.prompt_tokens = {1, 2, 3};
-        p.seed = 1000 * index + attempt;
+        p.seed = 1000 * l.occurrence + l.attempt;
         return p;
       },
       [this] { return version_.load(); });
@@ -409,6 +444,60 @@ TEST_F(ServiceTest, SilentWorkersAreForgottenAndTheirLeasesReleased) {
   server->shutdown();
 }
 
+// Groups the trainer cannot train on that reached the store anyway (stored by
+// an older build, or READY when a checkpoint was written): the host
+// quarantines them and steps on good ones, whether its own checks catch them
+// (a reward beyond float) or the step blames them (missing log-probs the
+// host's limits let through). A rewind to the checkpoint, as --resume does,
+// does not bring them back.
+TEST_F(ServiceTest, PoisonGroupsAreQuarantinedAndAResumedRunDoesNotMeetThemAgain) {
+  const std::vector<int64_t> prompt = {1, 2, 3};
+  rollout::TrajectoryGroup missing = make_group("missing", 2, 0, prompt);
+  for (float& lp : missing.trajectories[1].behavior_logprobs) lp = NAN;
+  rollout::TrajectoryGroup huge = make_group("huge", 2, 0, prompt);
+  huge.trajectories[0].reward = 1e300;
+  for (const auto* g : {&missing, &huge}) ASSERT_TRUE(store_->append(*g, 0).ok());
+  for (const char* id : {"a", "b", "c"}) {
+    ASSERT_TRUE(store_->append(make_group(id, 2, 0, prompt), 0).ok());
+  }
+  const store::StorePosition checkpoint = store_->position().value();
+
+  TrainerHostOptions ho;
+  ho.groups_per_step = 2;
+  ho.group_wait_ms = 2000;
+  ho.limits.vocab_size = 37;  // require_behavior_logprobs off: the step must catch it
+  {
+    auto trainer = trainer::Trainer::create(policy_, trainer::TrainerOptions{}).value();
+    TrainerHost host(trainer.get(), store_.get(), &publisher_, ho);
+    auto m = host.step(nullptr);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->at("store/rejected"), 2.0);
+    EXPECT_EQ(trainer->version(), 1);
+    std::vector<std::string> trained;
+    for (const auto& g : host.last_groups()) trained.push_back(g.group_id);
+    EXPECT_EQ(trained, (std::vector<std::string>{"a", "b"}));
+  }
+  const store::StoredGroup m1 = store_->get(1).value(), m2 = store_->get(2).value();
+  EXPECT_EQ(m1.state, store::GroupState::kRejected);
+  EXPECT_NE(m1.reject_reason.find("behavior log-prob of response token 0 is nan"),
+            std::string::npos)
+      << m1.reject_reason;
+  EXPECT_EQ(m2.state, store::GroupState::kRejected);
+  EXPECT_NE(m2.reject_reason.find("reward: 1e+300"), std::string::npos) << m2.reject_reason;
+  EXPECT_EQ(store_->rejected_total(), 2u);
+
+  // --resume from the checkpoint: the good groups are READY again, the
+  // quarantined ones are not, and a fresh trainer steps without meeting them.
+  ASSERT_TRUE(store_->rewind(checkpoint, 0).ok());
+  auto trainer = trainer::Trainer::create(policy_, trainer::TrainerOptions{}).value();
+  WeightPublisher restarted;  // the resumed process publishes from version 0 again
+  TrainerHost host(trainer.get(), store_.get(), &restarted, ho);
+  auto m = host.step(nullptr);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->at("store/rejected"), 0.0);
+  EXPECT_EQ(m->at("store/rejected_total"), 2.0);
+}
+
 // A standalone trainer whose workers all died: it waits for groups no one
 // will make. Once every worker that registered has been silent for
 // worker_timeout_ms and none registered for another one, the wait fails
@@ -420,9 +509,9 @@ TEST_F(ServiceTest, WaitingForGroupsFailsSoonOnceEveryWorkerIsGone) {
   o.worker_timeout_ms = 300;
   TrainerService service(
       o, store_.get(), dispenser_.get(), &publisher_,
-      [](int64_t index, int) -> StatusOr<PromptContent> {
+      [](const store::Lease& l) -> StatusOr<PromptContent> {
         PromptContent p;
-        p.group_id = "prompt/" + std::to_string(index);
+        p.group_id = "prompt/" + std::to_string(l.occurrence);
         p.prompt_tokens = {1, 2, 3};
         return p;
       },
@@ -510,12 +599,12 @@ struct WorkerRig {
     o.limits.vocab_size = tokenizer->vocab_size();
     service = std::make_unique<TrainerService>(
         o, store.get(), dispenser.get(), &publisher,
-        [this](int64_t index, int attempt) -> StatusOr<PromptContent> {
-          RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, task->prompt(index));
+        [this](const store::Lease& l) -> StatusOr<PromptContent> {
+          RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, task->prompt(l.prompt_index));
           PromptContent c;
-          c.group_id = p.id;
+          c.group_id = p.id + "#" + std::to_string(l.occurrence);
           RELAY_ASSIGN_OR_RETURN(c.prompt_tokens, tokenizer->encode(p.prompt));
-          c.seed = static_cast<uint64_t>(index * 1000 + attempt);
+          c.seed = static_cast<uint64_t>(l.occurrence * 1000 + l.attempt);
           return c;
         },
         [this] { return version.load(); });
@@ -721,7 +810,8 @@ TEST(ServiceTlsTest, ClientsThatTrustTheCaConnectPlaintextOnesDoNot) {
   auto dispenser = store::PromptDispenser::open(store.get(), store::DispenserOptions{}).value();
   TrainerService service(
       TrainerServiceOptions{}, store.get(), dispenser.get(), &publisher,
-      [](int64_t, int) -> StatusOr<PromptContent> { return PromptContent{}; }, [] { return 0; });
+      [](const store::Lease&) -> StatusOr<PromptContent> { return PromptContent{}; },
+      [] { return 0; });
   ServerOptions o;
   o.tls.cert_file = dir + "/server.pem";
   o.tls.key_file = dir + "/server.key";

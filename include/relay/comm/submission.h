@@ -16,6 +16,24 @@ namespace relay::comm {
 struct SubmissionLimits {
   int64_t vocab_size = -1;                // token ids must lie in [0, vocab_size); <= 0 = unchecked
   int64_t max_tokens = int64_t{1} << 20;  // prompt + response tokens per trajectory
+  // The model's context (max_position_embeddings): prompt + response must fit
+  // it, or the trainer could not score the sequence. <= 0 = unchecked.
+  int64_t max_context = 0;
+  // Response tokens per trajectory (rollout.max_new_tokens): a worker's engine
+  // stops there, so a longer response did not come from the run's settings.
+  // <= 0 = unchecked.
+  int64_t max_response_tokens = 0;
+  // Invariant 5: with trainer.allow_missing_logprobs off, a sample's behavior
+  // log-probs must all be present (not NaN); the trainer would refuse the
+  // whole step otherwise. The greedy baseline is never trained on: exempt.
+  bool require_behavior_logprobs = false;
+  // Rewards are stored and trained as float: |reward| must fit one, and
+  // beyond this magnitude it is a bug in the reward function, not a signal
+  // (one such group turns a group-normalised advantage into NaN).
+  double max_abs_reward = 1e6;
+  // No sampled token has a log-prob below this (probability e^-10000): a
+  // value beyond it is garbage, and exp() of a ratio against it overflows.
+  double min_logprob = -1e4;
   // Log-probs above 0 by at most this much are floating-point rounding of a
   // near-certain token (another sampler's log_softmax) and are clamped to 0
   // by normalize_submission(); beyond it they are refused.
@@ -29,7 +47,7 @@ struct SubmissionLimits {
 };
 
 struct SubmissionContext {
-  int k = 1;                    // the lease's samples per prompt
+  int k = 1;                    // the lease's samples per prompt; <= 0 = any
   int64_t trainer_version = 0;  // no token may come from a later version
   int64_t oldest_version = 0;   // nor from one older than the staleness bound
 };
@@ -38,13 +56,16 @@ struct SubmissionContext {
 // versions older than oldest_version: a stale group, not a malformed one), e.g.
 //   "group 'arith/7' trajectories[2].behavior_logprobs[5]: +inf is not a log-prob"
 //   "group 'arith/7': 3 trajectories for a lease of k = 4"
-// Checks: k trajectories; non-empty prompt and response; the same prompt in
-// every sample; at most max_tokens; token ids in the vocabulary; every
-// per-token field as long as the response and versions consistent
-// (rollout::check_trajectory); behavior, proximal and raw log-probs NaN
-// (missing) or finite and <= tolerance; token and proximal versions within
-// [oldest_version, trainer_version]; a finite reward; the same for the
-// greedy baseline when present (except k).
+// Checks: k trajectories (k <= 0 in the context: any number >= 1); non-empty
+// prompt and response; the same prompt in every sample; prompt + response at
+// most max_tokens and max_context, response at most max_response_tokens;
+// token ids in the vocabulary; every per-token field as long as the response
+// and versions consistent (rollout::check_trajectory); behavior, proximal and
+// raw log-probs NaN (missing; not for behavior when required) or finite and
+// within [min_logprob, tolerance]; token versions >= 0 and within
+// [oldest_version, trainer_version]; a finite reward within max_abs_reward;
+// the same for the greedy baseline when present (except k and the required
+// behavior log-probs).
 Status validate_submission(const rollout::TrajectoryGroup& group, const SubmissionContext& context,
                            const SubmissionLimits& limits = {});
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "relay/comm/submission.h"
 #include "relay/comm/weight_publisher.h"
 #include "relay/common/status.h"
 #include "relay/store/rollout_store.h"
@@ -20,6 +21,12 @@ namespace relay::comm {
 
 struct TrainerHostOptions {
   int64_t groups_per_step = 1;
+  // What a taken group must satisfy before it is trained on (the service's
+  // checks on arrival, repeated for groups stored earlier); one that fails,
+  // or that a step blames (Trainer::step_faults), is quarantined: REJECTED in
+  // the store with its reason, logged, counted (store/rejected), and another
+  // group takes its place.
+  SubmissionLimits limits;
   int64_t max_staleness = 0;       // groups with tokens older than version - this expire
   int64_t group_wait_ms = 600000;  // no full batch in this long: DeadlineExceeded
   int64_t poll_ms = 5;
@@ -36,7 +43,8 @@ class TrainerHost {
   Status publish_current();
 
   // One asynchronous step. Returns the step's metrics plus store/* ones
-  // (seconds waited for groups, groups expired by the bound). Cancelled when
+  // (seconds waited for groups, groups expired by the bound, groups
+  // quarantined). No group stops it: see TrainerHostOptions::limits. Cancelled when
   // `stop` turns true while waiting; DeadlineExceeded after group_wait_ms.
   // `workers_present`, when set, is asked on each look at the store while
   // waiting too, and its first error ends the wait
@@ -56,12 +64,17 @@ class TrainerHost {
   const std::vector<rollout::TrajectoryGroup>& last_groups() const { return last_groups_; }
 
  private:
+  // The reason a taken group cannot be trained on, or OK.
+  Status screen(const store::StoredGroup& g, int64_t version) const;
+  Status quarantine(const store::StoredGroup& g, const std::string& reason, int64_t version);
+
   trainer::Trainer* trainer_;
   store::RolloutStore* store_;
   WeightPublisher* publisher_;
   TrainerHostOptions options_;
   std::atomic<int64_t> version_{-1};
   int64_t steps_ = 0;
+  int64_t rejected_ = 0;  // groups this host quarantined
   int64_t compact_floor_ = INT64_MAX;
   std::vector<rollout::TrajectoryGroup> last_groups_;
 };

@@ -30,16 +30,20 @@ class Service;
 
 namespace relay::comm {
 
-// What a leased prompt carries: the caller maps a prompt index and lease
-// attempt to tokens and a sampling seed. relay-trainer seeds by the index
-// alone, so a re-leased prompt samples what it would have the first time.
+// What a leased prompt carries: the caller maps a lease (prompt index, its
+// occurrence in the prompt stream, attempt) to a group id, tokens and a
+// sampling seed. It must be a pure function of the lease's prompt_index,
+// occurrence and attempt: submissions are checked against it again.
+// relay-trainer derives the group id and seed from the occurrence, so every
+// epoch of a finite task gets its own, and a re-leased prompt samples what it
+// would have the first time.
 struct PromptContent {
   std::string group_id;
   std::vector<int64_t> prompt_tokens;
   std::vector<int64_t> target_tokens;  // empty = no prefix guidance
   uint64_t seed = 0;
 };
-using PromptSource = std::function<StatusOr<PromptContent>(int64_t prompt_index, int attempt)>;
+using PromptSource = std::function<StatusOr<PromptContent>(const store::Lease& lease)>;
 
 struct TrainerServiceOptions {
   std::string auth_token;  // empty = no check; else "authorization: Bearer <token>"

@@ -6,10 +6,10 @@
 //
 // Staleness capacity (as AReaL's staleness manager): with B groups per
 // optimizer step and trainer version v, at most (max_staleness + v + 1) x B
-// groups may have been accepted (less those that expired in the store
-// untrained) or be in flight; a worker asking for more gets fewer (or none:
-// it waits for the next version). With max_staleness 0
-// this is synchronous RL: a step's groups are all leased under its version.
+// groups may have been accepted (less those that expired or were
+// quarantined in the store untrained) or be in flight; a worker asking for more gets fewer (or
+// none: it waits for the next version). With max_staleness 0 this is synchronous RL: a step's
+// groups are all leased under its version.
 //
 // Leases are durable (in the rollout store's RocksDB): a prompt leased to a
 // worker that dies is leased again after the deadline, first in line; a late
@@ -51,7 +51,11 @@ Status validate(const DispenserOptions& options);
 
 struct Lease {
   uint64_t id = 0;
-  int64_t prompt_index = 0;
+  int64_t prompt_index = 0;  // the task's prompt: occurrence modulo a finite task's size
+  // The position in the prompt stream this lease serves: 0, 1, 2, ... over
+  // every epoch of a finite task, so that no two occurrences of one prompt
+  // share a group id or a seed (both derive from it). A re-lease keeps it.
+  int64_t occurrence = 0;
   std::string worker_id;
   int k = 1;
   int64_t leased_version = 0;  // trainer version when leased

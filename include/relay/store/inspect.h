@@ -2,13 +2,15 @@
 
 // What `relay store inspect` shows: counts by state and by version, how old
 // groups were when trained and how long they waited, reward means by
-// version, and one trajectory with its tokens, log-probs and versions side by
-// side. Built from a store opened read-only, so it works next to a trainer.
+// version, the quarantined (rejected) groups with their reasons, and one
+// trajectory with its tokens, log-probs and versions side by side. Built from a store opened
+// read-only, so it works next to a trainer.
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "relay/common/status.h"
 #include "relay/store/rollout_store.h"
@@ -27,6 +29,15 @@ struct StoreReport {
   std::map<int64_t, int64_t> wait_in_store;
   // Ready groups: latest_version - min_version.
   std::map<int64_t, int64_t> ready_age;
+  // Quarantined groups (REJECTED), oldest first: what the trainer refused
+  // to train on and why.
+  struct Rejection {
+    uint64_t seq = 0;
+    std::string group_id;
+    int64_t version = 0;  // trainer version that rejected it
+    std::string reason;
+  };
+  std::vector<Rejection> rejected;
   // The most recent group, for the side-by-side listing.
   std::optional<StoredGroup> sample;
 };

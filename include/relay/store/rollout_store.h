@@ -18,9 +18,12 @@
 // Lifecycle: append -> READY; take_ready() hands the oldest READY groups
 // within the staleness bound to the trainer and marks them CONSUMED at the
 // trainer's version in the same batch; READY groups that fell out of the
-// bound are marked EXPIRED; compact() deletes CONSUMED/EXPIRED groups whose
-// consumed_version is older than the retention window. A store reopened
-// after a crash holds every acknowledged group in the state it last had.
+// bound are marked EXPIRED; a taken group the trainer cannot train on is
+// marked REJECTED by reject() (quarantine: kept with its reason, never
+// compacted, never made READY again by a rewind); compact() deletes
+// CONSUMED/EXPIRED groups whose consumed_version is older than the retention
+// window. A store reopened after a crash holds every acknowledged group in
+// the state it last had.
 //
 // Thread-safe: appends from many submitters and the trainer's reads may
 // interleave; each public call is atomic.
@@ -57,8 +60,9 @@ struct StoreOptions {
   bool read_only = false;
 };
 
-enum class GroupState { kReady, kConsumed, kExpired };
-const char* group_state_name(GroupState state);  // "ready" | "consumed" | "expired"
+enum class GroupState { kReady, kConsumed, kExpired, kRejected };
+// "ready" | "consumed" | "expired" | "rejected"
+const char* group_state_name(GroupState state);
 
 struct StoredGroup {
   uint64_t seq = 0;  // arrival order, from 1
@@ -67,12 +71,13 @@ struct StoredGroup {
   int64_t max_version = 0;
   int64_t arrival_version = 0;  // trainer version when appended
   int64_t arrival_unix_ms = 0;
-  int64_t consumed_version = -1;  // version that consumed or expired it; -1 while ready
+  int64_t consumed_version = -1;  // version that consumed, expired or rejected it; -1 while ready
+  std::string reject_reason;      // kRejected: why the trainer could not train on it
   rollout::TrajectoryGroup group;
 };
 
 struct VersionCounts {
-  int64_t ready = 0, consumed = 0, expired = 0;
+  int64_t ready = 0, consumed = 0, expired = 0, rejected = 0;
   double reward_sum = 0;  // over the samples (not baselines) of these groups
   int64_t trajectories = 0;
 };
@@ -90,7 +95,7 @@ struct RewindStats {
 };
 
 struct StoreStats {
-  int64_t ready = 0, consumed = 0, expired = 0;
+  int64_t ready = 0, consumed = 0, expired = 0, rejected = 0;
   uint64_t next_seq = 1;
   std::map<int64_t, VersionCounts> by_min_version;
 };
@@ -116,6 +121,14 @@ class RolloutStore {
   // Groups marked EXPIRED (never trained on), compaction or not; a rewind
   // adds the groups it drops and subtracts those it makes READY again.
   uint64_t expired_total() const;
+  // Groups marked REJECTED (quarantined, never trained on).
+  uint64_t rejected_total() const;
+
+  // Quarantines group `seq`, taken by the trainer (CONSUMED) or READY: marks
+  // it REJECTED at `trainer_version` with `reason`, in one durable write.
+  // NotFound for an unknown seq; FailedPrecondition for an EXPIRED or
+  // already REJECTED group.
+  Status reject(uint64_t seq, const std::string& reason, int64_t trainer_version);
   // The prompt dispenser's persisted state (an opaque record); empty string
   // when none was written.
   Status put_side_record(const std::string& record);
@@ -124,7 +137,9 @@ class RolloutStore {
   // Up to `max_groups` READY groups, oldest arrival first, whose oldest token
   // is at least `min_version`, marked CONSUMED at `trainer_version` in the
   // same write; READY groups older than min_version that the scan passes are
-  // marked EXPIRED (counted in *expired). min_version < 0: no bound.
+  // marked EXPIRED (counted in *expired). A READY record that parses but
+  // fails rollout::check_trajectory is marked REJECTED with the reason, in
+  // the same write (rejected_total() counts it). min_version < 0: no bound.
   StatusOr<std::vector<StoredGroup>> take_ready(int64_t max_groups, int64_t min_version,
                                                 int64_t trainer_version,
                                                 int64_t* expired = nullptr);
@@ -179,6 +194,7 @@ class RolloutStore {
   mutable std::mutex mu_;
   uint64_t next_seq_;
   uint64_t expired_total_ = 0;
+  uint64_t rejected_total_ = 0;
 };
 
 }  // namespace relay::store

@@ -156,7 +156,23 @@ class Trainer {
   // no learning signal) change nothing. A non-finite gradient norm skips that
   // mini-batch's update and fails the step without advancing the version;
   // updates of earlier mini-batches of the same step stay applied.
+  // Before any update, every row's inputs (reward, behavior log-probs) and
+  // then what the step derived from them (the trainer's log-probs,
+  // advantages, the PPO anchor, IS weights) must be finite on its response
+  // tokens: otherwise the step fails (FailedPrecondition) having changed
+  // nothing, and step_faults() names the groups to blame, so a caller can
+  // quarantine them and step again without them. A LibTorch exception
+  // (allocation failure included) becomes a Status: ResourceExhausted for
+  // memory, Internal otherwise; it never escapes.
   StatusOr<StepMetrics> step(const std::vector<rollout::TrajectoryGroup>& groups);
+
+  // The groups the last failed step() blamed (empty after a success or a
+  // failure no group explains).
+  struct StepFault {
+    std::string group_id;
+    std::string reason;
+  };
+  const std::vector<StepFault>& step_faults() const { return step_faults_; }
 
   // Supervised warm start: one optimizer step on the negative log-likelihood
   // of the response tokens of `groups` (demonstrations; rewards and
@@ -183,6 +199,10 @@ class Trainer {
 
  private:
   struct Scores;
+  StatusOr<StepMetrics> step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups);
+  StatusOr<StepMetrics> sft_step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups);
+  // A LibTorch exception out of a step, as a Status; drops partial gradients.
+  Status step_exception(const char* what, bool out_of_memory);
   Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference,
           DataParallel data_parallel);
   // This rank's rows of `rows` (all of them on a single rank).
@@ -191,9 +211,11 @@ class Trainer {
   std::vector<std::vector<int64_t>> my_micro_batches(const TrainBatch& batch,
                                                      const std::vector<int64_t>& rows) const;
   // The staleness bound, the reuse cap, the log-prob check and the data
-  // filters; their counts go to `m`.
+  // filters; their counts go to `m`. Rows that cannot be trained on fail it,
+  // with their groups in `faults`.
   StatusOr<TrainBatch> prepare_batch(const std::vector<rollout::TrajectoryGroup>& groups,
-                                     StepMetrics& m, std::vector<uint64_t>* keys) const;
+                                     StepMetrics& m, std::vector<uint64_t>* keys,
+                                     std::vector<StepFault>* faults) const;
   // No-grad pass over the whole batch: the trainer's log-probs and entropy
   // (and the reference's) in the response layout, on the host.
   StatusOr<Scores> score_before_update(const TrainBatch& batch);
@@ -223,6 +245,7 @@ class Trainer {
   double last_entropy_ = std::numeric_limits<double>::quiet_NaN();
   int64_t version_ = 0;
   int64_t optimizer_steps_ = 0;
+  std::vector<StepFault> step_faults_;
 };
 
 }  // namespace relay::trainer

@@ -108,6 +108,77 @@ TEST(SubmissionTest, EachProblemIsNamed) {
   }
 }
 
+// What the trainer could not train on under the run's settings is refused at
+// the door: each of these was acknowledged once and then stopped the trainer.
+TEST(SubmissionTest, WhatTheTrainerCannotTrainOnIsRefused) {
+  struct Case {
+    const char* name;
+    std::function<void(rollout::TrajectoryGroup&)> change;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"missing behavior",
+       [](auto& g) {
+         for (float& lp : g.trajectories[1].behavior_logprobs) lp = kNaN;
+       },
+       "group 'arith/7' trajectories[1].behavior_logprobs[0]: NaN (missing), but "
+       "trainer.allow_missing_logprobs is off: every sampled token needs the log-prob it was "
+       "sampled with (DESIGN.md invariant 5)"},
+      {"reward beyond float", [](auto& g) { g.trajectories[0].reward = 1e300; },
+       "group 'arith/7' trajectories[0].reward: 1e+300: |reward| above 1e+06 (a reward "
+       "function's bug, not a learning signal)"},
+      {"absurd reward", [](auto& g) { g.trajectories[1].reward = -2e6; },
+       "group 'arith/7' trajectories[1].reward: -2e+06: |reward| above 1e+06 (a reward "
+       "function's bug, not a learning signal)"},
+      {"absurd log-prob", [](auto& g) { g.trajectories[0].proximal_logprobs[0] = -1e30f; },
+       "group 'arith/7' trajectories[0].proximal_logprobs[0]: -1e+30 is below -10000: not the "
+       "log-prob of a token anyone sampled"},
+      {"negative version",
+       [](auto& g) {
+         g.trajectories[0].token_versions = {-3, -3, -3};
+       },
+       "group 'arith/7' trajectories[0]: token_versions[0]: -3 is negative; versions count from "
+       "0"},
+      {"past max_new_tokens",
+       [](auto& g) {
+         rollout::Trajectory& t = g.trajectories[0];
+         t.response_tokens.push_back(7);
+         t.behavior_logprobs.push_back(-1);
+         t.raw_logprobs.push_back(-1);
+         t.token_versions.push_back(5);
+         t.proximal_logprobs.push_back(kNaN);
+         t.proximal_versions.push_back(-1);
+         t.offpolicy_mask.push_back(0);
+       },
+       "group 'arith/7' trajectories[0].response_tokens: 4 tokens exceed rollout.max_new_tokens "
+       "= 3"},
+      {"past the context",
+       [](auto& g) {
+         for (auto& t : g.trajectories) t.prompt_tokens.assign(8, 1);
+       },
+       "group 'arith/7' trajectories[0]: 8 prompt + 3 response tokens exceed the model's context "
+       "of 10 (max_position_embeddings)"},
+  };
+  SubmissionLimits l;
+  l.vocab_size = 37;
+  l.max_context = 10;
+  l.max_response_tokens = 3;
+  l.require_behavior_logprobs = true;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rollout::TrajectoryGroup g = good_group();
+    c.change(g);
+    Status s = validate_submission(g, context(), l);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(s.message()), c.message);
+  }
+  // The greedy baseline is never trained on: it may lack log-probs.
+  rollout::TrajectoryGroup g = good_group();
+  g.baseline = g.trajectories[0];
+  for (float& lp : g.baseline->behavior_logprobs) lp = kNaN;
+  EXPECT_TRUE(validate_submission(g, context(), l).ok()) << validate_submission(g, context(), l);
+}
+
 // Another sampler's log_softmax may round a near-certain token to a tiny
 // positive value: within the tolerance it passes and is clamped to 0.
 // A group older than the staleness bound is stale, not malformed.

@@ -46,7 +46,11 @@ TEST(TrajectoryTest, CheckNamesTheFirstViolation) {
       {[](Trajectory& t) {
          t.token_versions = {1, 0, 1};
        },
-       "token_versions[1]: 0 breaks the non-decreasing order"},
+       "token_versions[1]: 0 breaks the non-decreasing order (after 1)"},
+      {[](Trajectory& t) {
+         t.token_versions = {-2, 0, 1};
+       },
+       "token_versions[0]: -2 is negative; versions count from 0"},
       {[](Trajectory& t) { t.proximal_versions[1] = 2; },
        "proximal_versions[1]: 2 does not fit token version 1 and proximal log-prob nan"},
       {[](Trajectory& t) { t.proximal_versions[0] = 3; },

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 namespace relay::store {
@@ -204,12 +205,50 @@ TEST_F(DispenserTest, ExpiredGroupsGiveTheirPlaceBack) {
   EXPECT_EQ(store_->expired_total(), 2u) << "the count survives a restart";
 }
 
-TEST_F(DispenserTest, FiniteTasksWrapAround) {
+// A finite task wraps at its size, but every lease serves its own position
+// in the prompt stream (occurrence): two leases of prompt 0 in flight at once
+// are different groups. A re-lease keeps the occurrence, and so does a
+// reopened dispenser.
+TEST_F(DispenserTest, FiniteTasksWrapAroundWithAnOccurrencePerLease) {
   DispenserOptions o;
   o.groups_per_step = 8;
   o.num_prompts = 3;
   auto d = open(o);
-  EXPECT_EQ(prompts(d->lease("w", 5, 0).value()), (std::vector<int64_t>{0, 1, 2, 0, 1}));
+  auto leased = d->lease("w", 5, 0).value();
+  EXPECT_EQ(prompts(leased), (std::vector<int64_t>{0, 1, 2, 0, 1}));
+  std::vector<int64_t> occurrences;
+  for (const Lease& l : leased) occurrences.push_back(l.occurrence);
+  EXPECT_EQ(occurrences, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  ASSERT_TRUE(d->release(leased[3].id).ok());
+  auto again = d->lease("w", 1, 0).value();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].prompt_index, 0);
+  EXPECT_EQ(again[0].occurrence, 3) << "the released lease's position, not a new one";
+  EXPECT_EQ(again[0].attempt, 1);
+  d.reset();
+  auto reopened = open(o);
+  std::vector<int64_t> live;
+  for (const Lease& l : reopened->leases()) live.push_back(l.occurrence);
+  std::sort(live.begin(), live.end());
+  EXPECT_EQ(live, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  auto next = reopened->lease("w", 1, 0).value();
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].occurrence, 5);
+  EXPECT_EQ(next[0].prompt_index, 2);
+}
+
+// A group the trainer quarantined was never trained on: like an expired one,
+// it gives its place in the staleness bound back.
+TEST_F(DispenserTest, RejectedGroupsGiveTheirPlaceBack) {
+  DispenserOptions o;
+  o.groups_per_step = 2;
+  auto d = open(o);
+  auto l = d->lease("w", 2, 0).value();
+  const uint64_t a = d->submit(l[0].id, make_group("a", 1, 0), 0).value();
+  ASSERT_TRUE(d->submit(l[1].id, make_group("b", 1, 0), 0).ok());
+  EXPECT_EQ(d->capacity(0), 0);
+  ASSERT_TRUE(store_->reject(a, "reward inf is not a finite float", 0).ok());
+  EXPECT_EQ(d->capacity(0), 1) << "(0 + 0 + 1) x 2 - (2 accepted - 1 rejected)";
 }
 
 TEST(DispenserOptionsTest, ValidateNamesTheField) {

@@ -67,9 +67,40 @@ TEST(StoreInspectTest, ReportCountsStalenessAndShowsTheLatestGroup) {
   EXPECT_TRUE(j["sample"]["behavior_logprobs"][1].is_null()) << "NaN shows as null";
 
   const std::string text = report_text(r);
-  EXPECT_NE(text.find("groups: 2 ready, 2 consumed, 0 expired"), std::string::npos) << text;
+  EXPECT_NE(text.find("groups: 2 ready, 2 consumed, 0 expired, 0 rejected"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("latest group: seq 4 'd'"), std::string::npos) << text;
   EXPECT_NE(text.find("nan"), std::string::npos) << "a missing log-prob is printed as nan";
+}
+
+TEST(StoreInspectTest, ReportListsQuarantinedGroupsWithTheirReasons) {
+  const std::string dir =
+      ::testing::TempDir() + "/relay_store_inspect_rejected_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  StoreOptions o;
+  o.path = dir;
+  {
+    auto store = RolloutStore::open(o).value();
+    ASSERT_TRUE(store->append(make_group("arith/3#7@e2", 0, 1e30), 0).ok());
+    ASSERT_TRUE(store->append(make_group("fine", 0, 1.0), 0).ok());
+    ASSERT_EQ(store->take_ready(2, -1, 4).value().size(), 2u);
+    ASSERT_TRUE(store->reject(1, "reward 1e+30: |reward| above 1e+06", 4).ok());
+  }
+  o.read_only = true;
+  auto store = RolloutStore::open(o).value();
+  StoreReport r = build_report(*store).value();
+  ASSERT_EQ(r.rejected.size(), 1u);
+  EXPECT_EQ(r.rejected[0].group_id, "arith/3#7@e2");
+  const std::string text = report_text(r);
+  EXPECT_NE(text.find("1 consumed, 0 expired, 1 rejected"), std::string::npos) << text;
+  EXPECT_NE(text.find("seq 1 'arith/3#7@e2' at version 4: reward 1e+30: |reward| above 1e+06"),
+            std::string::npos)
+      << text;
+  nlohmann::json j = nlohmann::json::parse(report_json(r));
+  EXPECT_EQ(j["rejected"], 1);
+  ASSERT_EQ(j["rejected_groups"].size(), 1u);
+  EXPECT_EQ(j["rejected_groups"][0]["seq"], 1);
+  EXPECT_EQ(j["rejected_groups"][0]["version"], 4);
 }
 
 }  // namespace

@@ -181,6 +181,41 @@ TEST(RolloutStoreTest, RewindCountsDroppedGroupsAsExpired) {
   EXPECT_EQ(store->appended() - store->expired_total(), 2u) << "a and b, as at the checkpoint";
 }
 
+// Quarantine: a taken group the trainer cannot train on becomes REJECTED with
+// its reason, durably; it is counted, survives compaction, and a rewind to a
+// checkpoint taken while it was READY leaves it quarantined (a resumed run
+// must not meet it again).
+TEST(RolloutStoreTest, RejectedGroupsStayQuarantined) {
+  const std::string dir = fresh_dir("reject");
+  {
+    auto store = open_store(dir, /*retention=*/0);
+    auto poison = make_group("poison", 0);
+    poison.trajectories[0].behavior_logprobs[0] = std::numeric_limits<float>::quiet_NaN();
+    ASSERT_TRUE(store->append(poison, 0).ok());                 // seq 1
+    ASSERT_TRUE(store->append(make_group("good", 0), 0).ok());  // seq 2
+    const StorePosition pos = store->position().value();
+    ASSERT_EQ(store->take_ready(2, -1, 0).value().size(), 2u);
+    ASSERT_TRUE(store->reject(1, "behavior log-prob missing", 0).ok());
+    EXPECT_EQ(store->rejected_total(), 1u);
+    const Status twice = store->reject(1, "again", 0);
+    EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition) << twice;
+    EXPECT_EQ(store->reject(99, "x", 0).code(), absl::StatusCode::kNotFound);
+    // The resumed run's rewind: `good` is READY again, `poison` is not.
+    const RewindStats r = store->rewind(pos, 0).value();
+    EXPECT_EQ(r.restored, 1);
+    EXPECT_EQ(ids(store->take_ready(5, -1, 1).value()), (std::vector<std::string>{"good"}));
+    EXPECT_EQ(store->compact(100).value(), 1) << "the consumed group goes, the rejected stays";
+  }
+  auto store = open_store(dir);
+  const StoredGroup g = store->get(1).value();
+  EXPECT_EQ(g.state, GroupState::kRejected);
+  EXPECT_EQ(g.reject_reason, "behavior log-prob missing");
+  EXPECT_EQ(g.group.group_id, "poison");
+  EXPECT_EQ(store->rejected_total(), 1u) << "the count survives a restart";
+  EXPECT_EQ(store->stats().value().rejected, 1);
+  EXPECT_STREQ(group_state_name(GroupState::kRejected), "rejected");
+}
+
 TEST(RolloutStoreTest, CompactionKeepsWhatARewindNeeds) {
   auto store = open_store(fresh_dir("compact_floor"), /*retention=*/2);
   ASSERT_TRUE(store->append(make_group("a", 0), 0).ok());

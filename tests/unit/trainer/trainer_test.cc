@@ -156,9 +156,14 @@ TEST(TrainerTest, MissingBehaviorLogprobsFailUnlessAllowed) {
   auto strict = Trainer::create(policy, o).value();
   auto failed = strict->step(groups);
   ASSERT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(std::string(failed.status().message()).find("behavior log-probs missing"),
-            std::string::npos);
+  EXPECT_NE(std::string(failed.status().message())
+                .find("behavior log-prob of response token 0 is nan and "
+                      "trainer.allow_missing_logprobs is off"),
+            std::string::npos)
+      << failed.status();
   EXPECT_EQ(strict->version(), 0) << "a refused step must not count";
+  ASSERT_EQ(strict->step_faults().size(), 1u) << "only the group with the missing values";
+  EXPECT_EQ(strict->step_faults()[0].group_id, groups[1].group_id);
 
   o.allow_missing_logprobs = true;
   auto lenient = Trainer::create(policy, o).value();
@@ -166,6 +171,52 @@ TEST(TrainerTest, MissingBehaviorLogprobsFailUnlessAllowed) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_LT(m->at("frac_old_logprobs_valid"), 1.0);
   EXPECT_GT(m->at("frac_old_logprobs_valid"), 0.5);
+}
+
+// A reward that is finite as a double but not as a float (1e300) would make
+// its group's advantages NaN: the step blames that group alone, changes
+// nothing, and goes through once the caller drops it.
+TEST(TrainerTest, AGroupThatCannotBeTrainedOnIsBlamedAloneAndNothingChanges) {
+  model::Policy policy = make_policy(2);
+  auto groups = sample_groups(policy, 1.0);
+  ASSERT_GE(groups.size(), 2u);
+  groups[0].trajectories[1].reward = 1e300;
+  TrainerOptions o;
+  auto trainer = Trainer::create(policy, o).value();
+  const at::Tensor before = policy->parameters().front().clone();
+  auto failed = trainer->step(groups);
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition) << failed.status();
+  EXPECT_EQ(trainer->version(), 0);
+  EXPECT_TRUE(torch::equal(before, policy->parameters().front())) << "no update was applied";
+  ASSERT_EQ(trainer->step_faults().size(), 1u);
+  EXPECT_EQ(trainer->step_faults()[0].group_id, groups[0].group_id);
+  EXPECT_NE(trainer->step_faults()[0].reason.find("reward inf is not a finite float"),
+            std::string::npos)
+      << trainer->step_faults()[0].reason;
+  groups.erase(groups.begin());
+  auto m = trainer->step(groups);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(trainer->step_faults().empty());
+  EXPECT_EQ(trainer->version(), 1);
+}
+
+// An exception from LibTorch inside a step (here: a token id past the
+// embedding table, which the trainer's inputs never check) is a Status, and
+// the trainer steps normally afterwards.
+TEST(TrainerTest, ALibTorchExceptionInAStepIsAStatusNotACrash) {
+  model::Policy policy = make_policy(2);
+  auto groups = sample_groups(policy, 1.0);
+  auto bad = groups;
+  bad[0].trajectories[0].response_tokens[0] = 1 << 30;
+  auto trainer = Trainer::create(policy, TrainerOptions{}).value();
+  auto failed = trainer->step(bad);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+  EXPECT_EQ(std::string(failed.status().message()).find("Exception raised from"), std::string::npos)
+      << "no C++ stack trace in the message: " << failed.status();
+  EXPECT_EQ(trainer->version(), 0);
+  auto m = trainer->step(groups);
+  ASSERT_TRUE(m.ok()) << m.status();
 }
 
 TEST(TrainerTest, DecoupledLossUsesRecordedProximalOfTheTrainerVersion) {
