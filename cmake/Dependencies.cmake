@@ -28,6 +28,10 @@ find_package(Threads REQUIRED)
 find_package(absl REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
+# OpenSSL's libcrypto: relay_comm checks a TLS certificate and key before
+# handing them to gRPC (which links OpenSSL on Debian: libgrpc-dev depends on
+# libssl-dev), so a mismatch is reported as one, not as "cannot listen".
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(spdlog REQUIRED)
 find_package(fmt REQUIRED)
 # A LibTorch 2.x from a PyTorch wheel may ship fmt's headers (a newer fmt

@@ -201,6 +201,14 @@ int score(const ScoreArgs& args) {
   }
   StatusOr<model::Policy> policy = model::load_policy(args.model_dir);
   if (!policy.ok()) return fail("score", policy.status());
+  // Past max_position_embeddings the model still computes (RoPE extends),
+  // but the numbers are for positions it never saw: refuse, not mislead.
+  const int64_t context = (*policy)->config().max_position_embeddings;
+  if (static_cast<int64_t>(ids.size()) > context) {
+    return fail("score", InvalidArgumentError(absl::StrCat(
+                             "ids: ", ids.size(), " tokens exceed the model's context of ", context,
+                             " (max_position_embeddings in ", args.model_dir, "/config.json)")));
+  }
   const int64_t vocab = (*policy)->config().vocab_size;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
@@ -323,8 +331,18 @@ Status render_chat_text(const GenerateArgs& args, const model::Tokenizer& tokeni
 int generate(const GenerateArgs& args) {
   StatusOr<model::Policy> policy = model::load_policy(args.model_dir);
   if (!policy.ok()) return fail("generate", policy.status());
+  // --ids needs no tokenizer (the text line is left out without one); a
+  // tokenizer file that is there but does not load is reported either way,
+  // not taken for an absent one.
   std::unique_ptr<model::Tokenizer> tokenizer;
-  if (auto t = model::load_tokenizer(args.model_dir); t.ok()) tokenizer = std::move(*t);
+  StatusOr<std::unique_ptr<model::Tokenizer>> loaded = model::load_tokenizer(args.model_dir);
+  if (loaded.ok()) {
+    tokenizer = *std::move(loaded);
+  } else if (!absl::IsNotFound(loaded.status())) {
+    if (!args.text.empty()) return fail("generate", loaded.status());
+    std::fprintf(stderr, "relay generate: warning: %s; printing ids only\n",
+                 std::string(loaded.status().message()).c_str());
+  }
 
   std::vector<int64_t> prompt;
   std::string error;

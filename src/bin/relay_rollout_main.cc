@@ -34,6 +34,7 @@ void on_signal(int) { g_stop = true; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  relay::cli::report_uncaught_exceptions("relay-rollout");
   using namespace relay;
   CLI::App app{"relay-rollout: a rollout worker for relay-trainer"};
   cli::RolloutArgs ra;

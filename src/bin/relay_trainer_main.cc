@@ -34,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "bin/setup.h"
 #include "bin/trainer_ranks.h"
 #include "relay/comm/metrics_endpoint.h"
@@ -145,6 +146,7 @@ struct Resumed {
 }  // namespace
 
 int main(int argc, char** argv) {
+  relay::cli::report_uncaught_exceptions("relay-trainer");
   CLI::App app{"relay-trainer: the learner; serves rollout workers over gRPC"};
   cli::RolloutArgs ra;
   std::string run_dir, store_dir, listen, port_file, metrics_out, save, token_flag,
@@ -251,11 +253,26 @@ int main(int argc, char** argv) {
                 kept.c_str());
   }
   if (Status st = write_file_atomic(config_file, resolved); !st.ok()) return fail(st);
-  StatusOr<std::optional<trainer::CheckpointInfo>> latest = trainer::latest_checkpoint(checkpoints);
+  // A step directory missing a file (emptied, or cut short outside relay's
+  // staged writes) is passed over for the one before it, out loud: the run
+  // goes back further than its newest directory suggests.
+  std::vector<std::string> skipped;
+  StatusOr<std::optional<trainer::CheckpointInfo>> latest =
+      trainer::latest_checkpoint(checkpoints, &skipped);
   if (!latest.ok()) return fail(latest.status());
   if (resume && !*latest) {
+    if (!skipped.empty()) {
+      return fail(FailedPreconditionError(absl::StrCat("--resume: ", checkpoints,
+                                                       " holds no usable checkpoint; tried ",
+                                                       absl::StrJoin(skipped, "; "))));
+    }
     return fail(FailedPreconditionError(
         absl::StrCat("--resume: ", checkpoints, " holds no checkpoint to resume from")));
+  }
+  const std::string instead = *latest ? absl::StrCat("resuming from ", (*latest)->dir)
+                                      : std::string("no complete checkpoint before it");
+  for (const std::string& why : skipped) {
+    std::fprintf(stderr, "warning: skipping checkpoint %s; %s\n", why.c_str(), instead.c_str());
   }
   // samples.jsonl: a few responses of every RL step, for the dashboard.
   RunFiles run_data = run_files(run_dir);

@@ -3,7 +3,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -18,12 +20,39 @@
 #include "relay/model/device.h"
 #include "relay/model/hf_config.h"
 #include "relay/model/threads.h"
+#include "relay/model/torch_error.h"
 #include "relay/model/weight_manifest.h"
 #include "relay/rollout/eval_metrics.h"
 #include "relay/rollout/generate.h"
 #include "relay/trainer/options.h"
 
 namespace relay::cli {
+namespace {
+
+const char* g_program = "relay";
+
+[[noreturn]] void on_terminate() {
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      std::fprintf(stderr, "%s: uncaught exception: %s\n", g_program,
+                   model::exception_message(x).c_str());
+    } catch (...) {
+      std::fprintf(stderr, "%s: uncaught exception of an unknown type\n", g_program);
+    }
+  } else {
+    std::fprintf(stderr, "%s: terminate called without an active exception\n", g_program);
+  }
+  std::abort();
+}
+
+}  // namespace
+
+void report_uncaught_exceptions(const char* program) {
+  g_program = program;
+  std::set_terminate(on_terminate);
+}
 
 StatusOr<int64_t> stop_token(const model::Tokenizer& tokenizer, const std::string& text,
                              const std::string& field) {

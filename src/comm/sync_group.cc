@@ -26,14 +26,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "relay/model/torch_error.h"
 
 namespace relay::comm::internal {
 namespace {
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string string_of(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
@@ -44,7 +40,7 @@ auto guarded(const std::string& what, Fn&& fn) -> StatusOr<decltype(fn())> {
   try {
     return fn();
   } catch (const std::exception& e) {
-    return UnavailableError(absl::StrCat(what, ": ", message_of(e)));
+    return UnavailableError(absl::StrCat(what, ": ", model::exception_message(e)));
   }
 }
 

@@ -26,14 +26,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "relay/model/torch_error.h"
 
 namespace relay::comm {
 namespace {
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
 
 template <typename Fn>
 Status guarded(const std::string& what, Fn&& fn) {
@@ -41,7 +37,7 @@ Status guarded(const std::string& what, Fn&& fn) {
     fn();
     return OkStatus();
   } catch (const std::exception& e) {
-    return UnavailableError(absl::StrCat(what, ": ", message_of(e)));
+    return UnavailableError(absl::StrCat(what, ": ", model::exception_message(e)));
   }
 }
 

@@ -40,9 +40,10 @@ StatusOr<CharTokenizer> CharTokenizer::create(std::string_view alphabet) {
 StatusOr<CharTokenizer> CharTokenizer::from_json(const std::string& json_text,
                                                  const std::string& source) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  if (j.is_discarded()) {
+    return InvalidArgumentError(absl::StrCat(source, ": not valid JSON (truncated or corrupt)"));
   }
+  if (!j.is_object()) return InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   if (!j.contains("type") || j["type"] != "char") {
     return InvalidArgumentError(absl::StrCat(source, ": type: expected \"char\""));
   }

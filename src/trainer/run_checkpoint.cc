@@ -33,19 +33,47 @@ int64_t step_of(const std::string& name) {
   return v;
 }
 
-// Complete checkpoints under root, newest first. The best link is skipped
-// (it is a symlink to one of them).
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
+// The step_<N> directories under root, newest first. The best link is
+// skipped (it is a symlink to one of them).
+std::vector<std::pair<int64_t, fs::path>> list_step_dirs(const fs::path& root) {
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    if (e.is_symlink(ec)) continue;
+    if (e.is_symlink(ec) || !e.is_directory(ec)) continue;
     const int64_t step = step_of(e.path().filename().string());
-    if (step >= 0 && fs::exists(e.path() / kCheckpointInfoFile, ec))
-      out.emplace_back(step, e.path());
+    if (step >= 0) out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
+}
+
+// Checkpoints under root (those with a checkpoint.json), newest first.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out = list_step_dirs(root);
+  std::error_code ec;
+  out.erase(std::remove_if(
+                out.begin(), out.end(),
+                [&](const auto& c) { return !fs::exists(c.second / kCheckpointInfoFile, ec); }),
+            out.end());
+  return out;
+}
+
+// Why `dir` cannot be resumed from: the first file a resume reads that it
+// lacks ("no trainer_state.pt"), or "" when none is missing. An emptied
+// directory (files deleted, a copy that never finished) says so too.
+std::string missing_for_resume(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* name :
+       {kCheckpointInfoFile, kTrainerStateFile, kDispenserStateFile, "config.json"}) {
+    if (fs::exists(dir / name, ec)) continue;
+    const std::string why = absl::StrCat("no ", name);
+    return fs::is_empty(dir, ec) ? why + " (the directory is empty)" : why;
+  }
+  if (!fs::exists(dir / "model.safetensors", ec) &&
+      !fs::exists(dir / "model.safetensors.index.json", ec)) {
+    return "no model.safetensors (nor model.safetensors.index.json)";
+  }
+  return "";
 }
 
 // <root>/best -> `target` (a directory name under root), replaced atomically;
@@ -164,11 +192,17 @@ StatusOr<CheckpointInfo> read_checkpoint(const std::string& dir) {
   return info;
 }
 
-StatusOr<std::optional<CheckpointInfo>> latest_checkpoint(const std::string& root) {
-  const auto all = list_checkpoints(root);
-  if (all.empty()) return std::optional<CheckpointInfo>();
-  RELAY_ASSIGN_OR_RETURN(CheckpointInfo info, read_checkpoint(all.front().second.string()));
-  return std::optional<CheckpointInfo>(std::move(info));
+StatusOr<std::optional<CheckpointInfo>> latest_checkpoint(const std::string& root,
+                                                          std::vector<std::string>* skipped) {
+  for (const auto& [step, path] : list_step_dirs(root)) {
+    if (const std::string missing = missing_for_resume(path); !missing.empty()) {
+      if (skipped != nullptr) skipped->push_back(absl::StrCat(path.string(), ": ", missing));
+      continue;
+    }
+    RELAY_ASSIGN_OR_RETURN(CheckpointInfo info, read_checkpoint(path.string()));
+    return std::optional<CheckpointInfo>(std::move(info));
+  }
+  return std::optional<CheckpointInfo>();
 }
 
 StatusOr<std::optional<CheckpointInfo>> best_checkpoint(const std::string& root) {

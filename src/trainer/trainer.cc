@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "relay/model/device.h"
+#include "relay/model/torch_error.h"
 #include "relay/trainer/batch.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/rollout_correction.h"
@@ -283,35 +284,55 @@ StatusOr<std::string> Trainer::save_state() const {
     archive.write("optimizer", opt);
     archive.save_to(out);
   } catch (const std::exception& e) {
-    return InternalError(absl::StrCat("cannot serialize the trainer state: ", e.what()));
+    return InternalError(
+        absl::StrCat("cannot serialize the trainer state: ", model::exception_message(e)));
   }
   return out.str();
 }
 
 Status Trainer::restore_state(const std::string& bytes, const std::string& path) {
   torch::serialize::InputArchive archive;
-  at::Tensor format, version, steps, kl_coef, entropy_coef, num_master;
+  double format = 0, kl_coef = 0, entropy_coef = 0;
+  int64_t version = 0, steps = 0;
   std::vector<at::Tensor> master;
+  if (bytes.empty()) {
+    return DataLossError(absl::StrCat(path, ": empty file (0 bytes), not a trainer state"));
+  }
+  // A file cut short (a full disk, a copy interrupted) loses the archive's
+  // central directory at its end, so it fails here; that is said in words,
+  // with LibTorch's message (not its stack trace) for the detail.
   try {
     std::istringstream in(bytes);
     archive.load_from(in);
-    archive.read("format", format);
-    archive.read("version", version);
-    archive.read("optimizer_steps", steps);
-    archive.read("reward_kl_coef", kl_coef);
-    archive.read("entropy_coef", entropy_coef);
-    archive.read("num_master", num_master);
-    for (int64_t i = 0; i < num_master.item<int64_t>(); ++i) {
+  } catch (const std::exception& e) {
+    return DataLossError(absl::StrCat(
+        path, ": truncated or corrupt (", bytes.size(),
+        " bytes are not a readable torch archive: ", model::exception_message(e), ")"));
+  }
+  // Scalars are taken out here too: item() of a damaged entry throws.
+  try {
+    auto scalar = [&](const char* key) {
+      at::Tensor t;
+      archive.read(key, t);
+      return t;
+    };
+    format = scalar("format").item<double>();
+    version = scalar("version").item<int64_t>();
+    steps = scalar("optimizer_steps").item<int64_t>();
+    kl_coef = scalar("reward_kl_coef").item<double>();
+    entropy_coef = scalar("entropy_coef").item<double>();
+    const int64_t num_master = scalar("num_master").item<int64_t>();
+    for (int64_t i = 0; i < num_master; ++i) {
       at::Tensor t;
       archive.read("master/" + std::to_string(i), t);
       master.push_back(t);
     }
   } catch (const std::exception& e) {
-    return DataLossError(absl::StrCat("cannot read trainer state ", path, ": ", e.what()));
+    return DataLossError(absl::StrCat(
+        path, ": not a relay trainer state, or a corrupt one: ", model::exception_message(e)));
   }
-  if (format.item<double>() != 1) {
-    return DataLossError(
-        absl::StrCat(path, ": unknown trainer state format ", format.item<double>()));
+  if (format != 1) {
+    return DataLossError(absl::StrCat(path, ": unknown trainer state format ", format));
   }
   if (master.size() != master_.size()) {
     return InvalidArgumentError(absl::StrCat(
@@ -339,15 +360,15 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
     archive.read("optimizer", again);
     optimizer_->load(again);
   } catch (const std::exception& e) {
-    return InvalidArgumentError(
-        absl::StrCat(path, ": optimizer state does not fit this model: ", e.what()));
+    return InvalidArgumentError(absl::StrCat(
+        path, ": optimizer state does not fit this model: ", model::exception_message(e)));
   }
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < master.size(); ++i) master_[i].copy_(master[i]);
-  version_ = version.item<int64_t>();
-  optimizer_steps_ = steps.item<int64_t>();
-  reward_kl_->set_value(kl_coef.item<double>());
-  entropy_->set_value(entropy_coef.item<double>());
+  version_ = version;
+  optimizer_steps_ = steps;
+  reward_kl_->set_value(kl_coef);
+  entropy_->set_value(entropy_coef);
   return OkStatus();
 }
 

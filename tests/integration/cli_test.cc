@@ -166,6 +166,41 @@ TEST_F(CliTest, BadInputGivesOneLineErrors) {
   EXPECT_EQ(r.exit_code, 2);
 }
 
+// More ids than the model has positions (configs/tiny.yaml: 128) are
+// refused, not scored at positions the model was never meant to see.
+TEST_F(CliTest, ScoreRefusesMoreIdsThanTheModelsContext) {
+  std::string ids = "1";
+  for (int i = 1; i < 129; ++i) ids += ",1";
+  CliResult r = RelayCli("score --model " + *model_dir_ + " --ids " + ids);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.err,
+            "relay score: ids: 129 tokens exceed the model's context of 128 "
+            "(max_position_embeddings in " +
+                *model_dir_ + "/config.json)\n");
+  r = RelayCli("score --model " + *model_dir_ + " --ids " + ids.substr(2) + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["logprobs"].size(), 127u) << "128 ids fit";
+}
+
+// A tokenizer file that is there but damaged is reported as such, not as a
+// missing tokenizer; --ids, which needs none, warns and goes on.
+TEST_F(CliTest, GenerateReportsADamagedTokenizer) {
+  const std::string dir = ::testing::TempDir() + "/cli_bad_tok_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::copy(*model_dir_, dir, fs::copy_options::recursive);
+  const std::string file = dir + "/relay_tokenizer.json";
+  { std::ofstream(file, std::ios::trunc) << "{\"type\": \"ch"; }
+  CliResult r = RelayCli("generate --model " + dir + " --text '<3+4>' --max-new-tokens 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("relay generate: " + file + ": ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("not valid JSON (truncated or corrupt)"), std::string::npos) << r.err;
+  r = RelayCli("generate --model " + dir + " --ids 1,2 --max-new-tokens 2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: " + file), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("text:"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace relay
 

@@ -22,6 +22,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -605,6 +607,57 @@ TEST_F(ProcessTest, RelayRunWithTwoTrainerRanksKeepsThemIdentical) {
   }
   EXPECT_EQ(serving, 1u) << out;
   EXPECT_EQ(rl_steps(base_ + "/arith/metrics.jsonl"), 3);
+}
+
+// What relay-trainer says when resuming meets a damaged checkpoint: an
+// emptied newest directory is a warning naming it and what it lacks (the
+// run resumes from the one before); a truncated trainer_state.pt is one
+// line naming the file, without LibTorch's stack trace; and when nothing is
+// usable, --resume's error lists what it tried. Zero RL steps: a run only
+// writes checkpoint zero, and a resumed one loads it and stops.
+TEST_F(ProcessTest, ResumeExplainsDamagedCheckpoints) {
+  int n = 0;
+  auto trainer_run = [&](bool resume) {
+    std::vector<std::string> args = trainer_args(free_port(), 0);
+    args.push_back("eval.prompts=0");
+    if (resume) args.push_back("--resume");
+    auto t = start(args, base_ + "/trainer" + std::to_string(++n) + ".log");
+    const int code = t->wait(120s);
+    return std::make_pair(code, t->output());
+  };
+  auto [code, out] = trainer_run(false);
+  ASSERT_EQ(code, 0) << out;
+  const std::string checkpoints = run_dir() + "/checkpoints";
+  const std::string zero = checkpoints + "/" + step_dir(0);
+  ASSERT_TRUE(fs::exists(zero + "/trainer_state.pt")) << out;
+
+  fs::create_directories(checkpoints + "/" + step_dir(1));
+  std::tie(code, out) = trainer_run(true);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("warning: skipping checkpoint " + checkpoints + "/" + step_dir(1) +
+                     ": no checkpoint.json (the directory is empty); resuming from " + zero + "\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("resumed from " + zero), std::string::npos) << out;
+
+  const std::string state = zero + "/trainer_state.pt";
+  fs::resize_file(state, fs::file_size(state) / 2);
+  std::tie(code, out) = trainer_run(true);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("relay-trainer: " + state + ": truncated or corrupt ("), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Exception raised from"), std::string::npos) << out;
+
+  fs::remove(state);
+  std::tie(code, out) = trainer_run(true);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(
+      out.find("relay-trainer: --resume: " + checkpoints + " holds no usable checkpoint; tried " +
+               checkpoints + "/" + step_dir(1) + ": no checkpoint.json (the directory is empty); " +
+               zero + ": no trainer_state.pt\n"),
+      std::string::npos)
+      << out;
 }
 
 // The RL metrics of each step in a run's metrics.jsonl.

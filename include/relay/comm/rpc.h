@@ -51,9 +51,18 @@ struct ServerOptions {
   int64_t max_message_bytes = int64_t{64} << 20;
 };
 
+// What gRPC would report only as a server that "cannot listen" or a client
+// whose handshakes fail, said up front: `cert_file` exists and holds a PEM
+// certificate (chain), `key_file` an unencrypted PEM private key, and the key
+// is the private half of the chain's first certificate. InvalidArgument
+// naming the file, or both files for a mismatch; NotFound for a missing one.
+// RpcServer::start and TrainerClient::connect check their pair with it.
+Status check_tls_key_pair(const std::string& cert_file, const std::string& key_file);
+
 class RpcServer {
  public:
-  // Errors name the address or the certificate file that failed.
+  // Errors name the address or the certificate file that failed (a
+  // certificate and key that do not match: check_tls_key_pair).
   static StatusOr<std::unique_ptr<RpcServer>> start(const ServerOptions& options,
                                                     const std::vector<grpc::Service*>& services);
   ~RpcServer();

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "relay/common/status.h"
 #include "relay/model/checkpoint.h"
@@ -69,8 +70,15 @@ StatusOr<CheckpointInfo> write_checkpoint(const std::string& root, const Trainer
 StatusOr<CheckpointInfo> read_checkpoint(const std::string& dir);
 
 // The newest complete checkpoint under `root`, or nullopt when there is none
-// (or `root` does not exist).
-StatusOr<std::optional<CheckpointInfo>> latest_checkpoint(const std::string& root);
+// (or `root` does not exist). Complete: it has every file a resume reads
+// (checkpoint.json, trainer_state.pt, dispenser_state.bin, config.json and
+// the weights). Newer step directories that lack one are passed over; with
+// `skipped`, each gets a line there, newest first, naming the directory and
+// the missing file ("<dir>: no trainer_state.pt"), so a caller can say why
+// it did not resume from them. A file that is present but does not parse is
+// an error (DataLoss naming it), not a reason to pass over.
+StatusOr<std::optional<CheckpointInfo>> latest_checkpoint(
+    const std::string& root, std::vector<std::string>* skipped = nullptr);
 
 // The checkpoint with the highest eval accuracy under `root` (the earliest
 // of equals), or nullopt when none was evaluated.

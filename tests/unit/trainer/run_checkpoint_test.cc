@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "relay/rollout/engine.h"
 #include "testing/tensor_testing.h"
@@ -149,10 +151,49 @@ TEST(RunCheckpointTest, KeepsTheNewestAndFindsTheLatest) {
   EXPECT_FALSE(std::filesystem::exists(root + "/step_000001"));
   EXPECT_TRUE(std::filesystem::exists(root + "/step_000002"));
   EXPECT_FALSE(std::filesystem::exists(root + "/best")) << "nothing was evaluated";
-  auto latest = latest_checkpoint(root).value();
+  std::vector<std::string> skipped;
+  auto latest = latest_checkpoint(root, &skipped).value();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->version, 3);
   EXPECT_EQ(latest->dir, root + "/step_000003");
+  EXPECT_EQ(skipped, std::vector<std::string>{
+                         root + "/step_000100: no checkpoint.json (the directory is empty)"});
+}
+
+// A newer step directory that lacks a file a resume reads (emptied, or a
+// trainer state that never landed) is passed over for the one before it,
+// and each one passed over is named with the file it lacks.
+TEST(RunCheckpointTest, PassesOverIncompleteDirectoriesAndSaysWhy) {
+  const std::string root = fresh_dir("incomplete");
+  model::Policy policy = make_policy();
+  auto t = Trainer::create(policy, options()).value();
+  for (int step : {1, 2, 3}) {
+    CheckpointInfo meta;
+    meta.rl_step = step;
+    ASSERT_TRUE(write_checkpoint(root, *t, meta, {}, {3, false}).ok());
+  }
+  namespace fs = std::filesystem;
+  for (const auto& e : fs::directory_iterator(root + "/step_000003")) fs::remove(e.path());
+  fs::remove(root + "/step_000002/" + kTrainerStateFile);
+  std::vector<std::string> skipped;
+  auto latest = latest_checkpoint(root, &skipped);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  ASSERT_TRUE(latest->has_value());
+  EXPECT_EQ((*latest)->dir, root + "/step_000001");
+  EXPECT_EQ(skipped, (std::vector<std::string>{
+                         root + "/step_000003: no checkpoint.json (the directory is empty)",
+                         root + "/step_000002: no trainer_state.pt"}));
+
+  // None left: nullopt, with every directory tried listed.
+  fs::remove(root + "/step_000001/model.safetensors");
+  skipped.clear();
+  latest = latest_checkpoint(root, &skipped);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_FALSE(latest->has_value());
+  ASSERT_EQ(skipped.size(), 3u);
+  EXPECT_EQ(skipped[2], root +
+                            "/step_000001: no model.safetensors (nor "
+                            "model.safetensors.index.json)");
 }
 
 // keep_last 2 plus the best by eval accuracy: the best survives pruning,
@@ -203,6 +244,33 @@ TEST(RunCheckpointTest, KeepsTheBestByEvalAndLinksIt) {
   EXPECT_FALSE(std::filesystem::exists(plain + "/best"));
 }
 
+// A trainer_state.pt cut short (a full disk, an interrupted copy) is one line
+// naming the file and saying so; LibTorch's C++ stack trace stays out of it.
+TEST(RunCheckpointTest, TruncatedStateIsOneLineNamingTheFile) {
+  const std::string root = fresh_dir("truncated");
+  model::Policy policy = make_policy();
+  auto t = Trainer::create(policy, options()).value();
+  auto info = write_checkpoint(root, *t, CheckpointInfo{}, {}, {}).value();
+  const std::string state = info.dir + "/" + kTrainerStateFile;
+  const std::uintmax_t size = std::filesystem::file_size(state);
+  std::filesystem::resize_file(state, size / 2);
+  Status s = restore_checkpoint(info, *t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  const std::string message(s.message());
+  EXPECT_EQ(message.rfind(state + ": truncated or corrupt (" + std::to_string(size / 2) +
+                              " bytes are not a readable torch archive: ",
+                          0),
+            0u)
+      << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_EQ(message.find("frame #"), std::string::npos) << message;
+
+  std::filesystem::resize_file(state, 0);
+  s = restore_checkpoint(info, *t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), state + ": empty file (0 bytes), not a trainer state");
+}
+
 TEST(RunCheckpointTest, CorruptStateIsAnErrorThatNamesTheFile) {
   const std::string root = fresh_dir("corrupt");
   model::Policy policy = make_policy();
@@ -213,6 +281,7 @@ TEST(RunCheckpointTest, CorruptStateIsAnErrorThatNamesTheFile) {
   Status s = restore_checkpoint(info, *t);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(std::string(s.message()).find(state), std::string::npos) << s;
+  EXPECT_EQ(std::string(s.message()).find('\n'), std::string::npos) << s;
   { std::ofstream(info.dir + "/" + kCheckpointInfoFile, std::ios::trunc) << "{\"version\": 1}"; }
   auto latest = latest_checkpoint(root);
   EXPECT_EQ(latest.status().code(), absl::StatusCode::kDataLoss);
