@@ -592,7 +592,7 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
   if (device_peak >= 0) m["memory/device_peak_gb"] = static_cast<double>(device_peak) / kGiB;
 }
 
-Status Trainer::step_exception(const char* what, bool out_of_memory) {
+Status Trainer::step_exception(const std::string& what, bool out_of_memory) {
   // Gradients of the micro-batches before the throw must not leak into the
   // next step.
   optimizer_->zero_grad();
@@ -611,12 +611,10 @@ StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>&
   step_faults_.clear();
   try {
     return step_unguarded(groups);
-  } catch (const c10::Error& e) {
-    return step_exception(e.what_without_backtrace(), false);
   } catch (const std::bad_alloc&) {
     return step_exception("std::bad_alloc", true);
-  } catch (const std::exception& e) {
-    return step_exception(e.what(), false);
+  } catch (const std::exception& e) {  // c10::Error among them
+    return step_exception(model::exception_message(e), false);
   }
 }
 
@@ -624,12 +622,10 @@ StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGro
   step_faults_.clear();
   try {
     return sft_step_unguarded(groups);
-  } catch (const c10::Error& e) {
-    return step_exception(e.what_without_backtrace(), false);
   } catch (const std::bad_alloc&) {
     return step_exception("std::bad_alloc", true);
-  } catch (const std::exception& e) {
-    return step_exception(e.what(), false);
+  } catch (const std::exception& e) {  // c10::Error among them
+    return step_exception(model::exception_message(e), false);
   }
 }
 

@@ -26,12 +26,14 @@
 #include <utility>
 #include <vector>
 
+#include <rocksdb/db.h>
 #include <torch/torch.h>
 
 #include "relay/comm/rpc.h"
 #include "relay/model/checkpoint.h"
 #include "relay/store/rollout_store.h"
 #include "relay/v1/admin.pb.h"
+#include "relay/v1/store.pb.h"
 #include "testing/ports.h"
 
 extern char** environ;
@@ -615,6 +617,100 @@ TEST_F(ProcessTest, RelayRunWithTwoTrainerRanksKeepsThemIdentical) {
 // line naming the file, without LibTorch's stack trace; and when nothing is
 // usable, --resume's error lists what it tried. Zero RL steps: a run only
 // writes checkpoint zero, and a resumed one loads it and stops.
+// Rewrites stored group `seq`'s first reward in place (raw RocksDB, as a
+// build with looser checks, or a bit flip, would have left it): finite as a
+// double, infinite as the float the trainer trains on.
+void poison_stored_group(const std::string& store_dir, uint64_t seq) {
+  rocksdb::DB* raw = nullptr;
+  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), store_dir, &raw).ok());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string key = "g/";
+  for (int i = 7; i >= 0; --i) key.push_back(static_cast<char>((seq >> (8 * i)) & 0xff));
+  std::string bytes;
+  ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), key, &bytes).ok());
+  v1::StoredGroup rec;
+  ASSERT_TRUE(rec.ParseFromString(bytes));
+  rec.mutable_group()->mutable_trajectories(0)->set_reward(1e300);
+  rocksdb::WriteOptions w;
+  w.sync = true;
+  ASSERT_TRUE(db->Put(w, key, rec.SerializeAsString()).ok());
+}
+
+// The reported failure: a group the trainer cannot train on is READY when a
+// checkpoint is written, and every --resume met it again and died. Now the
+// resumed trainer quarantines it (REJECTED in the store, logged by id) and
+// finishes the run; a second resume from the same checkpoint does not meet
+// it again.
+TEST_F(ProcessTest, APoisonGroupReadyAtACheckpointDoesNotStopTheResumedRun) {
+  const int port = free_port();
+  {
+    auto trainer = start(trainer_args(port, 3), base_ + "/trainer1.log");
+    auto worker = start(worker_args(port, "w"), base_ + "/w1.log");
+    ASSERT_EQ(trainer->wait(180s), 0) << trainer->output();
+    EXPECT_EQ(worker->wait(60s), 0) << worker->output();
+  }
+  // Resume from step 2 (drop step 3's checkpoint): step 3's four groups were
+  // consumed after it, so the rewind makes them READY again; poison the
+  // oldest, which the resumed step 3 takes first.
+  const std::string checkpoints = run_dir() + "/checkpoints";
+  fs::remove_all(checkpoints + "/" + step_dir(3));
+  ASSERT_TRUE(fs::exists(checkpoints + "/" + step_dir(2)));
+  uint64_t victim = 0;
+  std::string victim_id;
+  {
+    store::StoreOptions o;
+    o.path = run_dir() + "/store";
+    o.read_only = true;
+    auto st = store::RolloutStore::open(o).value();
+    auto scanned = st->scan();
+    ASSERT_TRUE(scanned.ok()) << scanned.status();
+    for (const store::StoredGroup& g : *scanned) {
+      if (g.state == store::GroupState::kConsumed && g.consumed_version == 2 &&
+          (victim == 0 || g.seq < victim)) {
+        victim = g.seq;
+        victim_id = g.group.group_id;
+      }
+    }
+  }
+  ASSERT_GT(victim, 0u) << "step 3 consumed groups at version 2";
+  poison_stored_group(run_dir() + "/store", victim);
+
+  auto resume = [&](int steps, const std::string& log) {
+    const int p = free_port();
+    std::vector<std::string> args = trainer_args(p, steps);
+    args.push_back("--resume");
+    auto trainer = start(args, base_ + "/" + log + ".log");
+    auto worker = start(worker_args(p, "w"), base_ + "/" + log + ".w.log");
+    EXPECT_EQ(trainer->wait(180s), 0) << trainer->output();
+    EXPECT_EQ(worker->wait(60s), 0) << worker->output();
+    return trainer->output();
+  };
+  const std::string first = resume(4, "trainer2");
+  EXPECT_NE(first.find("resumed from " + checkpoints + "/" + step_dir(2)), std::string::npos)
+      << first;
+  EXPECT_NE(first.find("group '" + victim_id + "' (store seq " + std::to_string(victim) +
+                       ") quarantined"),
+            std::string::npos)
+      << first;
+  EXPECT_GE(rl_steps(run_dir() + "/metrics.jsonl"), 4);
+  {
+    store::StoreOptions o;
+    o.path = run_dir() + "/store";
+    o.read_only = true;
+    auto st = store::RolloutStore::open(o).value();
+    const store::StoredGroup g = st->get(victim).value();
+    EXPECT_EQ(g.state, store::GroupState::kRejected);
+    EXPECT_NE(g.reject_reason.find("reward: 1e+300"), std::string::npos) << g.reject_reason;
+  }
+  // Again from step 2: the quarantined group stays out of the rewind.
+  fs::remove_all(checkpoints + "/" + step_dir(4));
+  fs::remove_all(checkpoints + "/" + step_dir(3));
+  const std::string second = resume(4, "trainer3");
+  EXPECT_NE(second.find("resumed from " + checkpoints + "/" + step_dir(2)), std::string::npos)
+      << second;
+  EXPECT_EQ(second.find("quarantined"), std::string::npos) << second;
+}
+
 TEST_F(ProcessTest, ResumeExplainsDamagedCheckpoints) {
   int n = 0;
   auto trainer_run = [&](bool resume) {

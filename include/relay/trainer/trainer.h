@@ -202,7 +202,7 @@ class Trainer {
   StatusOr<StepMetrics> step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups);
   StatusOr<StepMetrics> sft_step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups);
   // A LibTorch exception out of a step, as a Status; drops partial gradients.
-  Status step_exception(const char* what, bool out_of_memory);
+  Status step_exception(const std::string& what, bool out_of_memory);
   Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference,
           DataParallel data_parallel);
   // This rank's rows of `rows` (all of them on a single rank).
