@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <mutex>
 #include <queue>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "model/json_nesting.h"
 
 namespace relay::model {
 namespace {
@@ -174,7 +176,9 @@ StatusOr<Regex> compile_regex(const std::string& text, bool literal, const std::
   int error = 0;
   PCRE2_SIZE offset = 0;
   const std::string pattern = literal ? text : onig_whitespace(text);
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2 refuses PCRE2_UCP beside PCRE2_LITERAL (a literal has no classes
+  // for it to change).
+  const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &error, &offset, nullptr);
   if (code == nullptr) {
@@ -188,6 +192,17 @@ StatusOr<Regex> compile_regex(const std::string& text, bool literal, const std::
 // The regex ByteLevel splits with when use_regex is true (GPT-2's).
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// A JSON value for a message, cut to about 80 bytes (a field of the wrong
+// type may be a whole vocabulary) at a character boundary, so the message
+// stays valid UTF-8.
+std::string shown(const json& j) {
+  std::string s = j.dump();
+  if (s.size() <= 80) return s;
+  size_t end = 77;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end) + "...";
+}
 
 // HF's SplitDelimiterBehavior.
 enum class Behavior { kRemoved, kIsolated, kContiguous, kMergedWithPrevious, kMergedWithNext };
@@ -204,7 +219,7 @@ StatusOr<Behavior> parse_behavior(const json& j, const std::string& where) {
       if (j.get<std::string>() == name) return b;
     }
   }
-  return InvalidArgumentError(absl::StrCat(where, ": unknown split behavior ", j.dump()));
+  return InvalidArgumentError(absl::StrCat(where, ": unknown split behavior ", shown(j)));
 }
 
 // One pre-tokenizer step: split every piece with `regex` (when set), then map
@@ -285,64 +300,144 @@ Status split_piece(const Step& step, pcre2_match_data* data, const std::string& 
   return OkStatus();
 }
 
-std::string str(const json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); }
+// ---- reading tokenizer.json -------------------------------------------------
 
-// Appends the steps of one pre_tokenizer node (recursing into Sequence).
+std::string member_path(const std::string& path, const std::string& key) {
+  if (key.empty()) return path;
+  return path.empty() ? key : absl::StrCat(path, ".", key);
+}
+
+// The members of one tokenizer.json object, read with their JSON path
+// ("added_tokens[0].special") for messages. nlohmann's value() and get() throw
+// a type_error that names neither the file nor the field.
+class Fields {
+ public:
+  Fields(const json& j, std::string path, const std::string& source)
+      : j_(j), path_(std::move(path)), source_(source) {}
+
+  // Member `key`, or null when it is absent (or this is not an object).
+  const json& at(const char* key) const {
+    static const json* const kNull = new json();
+    if (!j_.is_object()) return *kNull;
+    const auto it = j_.find(key);
+    return it == j_.end() ? *kNull : *it;
+  }
+  // "<source>: <path>.<key>: <what>"; an empty key names the object itself.
+  Status error(const std::string& key, const std::string& what) const {
+    return InvalidArgumentError(absl::StrCat(source_, ": ", member_path(path_, key), ": ", what));
+  }
+  // An absent or null member leaves *out as it is.
+  Status get_bool(const char* key, bool* out) const {
+    const json& v = at(key);
+    if (v.is_null()) return OkStatus();
+    if (!v.is_boolean()) return error(key, absl::StrCat("must be a boolean, got ", shown(v)));
+    *out = v.get<bool>();
+    return OkStatus();
+  }
+  Status get_string(const char* key, std::string* out) const {
+    const json& v = at(key);
+    if (v.is_null()) return OkStatus();
+    if (!v.is_string()) return error(key, absl::StrCat("must be a string, got ", shown(v)));
+    *out = v.get<std::string>();
+    return OkStatus();
+  }
+
+ private:
+  const json& j_;
+  const std::string path_;
+  const std::string& source_;
+};
+
+// How deeply Sequence nodes may nest: HF's files use one level, and parsing
+// them recurses.
+constexpr int kMaxSequenceDepth = 32;
+
+// Unused ids a vocabulary may have beyond as many as its tokens (see the id
+// check in from_json).
+constexpr int64_t kIdSlack = 1024;
+
+// Refuses a Sequence nested more than kMaxSequenceDepth deep in `j`, a
+// normalizer, pre_tokenizer, decoder or post_processor whose Sequence keeps
+// its children under `children` ("pretokenizers", ...). Anything else
+// malformed is left for the section's parser to report.
+Status check_sequence_depth(const json& j, const std::string& path, const char* children, int depth,
+                            const std::string& source) {
+  if (!j.is_object()) return OkStatus();
+  const auto type = j.find("type");
+  if (type == j.end() || *type != "Sequence") return OkStatus();
+  if (depth > kMaxSequenceDepth) {
+    return InvalidArgumentError(absl::StrCat(source, ": ", path, ": Sequence nested deeper than ",
+                                             kMaxSequenceDepth, " levels"));
+  }
+  const auto list = j.find(children);
+  if (list == j.end() || !list->is_array()) return OkStatus();
+  for (size_t i = 0; i < list->size(); ++i) {
+    RELAY_RETURN_IF_ERROR(check_sequence_depth(
+        (*list)[i], absl::StrCat(path, ".", children, "[", i, "]"), children, depth + 1, source));
+  }
+  return OkStatus();
+}
+
+// Appends the steps of one pre_tokenizer node (recursing into Sequence, whose
+// depth check_sequence_depth has bounded).
 Status parse_pre_tokenizer(const json& j, const std::string& path, const std::string& source,
                            std::vector<Step>* steps) {
   if (j.is_null()) return OkStatus();
-  const auto error = [&](const std::string& field, const std::string& what) {
-    return InvalidArgumentError(absl::StrCat(source, ": ", path, field, ": ", what));
-  };
-  if (!j.is_object() || !j.contains("type")) return error("", "expected an object with a type");
-  const std::string type = str(j["type"]);
+  const Fields f(j, path, source);
+  if (!j.is_object() || !j.contains("type")) return f.error("", "expected an object with a type");
+  std::string type;
+  RELAY_RETURN_IF_ERROR(f.get_string("type", &type));
   Step step;
   if (type == "Sequence") {
-    if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array()) {
-      return error(".pretokenizers", "expected an array");
-    }
-    for (size_t i = 0; i < j["pretokenizers"].size(); ++i) {
+    const json& list = f.at("pretokenizers");
+    if (!list.is_array()) return f.error("pretokenizers", "expected an array");
+    for (size_t i = 0; i < list.size(); ++i) {
       RELAY_RETURN_IF_ERROR(parse_pre_tokenizer(
-          j["pretokenizers"][i], absl::StrCat(path, ".pretokenizers[", i, "]"), source, steps));
+          list[i], absl::StrCat(path, ".pretokenizers[", i, "]"), source, steps));
     }
     return OkStatus();
   } else if (type == "ByteLevel") {
     step.byte_level = true;
-    step.add_prefix_space = j.value("add_prefix_space", false);
-    if (j.value("use_regex", true)) {
+    bool use_regex = true;
+    RELAY_RETURN_IF_ERROR(f.get_bool("add_prefix_space", &step.add_prefix_space));
+    RELAY_RETURN_IF_ERROR(f.get_bool("use_regex", &use_regex));
+    if (use_regex) {
       RELAY_ASSIGN_OR_RETURN(step.regex, compile_regex(kGpt2Pattern, false, source));
     }
   } else if (type == "Split") {
     const std::string where = absl::StrCat(source, ": ", path, ".pattern");
-    const json& pattern = j.value("pattern", json());
+    const json& pattern = f.at("pattern");
     if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
       RELAY_ASSIGN_OR_RETURN(step.regex, compile_regex(pattern["Regex"], false, where));
     } else if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string()) {
       RELAY_ASSIGN_OR_RETURN(step.regex, compile_regex(pattern["String"], true, where));
     } else {
-      return error(".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+      return f.error("pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
     }
     RELAY_ASSIGN_OR_RETURN(
         step.behavior,
-        parse_behavior(j.value("behavior", json()), absl::StrCat(source, ": ", path, ".behavior")));
-    if (j.value("invert", false)) return error(".invert", "true is not supported");
+        parse_behavior(f.at("behavior"), absl::StrCat(source, ": ", path, ".behavior")));
+    bool invert = false;
+    RELAY_RETURN_IF_ERROR(f.get_bool("invert", &invert));
+    if (invert) return f.error("invert", "true is not supported");
   } else if (type == "Digits") {
     // HF tests char::is_numeric, i.e. \p{N}; a run of them is one piece
     // unless individual_digits.
-    const bool individual = j.value("individual_digits", false);
+    bool individual = false;
+    RELAY_RETURN_IF_ERROR(f.get_bool("individual_digits", &individual));
     RELAY_ASSIGN_OR_RETURN(step.regex,
                            compile_regex(individual ? R"(\p{N})" : R"(\p{N}+)", false, source));
   } else if (type == "Punctuation") {
     // HF: char::is_ascii_punctuation || Unicode category P*.
     RELAY_ASSIGN_OR_RETURN(step.regex, compile_regex(R"([\p{P}!-/:-@\[-`{-~])", false, source));
     step.behavior = Behavior::kIsolated;
-    if (j.contains("behavior")) {
+    if (!f.at("behavior").is_null()) {
       RELAY_ASSIGN_OR_RETURN(
           step.behavior,
-          parse_behavior(j["behavior"], absl::StrCat(source, ": ", path, ".behavior")));
+          parse_behavior(f.at("behavior"), absl::StrCat(source, ": ", path, ".behavior")));
     }
   } else {
-    return error(".type", absl::StrCat("pre-tokenizer ", j["type"].dump(), " is not supported"));
+    return f.error("type", absl::StrCat("pre-tokenizer ", json(type).dump(), " is not supported"));
   }
   steps->push_back(std::move(step));
   return OkStatus();
@@ -540,14 +635,20 @@ BpeTokenizer::~BpeTokenizer() = default;
 
 StatusOr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text,
                                                const std::string& source) {
+  RELAY_RETURN_IF_ERROR(check_json_nesting(json_text, source));
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   }
-  const auto error = [&](const std::string& path, const std::string& what) {
-    return InvalidArgumentError(absl::StrCat(source, ": ", path, ": ", what));
-  };
-  // nlohmann's value() and get() throw on a field of the wrong type.
+  const Fields top(j, "", source);
+  for (const auto& [section, children] : {std::pair{"normalizer", "normalizers"},
+                                          {"pre_tokenizer", "pretokenizers"},
+                                          {"decoder", "decoders"},
+                                          {"post_processor", "processors"}}) {
+    RELAY_RETURN_IF_ERROR(check_sequence_depth(top.at(section), section, children, 1, source));
+  }
+  // Every field below is read with a check of its type; the catch is a last
+  // line in case one is not.
   try {
     auto impl = std::make_unique<Impl>();
 
@@ -555,71 +656,70 @@ StatusOr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text,
     // NFC text and tokenize whatever bytes they get, so the only difference is
     // on non-NFC input (decomposed accents), which then encodes as its own
     // bytes rather than the composed form's.
-    const json normalizer = j.value("normalizer", json());
-    if (!normalizer.is_null() &&
-        !(normalizer.is_object() && normalizer.value("type", "") == "NFC")) {
-      return error("normalizer.type", absl::StrCat(normalizer.value("type", json()).dump(),
-                                                   " is not supported (null or NFC only)"));
+    const json& normalizer = top.at("normalizer");
+    if (!normalizer.is_null()) {
+      const Fields n(normalizer, "normalizer", source);
+      if (!normalizer.is_object()) {
+        return n.error("", absl::StrCat("must be null or an object, got ", shown(normalizer)));
+      }
+      std::string type;
+      RELAY_RETURN_IF_ERROR(n.get_string("type", &type));
+      if (type != "NFC") {
+        return n.error("type",
+                       absl::StrCat(shown(n.at("type")), " is not supported (null or NFC only)"));
+      }
     }
 
     // Model.
-    if (!j.contains("model") || !j["model"].is_object())
-      return error("model", "expected an object");
-    const json& model = j["model"];
-    if (model.value("type", json()) != "BPE") {
-      return error("model.type",
-                   absl::StrCat("expected \"BPE\", got ", model.value("type", json()).dump()));
+    const json& model = top.at("model");
+    if (!model.is_object()) return top.error("model", "expected an object");
+    const Fields m(model, "model", source);
+    if (m.at("type") != "BPE") {
+      return m.error("type", absl::StrCat("expected \"BPE\", got ", shown(m.at("type"))));
     }
     for (const char* field : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
-      if (!model.value(field, json()).is_null()) {
-        return error(absl::StrCat("model.", field), "not supported");
-      }
+      if (!m.at(field).is_null()) return m.error(field, "not supported");
     }
-    if (model.value("byte_fallback", false)) return error("model.byte_fallback", "not supported");
-    impl->ignore_merges = model.value("ignore_merges", false);
-    if (!model.contains("vocab") || !model["vocab"].is_object()) {
-      return error("model.vocab", "expected an object of token -> id");
-    }
-    int64_t max_id = -1;
-    for (const auto& [token, id] : model["vocab"].items()) {
+    bool byte_fallback = false;
+    RELAY_RETURN_IF_ERROR(m.get_bool("byte_fallback", &byte_fallback));
+    if (byte_fallback) return m.error("byte_fallback", "not supported");
+    RELAY_RETURN_IF_ERROR(m.get_bool("ignore_merges", &impl->ignore_merges));
+    const json& vocab = m.at("vocab");
+    if (!vocab.is_object()) return m.error("vocab", "expected an object of token -> id");
+    for (const auto& [token, id] : vocab.items()) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1LL << 31)) {
-        return error(absl::StrCat("model.vocab[", json(token).dump(), "]"),
-                     absl::StrCat("expected an id in [0, 2^31), got ", id.dump()));
+        return m.error(absl::StrCat("vocab[", shown(json(token)), "]"),
+                       absl::StrCat("expected an id in [0, 2^31), got ", shown(id)));
       }
       impl->vocab[token] = id.get<int64_t>();
-      max_id = std::max(max_id, id.get<int64_t>());
     }
-    impl->id_to_token.resize(static_cast<size_t>(max_id + 1));
-    for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<size_t>(id)] = token;
 
-    if (!model.contains("merges") || !model["merges"].is_array()) {
-      return error("model.merges", "expected an array");
-    }
-    const json& merges = model["merges"];
+    const json& merges = m.at("merges");
+    if (!merges.is_array()) return m.error("merges", "expected an array");
     for (size_t i = 0; i < merges.size(); ++i) {
-      const std::string path = absl::StrCat("model.merges[", i, "]");
+      const std::string path = absl::StrCat("merges[", i, "]");
       std::string a, b;
       if (merges[i].is_string()) {
-        const std::string m = merges[i];
-        const size_t space = m.find(' ');
-        if (space == std::string::npos || m.find(' ', space + 1) != std::string::npos) {
-          return error(path, absl::StrCat("expected \"a b\", got ", merges[i].dump()));
+        const std::string s = merges[i];
+        const size_t space = s.find(' ');
+        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+          return m.error(path, absl::StrCat("expected \"a b\", got ", shown(merges[i])));
         }
-        a = m.substr(0, space), b = m.substr(space + 1);
+        a = s.substr(0, space), b = s.substr(space + 1);
       } else if (merges[i].is_array() && merges[i].size() == 2 && merges[i][0].is_string() &&
                  merges[i][1].is_string()) {
         a = merges[i][0], b = merges[i][1];
       } else {
-        return error(path,
-                     absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ", merges[i].dump()));
+        return m.error(path,
+                       absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ", shown(merges[i])));
       }
       const auto ia = impl->vocab.find(a), ib = impl->vocab.find(b), iab = impl->vocab.find(a + b);
       if (ia == impl->vocab.end() || ib == impl->vocab.end() || iab == impl->vocab.end()) {
-        return error(path, absl::StrCat("\"",
-                                        ia == impl->vocab.end()   ? a
-                                        : ib == impl->vocab.end() ? b
-                                                                  : a + b,
-                                        "\" is not in model.vocab"));
+        return m.error(path, absl::StrCat("\"",
+                                          ia == impl->vocab.end()   ? a
+                                          : ib == impl->vocab.end() ? b
+                                                                    : a + b,
+                                          "\" is not in model.vocab"));
       }
       const uint64_t key =
           (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second);
@@ -628,44 +728,96 @@ StatusOr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text,
     }
 
     // Added tokens.
-    const json added = j.value("added_tokens", json::array());
-    if (!added.is_array()) return error("added_tokens", "expected an array");
-    for (size_t i = 0; i < added.size(); ++i) {
-      const std::string path = absl::StrCat("added_tokens[", i, "]");
+    const json& added = top.at("added_tokens");
+    if (!added.is_null() && !added.is_array())
+      return top.error("added_tokens", "expected an array");
+    for (size_t i = 0; added.is_array() && i < added.size(); ++i) {
       const json& t = added[i];
-      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
-          t["id"].get<int64_t>() < 0 || !t.contains("content") || !t["content"].is_string() ||
-          t["content"].get<std::string>().empty()) {
-        return error(path, "expected {\"id\": >= 0, \"content\": non-empty string, ...}");
+      const Fields f(t, absl::StrCat("added_tokens[", i, "]"), source);
+      if (!t.is_object()) return f.error("", absl::StrCat("must be an object, got ", shown(t)));
+      const json& id = f.at("id");
+      if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+        return f.error("id", absl::StrCat("must be an integer >= 0, got ", shown(id)));
       }
-      if (t.value("single_word", false))
-        return error(path + ".single_word", "true is not supported");
+      const json& content = f.at("content");
+      if (!content.is_string() || content.get<std::string>().empty()) {
+        return f.error("content", absl::StrCat("must be a non-empty string, got ", shown(content)));
+      }
       AddedToken a;
-      a.content = t["content"];
-      a.id = t["id"];
-      a.special = t.value("special", false);
-      a.normalized = t.value("normalized", !a.special);
-      a.lstrip = t.value("lstrip", false);
-      a.rstrip = t.value("rstrip", false);
+      a.content = content.get<std::string>();
+      a.id = id.get<int64_t>();
+      bool single_word = false;
+      RELAY_RETURN_IF_ERROR(f.get_bool("single_word", &single_word));
+      if (single_word) return f.error("single_word", "true is not supported");
+      RELAY_RETURN_IF_ERROR(f.get_bool("special", &a.special));
+      a.normalized = !a.special;
+      RELAY_RETURN_IF_ERROR(f.get_bool("normalized", &a.normalized));
+      RELAY_RETURN_IF_ERROR(f.get_bool("lstrip", &a.lstrip));
+      RELAY_RETURN_IF_ERROR(f.get_bool("rstrip", &a.rstrip));
+      impl->added.push_back(std::move(a));
+    }
+
+    // Ids index a table (id_to_token here, the embedding rows of a model
+    // built for this tokenizer), so they are bounded by the tokens the file
+    // defines: real files are dense (max id + 1 == tokens); the slack leaves
+    // room for a vocabulary with tokens removed, while an id of 2^30 in a
+    // small file is refused instead of allocating gigabytes.
+    size_t tokens = impl->vocab.size();
+    {
+      std::unordered_set<std::string_view> extra;
+      for (const AddedToken& a : impl->added) {
+        if (impl->vocab.count(a.content) == 0) extra.insert(a.content);
+      }
+      tokens += extra.size();
+    }
+    const int64_t id_limit = 2 * static_cast<int64_t>(tokens) + kIdSlack;
+    const auto id_error = [&](const Fields& f, const std::string& key, int64_t id) {
+      return f.error(key, absl::StrCat("id ", id, " is too large for the ", tokens,
+                                       " tokens defined (ids must be < ", id_limit,
+                                       ": 2 x tokens + ", kIdSlack, ")"));
+    };
+    int64_t max_id = -1;
+    for (const auto& [token, id] : vocab.items()) {  // sorted by token
+      if (id.get<int64_t>() >= id_limit) {
+        return id_error(m, absl::StrCat("vocab[", shown(json(token)), "]"), id.get<int64_t>());
+      }
+      max_id = std::max(max_id, id.get<int64_t>());
+    }
+    for (size_t i = 0; i < impl->added.size(); ++i) {
+      const AddedToken& a = impl->added[i];
+      if (a.id >= id_limit) {
+        return id_error(Fields(added[i], absl::StrCat("added_tokens[", i, "]"), source), "id",
+                        a.id);
+      }
       max_id = std::max(max_id, a.id);
       impl->added_by_id[a.id] = a.content;
       impl->added_first_byte[static_cast<unsigned char>(a.content[0])] = true;
-      impl->added.push_back(std::move(a));
     }
+    impl->id_to_token.resize(static_cast<size_t>(max_id + 1));
+    for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<size_t>(id)] = token;
     std::stable_sort(impl->added.begin(), impl->added.end(),
                      [](const AddedToken& x, const AddedToken& y) {
                        return x.content.size() > y.content.size();
                      });
     impl->vocab_size = max_id + 1;
 
-    // Pre-tokenizer and decoder.
-    RELAY_RETURN_IF_ERROR(parse_pre_tokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer",
-                                              source, &impl->steps));
+    // Pre-tokenizer and decoder; post_processor is not used (encode() adds
+    // no BOS/EOS).
+    RELAY_RETURN_IF_ERROR(
+        parse_pre_tokenizer(top.at("pre_tokenizer"), "pre_tokenizer", source, &impl->steps));
     for (const Step& s : impl->steps) impl->maps_bytes |= s.byte_level;
-    const json decoder = j.value("decoder", json());
-    if (!decoder.is_null() && !(decoder.is_object() && decoder.value("type", "") == "ByteLevel")) {
-      return error("decoder.type", absl::StrCat(decoder.value("type", json()).dump(),
-                                                " is not supported (ByteLevel only)"));
+    const json& decoder = top.at("decoder");
+    if (!decoder.is_null()) {
+      const Fields d(decoder, "decoder", source);
+      if (!decoder.is_object()) {
+        return d.error("", absl::StrCat("must be null or an object, got ", shown(decoder)));
+      }
+      std::string type;
+      RELAY_RETURN_IF_ERROR(d.get_string("type", &type));
+      if (type != "ByteLevel") {
+        return d.error("type",
+                       absl::StrCat(shown(d.at("type")), " is not supported (ByteLevel only)"));
+      }
     }
 
     // Special ids by name: the first name present wins.

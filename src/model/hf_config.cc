@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_split.h"
+#include "model/json_nesting.h"
 
 namespace relay::model {
 namespace {
@@ -164,6 +165,7 @@ class ConfigFields {
 
 // `text` as a JSON object; errors name `source`.
 StatusOr<json> parse_object(const std::string& text, const std::string& source) {
+  RELAY_RETURN_IF_ERROR(check_json_nesting(text, source));
   json j;
   try {
     j = json::parse(text);

@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/json_nesting.h"
+
 namespace relay::model {
 
 // Safetensors data is little-endian and copied raw into tensors.
@@ -253,11 +255,15 @@ StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::
   const uint64_t data_size = file_size - 8 - header_len;
   r->data_ = bytes + 8 + header_len;
 
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes + 8), header_len);
+  if (Status s = check_json_nesting(header_text, path + ": header"); !s.ok()) {
+    return DataLossError(s.message());
+  }
   // A sorted-map json (not ordered_json, whose lookups are linear): entries
   // are put in data order below.
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
+    header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(path + ": header is not valid JSON: " + e.what());
   }
@@ -362,6 +368,7 @@ Status write_safetensors(const std::string& path,
 
 StatusOr<ShardIndex> read_shard_index(const std::string& index_path) {
   RELAY_ASSIGN_OR_RETURN(std::string text, read_file(index_path));
+  RELAY_RETURN_IF_ERROR(check_json_nesting(text, index_path));
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

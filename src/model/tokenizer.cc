@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/json_nesting.h"
 #include "relay/common/file_io.h"
 #include "relay/model/bpe_tokenizer.h"
 
@@ -39,6 +40,7 @@ StatusOr<CharTokenizer> CharTokenizer::create(std::string_view alphabet) {
 
 StatusOr<CharTokenizer> CharTokenizer::from_json(const std::string& json_text,
                                                  const std::string& source) {
+  RELAY_RETURN_IF_ERROR(check_json_nesting(json_text, source));
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return InvalidArgumentError(absl::StrCat(source, ": not valid JSON (truncated or corrupt)"));
@@ -124,6 +126,7 @@ namespace {
 // "content" (an AddedToken), or null.
 StatusOr<BpeTokenizer::SpecialTokens> read_special_tokens(const std::string& path) {
   RELAY_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  RELAY_RETURN_IF_ERROR(check_json_nesting(text, path));
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return InvalidArgumentError(path + ": not a JSON object");
   BpeTokenizer::SpecialTokens names;
@@ -135,8 +138,14 @@ StatusOr<BpeTokenizer::SpecialTokens> read_special_tokens(const std::string& pat
     } else if (v.is_object() && v.contains("content") && v["content"].is_string()) {
       *out = v["content"].get<std::string>();
     } else {
-      return InvalidArgumentError(absl::StrCat(
-          path, ": ", key, ": expected a string or {\"content\": ...}, got ", v.dump()));
+      std::string got = v.dump();
+      if (got.size() > 80) {  // cut at a character boundary: the message stays UTF-8
+        size_t end = 77;
+        while (end > 0 && (static_cast<unsigned char>(got[end]) & 0xC0) == 0x80) --end;
+        got = got.substr(0, end) + "...";
+      }
+      return InvalidArgumentError(
+          absl::StrCat(path, ": ", key, ": expected a string or {\"content\": ...}, got ", got));
     }
     return OkStatus();
   };

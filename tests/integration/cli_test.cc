@@ -762,5 +762,35 @@ TEST(CliTokenizeTest, EncodesAndDecodes) {
   EXPECT_EQ(r.out, "{\"text\":\"Hello world\"}\n");
 }
 
+// Issue 17: two tokenizer.json files that crashed `relay tokenize` (rc 134
+// from std::bad_alloc, rc 139 from a stack overflow) are now errors, rc 1.
+TEST(CliTokenizeTest, HostileTokenizerFilesAreErrors) {
+  const std::string dir =
+      ::testing::TempDir() + "/cli_tokenize_hostile_" + std::to_string(::getpid());
+  fs::create_directories(dir);
+  nlohmann::json huge_id = relay::testing::byte_tokenizer_json({"<|endoftext|>"});
+  huge_id["model"]["vocab"]["hi"] = 1 << 30;
+  std::ofstream(dir + "/huge_id.json") << huge_id.dump();
+  CliResult r = RelayCli("tokenize --tokenizer " + dir + "/huge_id.json --text hi");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err, "relay tokenize: " + dir +
+                       "/huge_id.json: model.vocab[\"hi\"]: id 1073741824 is too large for the "
+                       "258 tokens defined (ids must be < 1540: 2 x tokens + 1024)\n");
+
+  nlohmann::json deep = relay::testing::byte_tokenizer_json({});
+  deep["pre_tokenizer"] = "@";
+  std::string inner;
+  for (int i = 0; i < 20000; ++i) inner += R"({"type": "Sequence", "pretokenizers": [)";
+  inner += R"({"type": "ByteLevel"})";
+  for (int i = 0; i < 20000; ++i) inner += "]}";
+  std::string text = deep.dump();
+  text.replace(text.find("\"@\""), 3, inner);
+  std::ofstream(dir + "/deep.json") << text;
+  r = RelayCli("tokenize --tokenizer " + dir + "/deep.json --text hi");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("deep.json: JSON nests deeper than 128 levels"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace relay

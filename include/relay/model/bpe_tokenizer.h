@@ -19,6 +19,11 @@
 // has no vocab symbol is an error rather than silently dropped.
 // post_processor is ignored: encode() never adds BOS/EOS (as HF's
 // add_special_tokens=False).
+// Limits that keep a hostile file an error rather than a crash or a huge
+// allocation: every id must be < 2 x the distinct tokens of vocab and
+// added_tokens + 1024 (real files are dense); Sequence nodes, in any section,
+// nest at most 32 deep; the JSON at most 128 levels. A field of the wrong
+// type is an error naming it ("added_tokens[0].special: must be a boolean").
 //
 // Thread-safety: const methods may be called from any thread (the per-word
 // BPE cache is guarded by a mutex).

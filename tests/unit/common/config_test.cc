@@ -655,6 +655,9 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "x.yaml:1: expected a map at the top level, got a sequence"},
       {"top-level scalar", "hello\n", "x.yaml:1: expected a map at the top level, got 'hello'"},
       {"two documents", "run: {}\n---\nrollout: {}\n", "x.yaml: expected one YAML document, got 2"},
+      // yaml-cpp's LoadAll returned empty documents without end for this
+      // (tests/fuzz); counting stops.
+      {"stray comma", ",", "x.yaml: expected one YAML document, got more than 16"},
       {"malformed", "rollout:\n  n: [4\n",
        "x.yaml:3:1: malformed YAML: end of sequence flow not found"},
       // Values checked by validate(), prefixed with the source.

@@ -460,6 +460,12 @@ TEST(HfConfigTest, RejectsBadConfigs) {
       {"not JSON", "{\"model_type\": ", absl::StatusCode::kInvalidArgument, ""},
       {"not an object", "[]", absl::StatusCode::kInvalidArgument,
        "config.json: must be a JSON object"},
+      {"nested 200,000 deep",
+       qwen2_with("rope_scaling", "null")
+           .replace(1, 0,
+                    "\"x\": " + std::string(200000, '[') + "0" + std::string(200000, ']') + ", "),
+       absl::StatusCode::kInvalidArgument,
+       "config.json: JSON nests deeper than 128 levels (at byte 133)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);

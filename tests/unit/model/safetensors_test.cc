@@ -302,6 +302,11 @@ TEST(SafetensorsTest, RejectsMalformedFiles) {
        compose(R"({"__metadata__":{"step":3}})", ""),
        absl::StatusCode::kDataLoss,
        {"__metadata__ 'step'"}},
+      // Parsed, then dumped for the error message, this overflowed the stack.
+      {"nested 200,000 deep",
+       compose("{\"w\": " + std::string(200000, '[') + std::string(200000, ']') + "}", ""),
+       absl::StatusCode::kDataLoss,
+       {": header: JSON nests deeper than 128 levels (at byte 133)"}},
   };
   const std::string dir = test_dir();
   // The template the cases break is itself valid.
@@ -504,6 +509,8 @@ TEST(SafetensorsTest, RejectsBadShardIndex) {
        absl::StatusCode::kInvalidArgument, "weight_map 'a'"},
       {"no weight_map", R"({"metadata": {}})", absl::StatusCode::kInvalidArgument, "weight_map"},
       {"not JSON", "{", absl::StatusCode::kInvalidArgument, "not valid JSON"},
+      {"nested 200,000 deep", "{\"metadata\": " + std::string(200000, '[') + "}",
+       absl::StatusCode::kInvalidArgument, "JSON nests deeper than 128 levels (at byte 140)"},
       {"tensor missing in shard",
        R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors"}})",
        absl::StatusCode::kDataLoss, "tensor 'b' is mapped to 's1.safetensors'"},
