@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <sstream>
 
@@ -607,26 +608,34 @@ Status Trainer::step_exception(const std::string& what, bool out_of_memory) {
   return InternalError(absl::StrCat(where, what));
 }
 
+namespace {
+
+// Runs a step body; an exception out of it (c10::Error, std::bad_alloc, ...)
+// goes to `on_exception` as its message and whether memory ran out.
+StatusOr<StepMetrics> catching(
+    const std::function<StatusOr<StepMetrics>()>& body,
+    const std::function<Status(const std::string&, bool)>& on_exception) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return on_exception("std::bad_alloc", true);
+  } catch (const std::exception& e) {
+    return on_exception(model::exception_message(e), false);
+  }
+}
+
+}  // namespace
+
 StatusOr<StepMetrics> Trainer::step(const std::vector<rollout::TrajectoryGroup>& groups) {
   step_faults_.clear();
-  try {
-    return step_unguarded(groups);
-  } catch (const std::bad_alloc&) {
-    return step_exception("std::bad_alloc", true);
-  } catch (const std::exception& e) {  // c10::Error among them
-    return step_exception(model::exception_message(e), false);
-  }
+  return catching([&] { return step_unguarded(groups); },
+                  [this](const std::string& what, bool oom) { return step_exception(what, oom); });
 }
 
 StatusOr<StepMetrics> Trainer::sft_step(const std::vector<rollout::TrajectoryGroup>& groups) {
   step_faults_.clear();
-  try {
-    return sft_step_unguarded(groups);
-  } catch (const std::bad_alloc&) {
-    return step_exception("std::bad_alloc", true);
-  } catch (const std::exception& e) {  // c10::Error among them
-    return step_exception(model::exception_message(e), false);
-  }
+  return catching([&] { return sft_step_unguarded(groups); },
+                  [this](const std::string& what, bool oom) { return step_exception(what, oom); });
 }
 
 StatusOr<StepMetrics> Trainer::step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups) {
