@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
 build_dir=${BUILD_DIR:-build}
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build_dir" -j "$(nproc)" --target relay
+# scripts/test.sh's configuration: running both compiles each file once.
+BUILD_DIR="$build_dir" ./scripts/build.sh relay relay-trainer relay-rollout
 relay="$build_dir/src/relay"
 
 config=${1:-configs/tiny.yaml}

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Set-up, configure, build and run every test. Exits non-zero on any failure.
+# The build is scripts/build.sh's, the one scripts/run.sh uses too. Tests are
+# labelled (ctest -L): unit, integration, e2e (learning runs), fuzz, cuda;
+# `ctest --test-dir build -L unit` runs the fast ones alone.
 #   BUILD_DIR   build directory (default: build)
 #   JOBS        parallel build/test jobs (default: number of cores)
 set -euo pipefail
@@ -10,8 +13,7 @@ cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 start=$(date +%s)
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRELAY_WERROR=ON
-cmake --build "$build_dir" -j "$jobs"
+BUILD_DIR="$build_dir" JOBS="$jobs" ./scripts/build.sh
 built=$(date +%s)
 echo "test.sh: build took $((built - start)) s"
 
