@@ -41,6 +41,32 @@ Status TrainerHost::screen(const store::StoredGroup& g, int64_t version) const {
   return validate_submission(g.group, c, options_.limits);
 }
 
+Status TrainerHost::wait_for_ready(int64_t want, int64_t taken, int64_t min_version,
+                                   std::chrono::steady_clock::time_point deadline,
+                                   const std::function<bool()>& stop,
+                                   const std::function<Status()>& workers_present) const {
+  const int64_t v = trainer_->version();
+  for (;;) {
+    RELAY_ASSIGN_OR_RETURN(int64_t ready, store_->count_ready(min_version));
+    if (ready >= want) return OkStatus();
+    const int64_t have = ready + taken;
+    if (stop && stop()) return CancelledError("trainer: stopped while waiting for groups");
+    if (workers_present) {
+      if (Status st = workers_present(); !st.ok()) {
+        return Status(st.code(),
+                      absl::StrCat("trainer at version ", v, " (", have, " of ",
+                                   options_.groups_per_step, " groups ready): ", st.message()));
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return DeadlineExceededError(absl::StrCat(
+          "trainer at version ", v, ": ", have, " of ", options_.groups_per_step,
+          " groups ready after ", options_.group_wait_ms, " ms; are the rollout workers running?"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
+  }
+}
+
 StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& stop,
                                                  const std::function<Status()>& workers_present) {
   const int64_t v = trainer_->version();
@@ -58,26 +84,8 @@ StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& st
     // the ones no step could train on, and take more in their place.
     while (static_cast<int64_t>(taken.size()) < options_.groups_per_step) {
       const int64_t want = options_.groups_per_step - static_cast<int64_t>(taken.size());
-      for (;;) {
-        RELAY_ASSIGN_OR_RETURN(int64_t ready, store_->count_ready(min_version));
-        if (ready >= want) break;
-        const int64_t have = ready + static_cast<int64_t>(taken.size());
-        if (stop && stop()) return CancelledError("trainer: stopped while waiting for groups");
-        if (workers_present) {
-          if (Status st = workers_present(); !st.ok()) {
-            return Status(st.code(),
-                          absl::StrCat("trainer at version ", v, " (", have, " of ",
-                                       options_.groups_per_step, " groups ready): ", st.message()));
-          }
-        }
-        if (std::chrono::steady_clock::now() > deadline) {
-          return DeadlineExceededError(absl::StrCat("trainer at version ", v, ": ", have, " of ",
-                                                    options_.groups_per_step,
-                                                    " groups ready after ", options_.group_wait_ms,
-                                                    " ms; are the rollout workers running?"));
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
-      }
+      RELAY_RETURN_IF_ERROR(wait_for_ready(want, static_cast<int64_t>(taken.size()), min_version,
+                                           deadline, stop, workers_present));
       int64_t expired_take = 0;
       const uint64_t rejected_in_store = store_->rejected_total();
       RELAY_ASSIGN_OR_RETURN(std::vector<store::StoredGroup> got,

@@ -544,25 +544,24 @@ def run(trainer_path, source_dir):
         results.case("bad groups do not poison the stream", one_stream)
 
         # ---- refused groups keep their lease: correct and resubmit -------------
-        def resubmit():
-            check("k mismatch" in kept, "no refused lease was kept (the k mismatch case failed)")
-            lease, _ = kept.pop("k mismatch")
+        def submit_good(lease):
             version = builder.learn(c.manifest(a))
             ack = c.submit_one(a, lease.lease_id, builder.group(lease, version))
             if ack.accepted:
                 good_accepted.append(ack.store_seq)
             check(ack.accepted, f"refused: code {ack.error_code}: {ack.error_message!r}")
+            return ack
+
+        def resubmit():
+            check("k mismatch" in kept, "no refused lease was kept (the k mismatch case failed)")
+            lease, _ = kept.pop("k mismatch")
+            ack = submit_good(lease)
             return f"lease {lease.lease_id} accepted (store_seq {ack.store_seq})"
         results.case("corrected group on a refused lease is accepted", resubmit)
 
         def fresh_good():
             lease, _ = c.lease(a)
-            version = builder.learn(c.manifest(a))
-            ack = c.submit_one(a, lease.lease_id, builder.group(lease, version))
-            if ack.accepted:
-                good_accepted.append(ack.store_seq)
-            check(ack.accepted, f"refused: code {ack.error_code}: {ack.error_message!r}")
-            return f"store_seq {ack.store_seq}"
+            return f"store_seq {submit_good(lease).store_seq}"
         results.case("good group on a fresh lease is accepted", fresh_good)
 
         def still_serving():

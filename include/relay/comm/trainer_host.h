@@ -7,6 +7,7 @@
 // previous version meanwhile; the trainer never waits for them to apply it.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -64,6 +65,13 @@ class TrainerHost {
   const std::vector<rollout::TrajectoryGroup>& last_groups() const { return last_groups_; }
 
  private:
+  // Returns once `want` READY groups lie within `min_version` (`taken`
+  // already held count in the messages); Cancelled when `stop` turns true,
+  // workers_present's error, or DeadlineExceeded after `deadline`.
+  Status wait_for_ready(int64_t want, int64_t taken, int64_t min_version,
+                        std::chrono::steady_clock::time_point deadline,
+                        const std::function<bool()>& stop,
+                        const std::function<Status()>& workers_present) const;
   // The reason a taken group cannot be trained on, or OK.
   Status screen(const store::StoredGroup& g, int64_t version) const;
   Status quarantine(const store::StoredGroup& g, const std::string& reason, int64_t version);
