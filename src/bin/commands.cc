@@ -19,7 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-#include "relay/common/config.h"
+#include "relay/config/config.h"
 #include "relay/common/file_io.h"
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/chat_template.h"
@@ -555,10 +555,10 @@ int train_local(const TrainLocalArgs& args) {
   StatusOr<RolloutSetup> setup = setup_rollout(ra);
   if (!setup.ok()) return fail("train-local", setup.status());
   RolloutSetup& s = *setup;
-  if (s.config.trainer.world_size != 1) {
+  if (s.config.trainer.data_parallel.world_size != 1) {
     return fail("train-local",
                 InvalidArgumentError(absl::StrCat(
-                    "trainer.world_size is ", s.config.trainer.world_size,
+                    "trainer.world_size is ", s.config.trainer.data_parallel.world_size,
                     ": train-local is one process; data-parallel training runs under relay run "
                     "or relay-trainer")));
   }

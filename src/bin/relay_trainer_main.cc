@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
       }
     }
   } stop_followers{leader.get()};
-  const int64_t bucket_bytes = int64_t{s.config.trainer.allreduce_bucket_mb} << 20;
+  const int64_t bucket_bytes = int64_t{s.config.trainer.data_parallel.allreduce_bucket_mb} << 20;
   auto data_parallel = [&] {
     return leader ? leader->data_parallel(bucket_bytes) : trainer::DataParallel{};
   };
@@ -543,7 +543,7 @@ int main(int argc, char** argv) {
   }
   if (broadcaster) sopt.weight_sync_endpoint = broadcaster->endpoint();
   sopt.max_staleness = s.config.trainer.max_staleness;
-  sopt.greedy_baseline = s.config.trainer.advantage.estimator == "remax";
+  sopt.greedy_baseline = s.config.trainer.advantage.estimator == trainer::AdvantageEstimator::kRemax;
   sopt.limits = limits;
   comm::TrainerService service(
       sopt, store->get(), dispenser->get(), &publisher,

@@ -33,7 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "bin/commands.h"
 #include "bin/supervise.h"
-#include "relay/common/config.h"
+#include "relay/config/config.h"
 
 extern char** environ;
 
@@ -208,7 +208,7 @@ int run(const RunArgs& args) {
   StatusOr<ExperimentConfig> config = load_config(args.config_file, overrides);
   if (!config.ok()) return fail(config.status());
   const int workers = config->rollout.workers;
-  const int ranks = config->trainer.world_size;
+  const int ranks = config->trainer.data_parallel.world_size;
   if (config->run.threads == 0) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     overrides.push_back(

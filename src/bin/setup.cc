@@ -198,7 +198,12 @@ StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
 }
 
 StatusOr<trainer::TrainerOptions> trainer_options(const RolloutSetup& s) {
-  RELAY_ASSIGN_OR_RETURN(trainer::TrainerOptions o, trainer::trainer_options(s.config));
+  // The trainer's section, plus what the process knows from other sections.
+  trainer::TrainerOptions o = s.config.trainer;
+  trainer::share_ppo_settings(o.loss);
+  o.temperature = s.config.rollout.temperature;  // score at the sampling temperature
+  o.loss.clip_cov.seed = s.config.run.seed;
+  o.autocast = s.engine.autocast;
   o.pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
   // The trainer scores over the support the engine samples from.
   o.vocab_limit = s.engine.vocab_limit;
@@ -242,7 +247,7 @@ StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout
   g.k = s.config.rollout.n;
   g.seed = seed;
   // ReMax's baseline is the reward of a greedy response to the same prompt.
-  g.greedy_baseline = s.config.trainer.advantage.estimator == "remax";
+  g.greedy_baseline = s.config.trainer.advantage.estimator == trainer::AdvantageEstimator::kRemax;
   StatusOr<std::vector<int64_t>> ids = s.tokenizer->encode(p.prompt);
   if (!ids.ok()) {
     return Status(ids.status().code(), absl::StrCat(p.id, ": prompt: ", ids.status().message()));

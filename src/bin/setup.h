@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "bin/commands.h"
-#include "relay/common/config.h"
+#include "relay/config/config.h"
 #include "relay/common/status.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
@@ -64,7 +64,8 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
 // options with every stop token resolved. Errors name the flag or field.
 StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args);
 
-// The trainer's options for this setup: config.trainer, with the
+// The trainer's options for this setup: config.trainer with share_ppo_settings,
+// the sampling temperature, run.seed, run.autocast, the
 // tokenizer's pad id and the vocabulary support the engine samples from.
 StatusOr<trainer::TrainerOptions> trainer_options(const RolloutSetup& s);
 

@@ -30,7 +30,7 @@ void print_weights_digest(const model::PolicyImpl& policy, int rank) {
 }
 
 StatusOr<comm::TrainerRank> trainer_rank(const ExperimentConfig& config) {
-  return comm::trainer_rank_from_env(config.trainer.world_size, config.trainer.rendezvous,
+  return comm::trainer_rank_from_env(config.trainer.data_parallel.world_size, config.trainer.data_parallel.rendezvous,
                                      process_env);
 }
 
@@ -42,7 +42,7 @@ StatusOr<std::shared_ptr<trainer::Collectives>> join_trainer_ranks(const Experim
   o.rank = rank;
   o.device = device;
   o.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config.trainer.collective_timeout_s * 1000));
+      std::chrono::milliseconds(static_cast<int64_t>(config.trainer.data_parallel.collective_timeout_s * 1000));
   std::printf("trainer rank %d of %d: joining the group at %s:%d\n", rank.rank, rank.world_size,
               rank.host.c_str(), rank.port);
   std::fflush(stdout);
@@ -58,7 +58,7 @@ int run_follower_rank(const RolloutSetup& s, const trainer::TrainerOptions& rl_o
   const WarmStart ws{s.config.experiment.warm_start.sft_steps,
                      s.config.experiment.warm_start.sft_lr, s.config.experiment.warm_start.batch};
   comm::FollowerOptions fo;
-  fo.bucket_bytes = int64_t{s.config.trainer.allreduce_bucket_mb} << 20;
+  fo.bucket_bytes = int64_t{s.config.trainer.data_parallel.allreduce_bucket_mb} << 20;
   fo.options = [&](const std::string& role) -> StatusOr<trainer::TrainerOptions> {
     if (role == "rl") return rl_options;
     if (role == "sft") return warm_start_options(rl_options, ws);

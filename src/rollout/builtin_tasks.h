@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "relay/common/config.h"
+#include "relay/rollout/options.h"
 #include "relay/common/status.h"
 #include "relay/rollout/task.h"
 

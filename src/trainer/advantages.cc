@@ -144,7 +144,7 @@ Status check_mask(const at::Tensor& mask) {
 
 Status require(const char* name, const at::Tensor& t, AdvantageEstimator e) {
   if (t.defined()) return OkStatus();
-  return InvalidArgumentError(absl::StrCat(name, ": required by ", advantage_estimator_name(e)));
+  return InvalidArgumentError(absl::StrCat(name, ": required by ", kAdvantageEstimatorNames.name(e)));
 }
 
 bool uses_groups(AdvantageEstimator e) {
@@ -212,7 +212,7 @@ Status validate_inputs(const AdvantageInputs& in, AdvantageEstimator e) {
   if (whitens(e)) {
     const int64_t tokens = mask.ne(0).sum().item<int64_t>();
     if (tokens < 2) {
-      return InvalidArgumentError(absl::StrCat("response_mask: ", advantage_estimator_name(e),
+      return InvalidArgumentError(absl::StrCat("response_mask: ", kAdvantageEstimatorNames.name(e),
                                                " whitens over the batch and needs >= 2 response "
                                                "tokens, got ",
                                                tokens));
@@ -256,52 +256,6 @@ at::Tensor prefix_weights(const AdvantageInputs& in, const AdvantageOptions& o) 
 }
 
 }  // namespace
-
-StatusOr<AdvantageEstimator> parse_advantage_estimator(const std::string& name) {
-  std::string known;
-  for (const EstimatorName& e : kEstimatorNames) {
-    if (name == e.name) return e.estimator;
-    absl::StrAppend(&known, known.empty() ? "" : ", ", e.name);
-  }
-  return InvalidArgumentError(
-      absl::StrCat("advantage estimator: unknown '", name, "'; known: ", known));
-}
-
-const char* advantage_estimator_name(AdvantageEstimator estimator) {
-  for (const EstimatorName& e : kEstimatorNames) {
-    if (e.estimator == estimator) return e.name;
-  }
-  return "unknown";
-}
-
-StatusOr<StdScale> parse_std_scale(const std::string& name) {
-  if (name == "none") return StdScale::kNone;
-  if (name == "group") return StdScale::kGroup;
-  if (name == "batch") return StdScale::kBatch;
-  return InvalidArgumentError(
-      absl::StrCat("std scale: unknown '", name, "'; known: none, group, batch"));
-}
-
-Status validate(const AdvantageOptions& o) {
-  if (!(o.epsilon > 0) || !std::isfinite(o.epsilon)) {
-    return InvalidArgumentError(absl::StrCat("epsilon: must be > 0, got ", o.epsilon));
-  }
-  if (!(o.gamma >= 0 && o.gamma <= 1)) {
-    return InvalidArgumentError(absl::StrCat("gamma: must be in [0, 1], got ", o.gamma));
-  }
-  if (!(o.lambda >= 0 && o.lambda <= 1)) {
-    return InvalidArgumentError(absl::StrCat("lambda: must be in [0, 1], got ", o.lambda));
-  }
-  if (!std::isfinite(o.prefix_reward_weight_alpha)) {
-    return InvalidArgumentError(absl::StrCat("prefix_reward_weight_alpha: must be finite, got ",
-                                             o.prefix_reward_weight_alpha));
-  }
-  if (!std::isfinite(o.prefix_reward_weight_beta)) {
-    return InvalidArgumentError(absl::StrCat("prefix_reward_weight_beta: must be finite, got ",
-                                             o.prefix_reward_weight_beta));
-  }
-  return OkStatus();
-}
 
 // ---- Outcome-reward estimators, [B] -> [B].
 
@@ -465,7 +419,7 @@ GaeResult gae_advantages_returns(const at::Tensor& token_rewards, const at::Tens
 StatusOr<AdvantageOutputs> compute_advantages(const AdvantageInputs& in,
                                               const AdvantageOptions& options) {
   torch::NoGradGuard no_grad;
-  RELAY_RETURN_IF_ERROR(validate(options));
+  RELAY_RETURN_IF_ERROR(check_options(options, "advantage"));
   const AdvantageEstimator e = options.estimator;
   RELAY_RETURN_IF_ERROR(validate_inputs(in, e));
   const at::Tensor& mask = in.response_mask;

@@ -1,182 +1,224 @@
 #include "relay/trainer/options.h"
 
-#include <string>
+#include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "relay/model/device.h"
 
 namespace relay::trainer {
 namespace {
 
-// Prefixes a parser's error with the YAML path it came from.
-Status at_path(const std::string& path, const Status& status) {
-  return Status(status.code(), absl::StrCat(path, ": ", std::string(status.message())));
-}
+// A lower bound given as a value: 0 (= the reciprocal of the upper bound) or in (0, 1).
+bool zero_or_unit_interval(double x) { return x == 0 || (x > 0 && x < 1); }
 
-StatusOr<ProximalSource> parse_proximal(const std::string& name) {
-  if (name == "recorded") return ProximalSource::kRecorded;
-  if (name == "recompute") return ProximalSource::kRecompute;
-  if (name == "loglinear") return ProximalSource::kLoglinear;
-  return InvalidArgumentError(absl::StrCat("trainer.proximal: unknown proximal source '", name,
-                                           "'; known: recorded, recompute, loglinear"));
-}
-
-StatusOr<LrSchedule> parse_schedule(const std::string& name) {
-  if (name == "constant") return LrSchedule::kConstant;
-  if (name == "linear_warmup") return LrSchedule::kLinearWarmup;
-  if (name == "cosine") return LrSchedule::kCosine;
-  return InvalidArgumentError(absl::StrCat("trainer.optimizer.schedule: unknown schedule '", name,
-                                           "'; known: constant, linear_warmup, cosine"));
+void clip_pair(const GspoOptions& o, Problems p) {
+  p.in_range("clip_low", o.clip_low, 0, 1, /*open_hi=*/true);
+  p.non_negative("clip_high", o.clip_high);
 }
 
 }  // namespace
 
-StatusOr<TrainerOptions> trainer_options(const ExperimentConfig& config) {
-  const TrainerConfig& c = config.trainer;
-  TrainerOptions o;
-
-  const AdvantageConfig& ca = c.advantage;
-  StatusOr<AdvantageEstimator> estimator = parse_advantage_estimator(ca.estimator);
-  if (!estimator.ok()) return at_path("trainer.advantage.estimator", estimator.status());
-  o.advantage.estimator = *estimator;
-  o.advantage.norm_by_std = ca.norm_by_std;
-  StatusOr<StdScale> std_scale = parse_std_scale(ca.std_scale);
-  if (!std_scale.ok()) return at_path("trainer.advantage.std_scale", std_scale.status());
-  o.advantage.std_scale = *std_scale;
-  o.advantage.epsilon = ca.epsilon;
-  o.advantage.gamma = ca.gamma;
-  o.advantage.lambda = ca.lambda;
-  o.advantage.prefix_reward_weight_alpha = ca.prefix_reward_weight_alpha;
-  o.advantage.prefix_reward_weight_beta = ca.prefix_reward_weight_beta;
-
-  RELAY_ASSIGN_OR_RETURN(o.loss.kind, parse_policy_loss_kind(c.loss, "trainer.loss"));
-  RELAY_ASSIGN_OR_RETURN(o.proximal, parse_proximal(c.proximal));
-
-  const PpoConfig& cp = c.ppo;
-  PpoClipOptions& ppo = o.loss.ppo;
-  ppo.clip_low = cp.clip_low;
-  ppo.clip_high = cp.clip_high;
-  ppo.clip_c = cp.clip_c;
-  ppo.clip_delta = cp.clip_delta;
-  ppo.log_ratio_clamp = cp.log_ratio_clamp;
-  ppo.behav_imp_weight_cap = cp.behav_imp_weight_cap;
-  RELAY_ASSIGN_OR_RETURN(ppo.agg_mode, parse_loss_agg_mode(cp.agg_mode, "trainer.ppo.agg_mode"));
-
-  // The other losses aggregate with trainer.ppo.agg_mode too, except GSPO and
-  // SAPO, whose formulations fix it (seq-mean-token-mean).
-  o.loss.gspo.clip_low = c.gspo.clip_low;
-  o.loss.gspo.clip_high = c.gspo.clip_high;
-  o.loss.gmpo.clip_low = c.gmpo.clip_low;
-  o.loss.gmpo.clip_high = c.gmpo.clip_high;
-  o.loss.cispo.clip_low = c.cispo.clip_low;
-  o.loss.cispo.clip_high = c.cispo.clip_high;
-  o.loss.cispo.agg_mode = ppo.agg_mode;
-  o.loss.sapo.tau_pos = c.sapo.tau_pos;
-  o.loss.sapo.tau_neg = c.sapo.tau_neg;
-  o.loss.clip_cov.clip_low = cp.clip_low;
-  o.loss.clip_cov.clip_high = cp.clip_high;
-  o.loss.clip_cov.clip_cov_ratio = c.clip_cov.ratio;
-  o.loss.clip_cov.clip_cov_lb = c.clip_cov.lb;
-  o.loss.clip_cov.clip_cov_ub = c.clip_cov.ub;
-  o.loss.clip_cov.seed = static_cast<uint64_t>(config.run.seed);
-  o.loss.clip_cov.agg_mode = ppo.agg_mode;
-  o.loss.kl_cov.kl_cov_ratio = c.kl_cov.ratio;
-  o.loss.kl_cov.ppo_kl_coef = c.kl_cov.coef;
-  o.loss.kl_cov.agg_mode = ppo.agg_mode;
-
-  LuffyOptions& luffy = o.loss.luffy;
-  luffy.on_policy = ppo;
-  luffy.on_policy.clip_c = 0;  // LUFFY has no dual clip
-  luffy.gamma = c.luffy.gamma;
-  StatusOr<OffPolicyShaping> shaping = parse_off_policy_shaping(
-      c.luffy.off_policy_reshape, &luffy.gamma, "trainer.luffy.off_policy_reshape");
-  if (!shaping.ok()) return shaping.status();
-  luffy.shaping = *shaping;
-  luffy.shaping_weight = c.luffy.reshape_weight;
-  luffy.pow_exponent = c.luffy.reshape_pow_exp;
-  luffy.off_max_clip = c.luffy.off_max_clip;
-  luffy.off_min_clip = c.luffy.off_min_clip;
-  luffy.clip_upper_bound = c.luffy.clip_upper_bound;
-  luffy.loss_remove_clip = c.luffy.loss_remove_clip;
-  luffy.on_policy_gamma = c.luffy.gamma;
-  StatusOr<OffPolicyShaping> on_shaping = parse_off_policy_shaping(
-      c.luffy.on_policy_reshape, &luffy.on_policy_gamma, "trainer.luffy.on_policy_reshape");
-  if (!on_shaping.ok()) return on_shaping.status();
-  luffy.on_policy_shaping = *on_shaping;
-  luffy.on_policy_shaping_weight = c.luffy.on_reshape_weight;
-  luffy.on_policy_pow_exponent = c.luffy.on_reshape_pow_exp;
-  luffy.sft_coef = 0;  // the trainer's sft_coef term covers LUFFY's multitask SFT
-
-  o.entropy.coef = c.entropy.coef;
-  o.entropy.target = c.entropy.target;
-  o.entropy.delta = c.entropy.delta;
-  o.entropy.max_coef = c.entropy.max_coef;
-
-  o.reward_kl.controller.kl_coef = c.reward_kl.coef;
-  RELAY_ASSIGN_OR_RETURN(
-      o.reward_kl.controller.type,
-      parse_kl_controller_type(c.reward_kl.controller, "trainer.reward_kl.controller"));
-  o.reward_kl.controller.target_kl = c.reward_kl.target_kl;
-  o.reward_kl.controller.horizon = c.reward_kl.horizon;
-  RELAY_ASSIGN_OR_RETURN(o.reward_kl.estimator,
-                         parse_kl_estimator(c.reward_kl.estimator, "trainer.reward_kl.estimator"));
-  o.max_reuse = c.max_reuse;
-
-  const RolloutCorrectionConfig& crc = c.rollout_correction;
-  RolloutCorrectionOptions& rc = o.rollout_correction;
-  RELAY_ASSIGN_OR_RETURN(
-      rc.is_level, parse_correction_level(crc.is_level, "trainer.rollout_correction.is_level"));
-  RELAY_ASSIGN_OR_RETURN(rc.is_mode,
-                         parse_is_weight_mode(crc.is_mode, "trainer.rollout_correction.is_mode"));
-  rc.is_threshold = crc.is_threshold;
-  rc.is_threshold_lower = crc.is_threshold_lower;
-  rc.is_batch_normalize = crc.is_batch_normalize;
-  RELAY_ASSIGN_OR_RETURN(
-      rc.rs_level, parse_correction_level(crc.rs_level, "trainer.rollout_correction.rs_level"));
-  RELAY_ASSIGN_OR_RETURN(
-      rc.rs_criterion,
-      parse_rejection_criterion(crc.rs_criterion, "trainer.rollout_correction.rs_criterion"));
-  rc.rs_threshold = crc.rs_threshold;
-  rc.rs_threshold_lower = crc.rs_threshold_lower;
-  rc.veto_threshold = crc.veto_threshold;
-  rc.bypass = crc.bypass;
-  rc.log_clamp = crc.log_clamp;
-  RELAY_RETURN_IF_ERROR(validate(rc, "trainer.rollout_correction"));
-
-  o.loss_scale_factor = c.loss_scale_factor;
-  o.temperature = config.rollout.temperature;  // score at the sampling temperature
-  o.micro_batch_tokens = c.micro_batch_tokens;
-  o.ppo_epochs = c.ppo_epochs;
-  o.mini_batches = c.mini_batches;
-  o.max_staleness = c.max_staleness;
-  o.allow_missing_logprobs = c.allow_missing_logprobs;
-  o.drop_equal_reward_groups = c.drop_equal_reward_groups;
-  o.mask_truncated = c.mask_truncated;
-  o.kl_coef = c.kl_coef;
-  RELAY_ASSIGN_OR_RETURN(o.kl_estimator,
-                         parse_kl_estimator(c.kl_estimator, "trainer.kl_estimator"));
-  o.sft_coef = c.sft_coef;
-
-  const OptimizerConfig& co = c.optimizer;
-  o.optimizer.lr = c.lr;
-  o.optimizer.weight_decay = co.weight_decay;
-  o.optimizer.beta1 = co.beta1;
-  o.optimizer.beta2 = co.beta2;
-  o.optimizer.eps = co.eps;
-  o.optimizer.max_grad_norm = co.max_grad_norm;
-  RELAY_ASSIGN_OR_RETURN(o.optimizer.schedule, parse_schedule(co.schedule));
-  o.optimizer.warmup_steps = co.warmup_steps;
-  o.optimizer.total_steps = co.total_steps;
-  o.optimizer.min_lr_ratio = co.min_lr_ratio;
-  o.optimizer.fp32_master_weights = co.fp32_master_weights;
-  RELAY_ASSIGN_OR_RETURN(o.autocast, model::parse_autocast(config.run.autocast));
-  o.activation_checkpointing = c.activation_checkpointing;
-  if (c.router_replay != "off" && c.router_replay != "replay") {
-    return InvalidArgumentError(absl::StrCat("trainer.router_replay: unknown mode '",
-                                             c.router_replay, "'; known: off, replay"));
-  }
-  o.router_replay = c.router_replay == "replay";
-  return o;
+void check(const AdvantageOptions& o, Problems p) {
+  p.positive("epsilon", o.epsilon);
+  p.finite("epsilon", o.epsilon);
+  p.in_range("gamma", o.gamma, 0, 1);
+  p.in_range("lambda", o.lambda, 0, 1);
+  p.finite("prefix_reward_weight_alpha", o.prefix_reward_weight_alpha);
+  p.finite("prefix_reward_weight_beta", o.prefix_reward_weight_beta);
 }
+
+void check(const KlControllerOptions& o, Problems p) {
+  p.non_negative("coef", o.kl_coef);
+  // Only the adaptive controller reads them, but a config that names them
+  // wrongly is wrong whichever controller it picks.
+  p.positive("target_kl", o.target_kl);
+  p.positive("horizon", o.horizon);
+}
+
+void check(const PpoClipOptions& o, Problems p) {
+  p.in_range("clip_low", o.clip_low, 0, 1, /*open_hi=*/true);
+  p.non_negative("clip_high", o.clip_high);
+  p.zero_or_above("clip_c", o.clip_c, 1, "1");
+  if (o.clip_high >= 0) {
+    p.zero_or_above(
+        "clip_delta", o.clip_delta, 1 + o.clip_high,
+        absl::StrCat("1 + ", p.path("clip_high"), " (", format_double(1 + o.clip_high), ")"));
+  }
+  p.non_negative("log_ratio_clamp", o.log_ratio_clamp);
+  p.zero_or_above("behav_imp_weight_cap", o.behav_imp_weight_cap, 1, "1");
+}
+
+double p_div_p_gamma(OffPolicyShaping shaping, double gamma) {
+  switch (shaping) {
+    case OffPolicyShaping::kPDivP01:
+      return 0.1;
+    case OffPolicyShaping::kPDivP03:
+      return 0.3;
+    case OffPolicyShaping::kPDivP05:
+      return 0.5;
+    default:
+      return gamma;
+  }
+}
+
+void check(const LuffyOptions& o, Problems p) {
+  p.positive("gamma", o.gamma);
+  p.positive("reshape_pow_exp", o.pow_exponent);
+  p.positive("on_reshape_pow_exp", o.on_policy_pow_exponent);
+  p.non_negative("off_max_clip", o.off_max_clip);
+  p.non_negative("off_min_clip", o.off_min_clip);
+  if (o.off_max_clip > 0 && o.off_min_clip > o.off_max_clip) {
+    p.add("off_min_clip",
+          absl::StrCat("must be <= ", p.path("off_max_clip"), " (", format_double(o.off_max_clip),
+                       ")"),
+          o.off_min_clip);
+  }
+  p.non_negative("clip_upper_bound", o.clip_upper_bound);
+  p.non_negative("sft_coef", o.sft_coef);
+}
+
+void share_ppo_settings(PolicyLossOptions& o) {
+  const PpoClipOptions& ppo = o.ppo;
+  o.cispo.agg_mode = ppo.agg_mode;
+  o.clip_cov.clip_low = ppo.clip_low;
+  o.clip_cov.clip_high = ppo.clip_high;
+  o.clip_cov.agg_mode = ppo.agg_mode;
+  o.kl_cov.agg_mode = ppo.agg_mode;
+  o.luffy.on_policy = ppo;
+  o.luffy.on_policy.clip_c = 0;  // LUFFY has no dual clip
+}
+
+void check(const EntropyControlOptions& o, Problems p) {
+  p.non_negative("coef", o.coef);
+  p.non_negative("target", o.target);
+  p.finite("target", o.target);
+  if (o.target > 0) {
+    p.positive("delta", o.delta);
+    if (!(o.max_coef >= o.coef)) {
+      p.add("max_coef",
+            absl::StrCat("must be >= ", p.path("coef"), " (", format_double(o.coef), ")"),
+            o.max_coef);
+    }
+  }
+}
+
+void check(const RolloutCorrectionOptions& o, Problems p) {
+  p.positive("log_clamp", o.log_clamp);
+  if (!zero_or_unit_interval(o.veto_threshold)) {
+    p.add("veto_threshold", "must be 0 (off) or in (0, 1)", o.veto_threshold);
+  }
+  if (o.is_level != CorrectionLevel::kNone) {
+    if (!(o.is_threshold > 1)) p.add("is_threshold", "must be > 1", o.is_threshold);
+    if (o.is_mode == IsWeightMode::kClip) {
+      if (!zero_or_unit_interval(o.is_threshold_lower)) {
+        p.add("is_threshold_lower", "must be 0 (= 1 / is_threshold) or in (0, 1)",
+              o.is_threshold_lower);
+      }
+    } else if (o.is_threshold_lower != 0) {
+      // Truncation has no lower bound; a value here means clip was intended.
+      p.add("is_threshold_lower", "must be 0 with is_mode truncate (clip uses it)",
+            o.is_threshold_lower);
+    }
+  }
+  if (o.rs_level == CorrectionLevel::kNone) return;
+  if (o.rs_criterion == RejectionCriterion::kRatio) {
+    if (!(o.rs_threshold > 1)) p.add("rs_threshold", "must be > 1", o.rs_threshold);
+    if (!zero_or_unit_interval(o.rs_threshold_lower)) {
+      p.add("rs_threshold_lower", "must be 0 (= 1 / rs_threshold) or in (0, 1)",
+            o.rs_threshold_lower);
+    }
+    return;
+  }
+  if (!(o.rs_threshold > 0)) p.add("rs_threshold", "must be > 0", o.rs_threshold);
+  if (o.rs_threshold_lower != 0) {
+    p.add("rs_threshold_lower",
+          absl::StrCat("must be 0 (rs_criterion ", kRejectionCriterionNames.name(o.rs_criterion),
+                       " has no lower bound)"),
+          o.rs_threshold_lower);
+  }
+}
+
+void check(const OptimizerOptions& o, Problems p) {
+  p.non_negative("weight_decay", o.weight_decay);
+  p.in_range("beta1", o.beta1, 0, 1, /*open_hi=*/true);
+  p.in_range("beta2", o.beta2, 0, 1, /*open_hi=*/true);
+  p.positive("eps", o.eps);
+  p.at_least("warmup_steps", o.warmup_steps, 0);
+  p.at_least("total_steps", o.total_steps, 0);
+  if (o.schedule == LrSchedule::kCosine && o.total_steps == 0) {
+    p.add("total_steps", "must be >= 1 with schedule 'cosine'", o.total_steps);
+  }
+  p.in_range("min_lr_ratio", o.min_lr_ratio, 0, 1);
+}
+
+double lr_at(const OptimizerOptions& o, int64_t step) {
+  const bool warming = o.warmup_steps > 0 && step < o.warmup_steps;
+  const double warm = warming ? static_cast<double>(step + 1) / o.warmup_steps : 1.0;
+  switch (o.schedule) {
+    case LrSchedule::kConstant:
+      return o.lr;
+    case LrSchedule::kLinearWarmup:
+      return o.lr * warm;
+    case LrSchedule::kCosine: {
+      if (warming) return o.lr * warm;
+      const int64_t span = std::max<int64_t>(1, o.total_steps - o.warmup_steps);
+      const double progress = std::min(1.0, static_cast<double>(step - o.warmup_steps) / span);
+      return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress)));
+    }
+  }
+  return o.lr;
+}
+
+void check(const TrainerOptions& o, Problems p) {
+  p.at_least("max_staleness", o.max_staleness, -1);
+  p.positive("lr", o.optimizer.lr);
+  p.at_least("micro_batch_tokens", o.micro_batch_tokens, 1);
+  p.at_least("ppo_epochs", o.ppo_epochs, 1);
+  p.at_least("mini_batches", o.mini_batches, 1);
+  p.non_negative("kl_coef", o.kl_coef);
+  p.non_negative("sft_coef", o.sft_coef);
+  p.non_negative("loss_scale_factor", o.loss_scale_factor);
+  p.at_least("max_reuse", o.max_reuse, 0);
+  p.at_least("max_extra_batches", o.max_extra_batches, 0);
+  p.at_least("world_size", o.data_parallel.world_size, 1);
+  p.at_least("allreduce_bucket_mb", o.data_parallel.allreduce_bucket_mb, 1);
+  p.positive("collective_timeout_s", o.data_parallel.collective_timeout_s);
+  p.positive("temperature", o.temperature);  // rollout.temperature, checked there in configs
+
+  const PolicyLossOptions& loss = o.loss;
+  check(loss.ppo, p.at("ppo"));
+  clip_pair(loss.gspo, p.at("gspo"));
+  Problems gmpo = p.at("gmpo");
+  gmpo.non_negative("clip_low", loss.gmpo.clip_low);
+  gmpo.non_negative("clip_high", loss.gmpo.clip_high);
+  clip_pair(GspoOptions{loss.cispo.clip_low, loss.cispo.clip_high}, p.at("cispo"));
+  Problems sapo = p.at("sapo");
+  sapo.positive("tau_pos", loss.sapo.tau_pos);
+  sapo.positive("tau_neg", loss.sapo.tau_neg);
+  Problems clip_cov = p.at("clip_cov");
+  if (!(loss.clip_cov.clip_cov_ratio > 0 && loss.clip_cov.clip_cov_ratio <= 1)) {
+    clip_cov.add("ratio", "must be in (0, 1]", loss.clip_cov.clip_cov_ratio);
+  }
+  if (!(loss.clip_cov.clip_cov_lb < loss.clip_cov.clip_cov_ub)) {
+    clip_cov.add("lb",
+                 absl::StrCat("must be < ", clip_cov.path("ub"), " (",
+                              format_double(loss.clip_cov.clip_cov_ub), ")"),
+                 loss.clip_cov.clip_cov_lb);
+  }
+  Problems kl_cov = p.at("kl_cov");
+  if (!(loss.kl_cov.kl_cov_ratio > 0 && loss.kl_cov.kl_cov_ratio <= 1)) {
+    kl_cov.add("ratio", "must be in (0, 1]", loss.kl_cov.kl_cov_ratio);
+  }
+  kl_cov.non_negative("coef", loss.kl_cov.ppo_kl_coef);
+  check(loss.luffy, p.at("luffy"));
+
+  check(o.entropy, p.at("entropy"));
+  check(o.reward_kl.controller, p.at("reward_kl"));
+  check(o.advantage, p.at("advantage"));
+  check(o.rollout_correction, p.at("rollout_correction"));
+  check(o.optimizer, p.at("optimizer"));
+}
+
+Status validate(const TrainerOptions& options) { return check_options(options, "trainer"); }
 
 }  // namespace relay::trainer

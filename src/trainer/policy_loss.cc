@@ -33,10 +33,6 @@ at::Tensor is_weighted(const PolicyLossInputs& in, const at::Tensor& loss_mat) {
   return in.is_weights.defined() ? loss_mat * in.is_weights.detach() : loss_mat;
 }
 
-Status bad(const std::string& prefix, const char* field, const char* what, double got) {
-  return InvalidArgumentError(absl::StrCat(prefix, ".", field, ": must be ", what, ", got ", got));
-}
-
 // The PPO clipped surrogate around `anchor` (old or proximal log-probs).
 struct Surrogate {
   at::Tensor loss;  // [B, L] per-token loss.
@@ -87,30 +83,6 @@ double denominator(double global, const at::Tensor& local_count) {
 
 // ---------------------------------------------------------------- aggregation
 
-StatusOr<LossAggMode> parse_loss_agg_mode(const std::string& name, const std::string& field) {
-  if (name == "token-mean") return LossAggMode::kTokenMean;
-  if (name == "seq-mean-token-sum") return LossAggMode::kSeqMeanTokenSum;
-  if (name == "seq-mean-token-mean") return LossAggMode::kSeqMeanTokenMean;
-  if (name == "seq-mean-token-sum-norm") return LossAggMode::kSeqMeanTokenSumNorm;
-  return InvalidArgumentError(absl::StrCat(field, ": unknown aggregation '", name,
-                                           "'; expected one of token-mean, seq-mean-token-sum, "
-                                           "seq-mean-token-mean, seq-mean-token-sum-norm"));
-}
-
-const char* loss_agg_mode_name(LossAggMode mode) {
-  switch (mode) {
-    case LossAggMode::kTokenMean:
-      return "token-mean";
-    case LossAggMode::kSeqMeanTokenSum:
-      return "seq-mean-token-sum";
-    case LossAggMode::kSeqMeanTokenMean:
-      return "seq-mean-token-mean";
-    case LossAggMode::kSeqMeanTokenSumNorm:
-      return "seq-mean-token-sum-norm";
-  }
-  return "?";
-}
-
 GlobalNormalizer make_global_normalizer(const std::vector<at::Tensor>& response_masks,
                                         double loss_scale_factor) {
   GlobalNormalizer n;
@@ -153,20 +125,6 @@ at::Tensor aggregate_loss(const at::Tensor& loss_mat, const at::Tensor& response
 }
 
 // --------------------------------------------------------------------- PPO
-
-Status validate(const PpoClipOptions& o, const std::string& prefix) {
-  if (!(o.clip_low >= 0 && o.clip_low < 1)) return bad(prefix, "clip_low", "in [0, 1)", o.clip_low);
-  if (!(o.clip_high >= 0)) return bad(prefix, "clip_high", ">= 0", o.clip_high);
-  if (!(o.clip_c == 0 || o.clip_c > 1)) return bad(prefix, "clip_c", "0 (off) or > 1", o.clip_c);
-  if (!(o.clip_delta == 0 || o.clip_delta > 1 + o.clip_high)) {
-    return bad(prefix, "clip_delta", "0 (off) or > 1 + clip_high", o.clip_delta);
-  }
-  if (!(o.log_ratio_clamp >= 0)) return bad(prefix, "log_ratio_clamp", ">= 0", o.log_ratio_clamp);
-  if (!(o.behav_imp_weight_cap == 0 || o.behav_imp_weight_cap > 1)) {
-    return bad(prefix, "behav_imp_weight_cap", "0 (off) or > 1", o.behav_imp_weight_cap);
-  }
-  return OkStatus();
-}
 
 PolicyLossResult ppo_clip_loss(const PolicyLossInputs& in, const PpoClipOptions& options,
                                const GlobalNormalizer& normalizer) {
@@ -413,52 +371,18 @@ at::Tensor sft_loss(const at::Tensor& logprobs, const at::Tensor& response_mask,
 
 // -------------------------------------------------------------------- LUFFY
 
-StatusOr<OffPolicyShaping> parse_off_policy_shaping(const std::string& name, double* gamma,
-                                                    const std::string& field) {
-  if (name == "p_div_p") return OffPolicyShaping::kPDivP;
-  for (const char* g : {"0.1", "0.3", "0.5"}) {
-    if (name == absl::StrCat("p_div_p_", g)) {
-      if (gamma != nullptr) *gamma = std::stod(g);
-      return OffPolicyShaping::kPDivP;
-    }
-  }
-  if (name == "no_reshape") return OffPolicyShaping::kNoReshape;
-  if (name == "logp") return OffPolicyShaping::kLogp;
-  if (name == "p_logp") return OffPolicyShaping::kPLogp;
-  if (name == "square_root") return OffPolicyShaping::kSquareRoot;
-  if (name == "pow") return OffPolicyShaping::kPow;
-  return InvalidArgumentError(
-      absl::StrCat(field, ": unknown policy shaping '", name,
-                   "'; expected one of p_div_p, p_div_p_0.1, p_div_p_0.3, p_div_p_0.5, "
-                   "no_reshape, logp, p_logp, square_root, pow"));
-}
-
-Status validate(const LuffyOptions& o, const std::string& prefix) {
-  RELAY_RETURN_IF_ERROR(validate(o.on_policy, prefix + ".on_policy"));
-  if (!(o.clip_upper_bound >= 0))
-    return bad(prefix, "clip_upper_bound", ">= 0", o.clip_upper_bound);
-  if (!(o.gamma > 0)) return bad(prefix, "gamma", "> 0", o.gamma);
-  if (!(o.pow_exponent > 0)) return bad(prefix, "pow_exponent", "> 0", o.pow_exponent);
-  if (!(o.off_max_clip >= 0)) return bad(prefix, "off_max_clip", ">= 0", o.off_max_clip);
-  if (!(o.off_min_clip >= 0)) return bad(prefix, "off_min_clip", ">= 0", o.off_min_clip);
-  if (o.off_max_clip > 0 && o.off_min_clip > o.off_max_clip) {
-    return bad(prefix, "off_min_clip", "<= off_max_clip", o.off_min_clip);
-  }
-  if (!(o.sft_coef >= 0)) return bad(prefix, "sft_coef", ">= 0", o.sft_coef);
-  if (!(o.on_policy_gamma > 0)) return bad(prefix, "on_policy_gamma", "> 0", o.on_policy_gamma);
-  if (!(o.on_policy_pow_exponent > 0)) {
-    return bad(prefix, "on_policy_pow_exponent", "> 0", o.on_policy_pow_exponent);
-  }
-  return OkStatus();
-}
-
 namespace {
 
 at::Tensor shape_off_policy(const at::Tensor& logp, const LuffyOptions& o) {
   at::Tensor p = logp.exp();
   switch (o.shaping) {
     case OffPolicyShaping::kPDivP:
-      return p / (p + o.gamma);
+    case OffPolicyShaping::kPDivP01:
+    case OffPolicyShaping::kPDivP03:
+    case OffPolicyShaping::kPDivP05: {
+      const double gamma = p_div_p_gamma(o.shaping, o.gamma);
+      return p / (p + gamma);
+    }
     case OffPolicyShaping::kNoReshape:
       return p;
     case OffPolicyShaping::kLogp:
@@ -487,9 +411,13 @@ at::Tensor shape_on_policy(const at::Tensor& d, const at::Tensor& logp, const at
       return d.exp().sqrt();
     case OffPolicyShaping::kPow:
       return d.exp().pow(o.on_policy_pow_exponent);
-    case OffPolicyShaping::kPDivP: {
+    case OffPolicyShaping::kPDivP:
+    case OffPolicyShaping::kPDivP01:
+    case OffPolicyShaping::kPDivP03:
+    case OffPolicyShaping::kPDivP05: {
+      const double gamma = p_div_p_gamma(o.on_policy_shaping, o.gamma);
       at::Tensor p = logp.exp(), p_old = anchor.exp();
-      return (p / (p + o.on_policy_gamma)) / (p_old / (p_old + o.on_policy_gamma));
+      return (p / (p + gamma)) / (p_old / (p_old + gamma));
     }
   }
   return d.exp();
@@ -595,83 +523,6 @@ at::Tensor entropy_bonus_loss(const at::Tensor& entropy, const at::Tensor& respo
 
 // ---------------------------------------------------------------- selection
 
-namespace {
-
-constexpr std::pair<const char*, PolicyLossKind> kLossNames[] = {
-    {"ppo", PolicyLossKind::kPpo},          {"decoupled_ppo", PolicyLossKind::kDecoupledPpo},
-    {"gspo", PolicyLossKind::kGspo},        {"gmpo", PolicyLossKind::kGmpo},
-    {"cispo", PolicyLossKind::kCispo},      {"sapo", PolicyLossKind::kSapo},
-    {"clip_cov", PolicyLossKind::kClipCov}, {"kl_cov", PolicyLossKind::kKlCov},
-    {"gpg", PolicyLossKind::kGpg},          {"reinforce", PolicyLossKind::kReinforce},
-    {"luffy", PolicyLossKind::kLuffy},
-};
-
-Status clip_pair(const std::string& prefix, double low, double high) {
-  if (!(low >= 0 && low < 1)) return bad(prefix, "clip_low", "in [0, 1)", low);
-  if (!(high >= 0)) return bad(prefix, "clip_high", ">= 0", high);
-  return OkStatus();
-}
-
-}  // namespace
-
-StatusOr<PolicyLossKind> parse_policy_loss_kind(const std::string& name, const std::string& field) {
-  std::string known;
-  for (const auto& [n, kind] : kLossNames) {
-    if (name == n) return kind;
-    absl::StrAppend(&known, known.empty() ? "" : ", ", n);
-  }
-  return InvalidArgumentError(
-      absl::StrCat(field, ": unknown policy loss '", name, "'; known: ", known));
-}
-
-const char* policy_loss_kind_name(PolicyLossKind kind) {
-  for (const auto& [n, k] : kLossNames) {
-    if (k == kind) return n;
-  }
-  return "?";
-}
-
-Status validate(const PolicyLossOptions& o, const std::string& prefix) {
-  const std::string p = absl::StrCat(prefix, ".", policy_loss_kind_name(o.kind));
-  switch (o.kind) {
-    case PolicyLossKind::kPpo:
-    case PolicyLossKind::kDecoupledPpo:
-    case PolicyLossKind::kGpg:
-    case PolicyLossKind::kReinforce:
-      return validate(o.ppo, prefix + ".ppo");
-    case PolicyLossKind::kGspo:
-      return clip_pair(p, o.gspo.clip_low, o.gspo.clip_high);
-    case PolicyLossKind::kGmpo:
-      if (!(o.gmpo.clip_low >= 0)) return bad(p, "clip_low", ">= 0", o.gmpo.clip_low);
-      if (!(o.gmpo.clip_high >= 0)) return bad(p, "clip_high", ">= 0", o.gmpo.clip_high);
-      return OkStatus();
-    case PolicyLossKind::kCispo:
-      return clip_pair(p, o.cispo.clip_low, o.cispo.clip_high);
-    case PolicyLossKind::kSapo:
-      if (!(o.sapo.tau_pos > 0)) return bad(p, "tau_pos", "> 0", o.sapo.tau_pos);
-      if (!(o.sapo.tau_neg > 0)) return bad(p, "tau_neg", "> 0", o.sapo.tau_neg);
-      return OkStatus();
-    case PolicyLossKind::kClipCov:
-      RELAY_RETURN_IF_ERROR(clip_pair(p, o.clip_cov.clip_low, o.clip_cov.clip_high));
-      if (!(o.clip_cov.clip_cov_ratio > 0 && o.clip_cov.clip_cov_ratio <= 1)) {
-        return bad(p, "ratio", "in (0, 1]", o.clip_cov.clip_cov_ratio);
-      }
-      if (!(o.clip_cov.clip_cov_lb < o.clip_cov.clip_cov_ub)) {
-        return bad(p, "lb", "< ub", o.clip_cov.clip_cov_lb);
-      }
-      return OkStatus();
-    case PolicyLossKind::kKlCov:
-      if (!(o.kl_cov.kl_cov_ratio > 0 && o.kl_cov.kl_cov_ratio <= 1)) {
-        return bad(p, "ratio", "in (0, 1]", o.kl_cov.kl_cov_ratio);
-      }
-      if (!(o.kl_cov.ppo_kl_coef >= 0)) return bad(p, "coef", ">= 0", o.kl_cov.ppo_kl_coef);
-      return OkStatus();
-    case PolicyLossKind::kLuffy:
-      return validate(o.luffy, p);
-  }
-  return OkStatus();
-}
-
 PolicyLossResult compute_policy_loss(const PolicyLossInputs& in, const at::Tensor& offpolicy_mask,
                                      const PolicyLossOptions& o, const GlobalNormalizer& normalizer,
                                      const GlobalNormalizer& sft_normalizer,
@@ -718,16 +569,6 @@ PolicyLossResult compute_policy_loss(const PolicyLossInputs& in, const at::Tenso
 }
 
 // ------------------------------------------------------------ entropy control
-
-Status validate(const EntropyControlOptions& o, const std::string& prefix) {
-  if (!(o.coef >= 0)) return bad(prefix, "coef", ">= 0", o.coef);
-  if (!std::isfinite(o.target)) return bad(prefix, "target", "finite", o.target);
-  if (o.target > 0) {
-    if (!(o.delta > 0)) return bad(prefix, "delta", "> 0 when target > 0", o.delta);
-    if (!(o.max_coef >= o.coef)) return bad(prefix, "max_coef", ">= coef", o.max_coef);
-  }
-  return OkStatus();
-}
 
 EntropyController::EntropyController(const EntropyControlOptions& options)
     : options_(options), value_(options.coef) {}

@@ -8,12 +8,6 @@
 namespace relay::trainer {
 namespace {
 
-Status bad(const std::string& prefix, const char* field, const std::string& what, double got) {
-  return InvalidArgumentError(absl::StrCat(prefix, ".", field, ": must be ", what, ", got ", got));
-}
-
-bool zero_or_unit_interval(double x) { return x == 0 || (x > 0 && x < 1); }
-
 std::string shape_of(const at::Tensor& t) {
   std::ostringstream os;
   os << t.sizes();
@@ -176,116 +170,13 @@ void put(std::map<std::string, double>& out, const std::string& prefix, const Mi
 
 // ------------------------------------------------------------------- names
 
-StatusOr<CorrectionLevel> parse_correction_level(const std::string& name,
-                                                 const std::string& field) {
-  if (name == "none") return CorrectionLevel::kNone;
-  if (name == "token") return CorrectionLevel::kToken;
-  if (name == "sequence") return CorrectionLevel::kSequence;
-  if (name == "geometric") return CorrectionLevel::kGeometric;
-  return InvalidArgumentError(absl::StrCat(field, ": unknown level '", name,
-                                           "'; expected one of none, token, sequence, geometric"));
-}
-
-const char* correction_level_name(CorrectionLevel level) {
-  switch (level) {
-    case CorrectionLevel::kNone:
-      return "none";
-    case CorrectionLevel::kToken:
-      return "token";
-    case CorrectionLevel::kSequence:
-      return "sequence";
-    case CorrectionLevel::kGeometric:
-      return "geometric";
-  }
-  return "?";
-}
-
-StatusOr<IsWeightMode> parse_is_weight_mode(const std::string& name, const std::string& field) {
-  if (name == "truncate") return IsWeightMode::kTruncate;
-  if (name == "clip") return IsWeightMode::kClip;
-  return InvalidArgumentError(
-      absl::StrCat(field, ": unknown IS mode '", name, "'; expected one of truncate, clip"));
-}
-
-const char* is_weight_mode_name(IsWeightMode mode) {
-  switch (mode) {
-    case IsWeightMode::kTruncate:
-      return "truncate";
-    case IsWeightMode::kClip:
-      return "clip";
-  }
-  return "?";
-}
-
-StatusOr<RejectionCriterion> parse_rejection_criterion(const std::string& name,
-                                                       const std::string& field) {
-  if (name == "ratio") return RejectionCriterion::kRatio;
-  if (name == "k1") return RejectionCriterion::kK1;
-  if (name == "k2") return RejectionCriterion::kK2;
-  if (name == "k3") return RejectionCriterion::kK3;
-  return InvalidArgumentError(absl::StrCat(field, ": unknown rejection criterion '", name,
-                                           "'; expected one of ratio, k1, k2, k3"));
-}
-
-const char* rejection_criterion_name(RejectionCriterion criterion) {
-  switch (criterion) {
-    case RejectionCriterion::kRatio:
-      return "ratio";
-    case RejectionCriterion::kK1:
-      return "k1";
-    case RejectionCriterion::kK2:
-      return "k2";
-    case RejectionCriterion::kK3:
-      return "k3";
-  }
-  return "?";
-}
-
 // ----------------------------------------------------------------- options
-
-Status validate(const RolloutCorrectionOptions& o, const std::string& prefix) {
-  if (!(o.log_clamp > 0)) return bad(prefix, "log_clamp", "> 0", o.log_clamp);
-  if (!zero_or_unit_interval(o.veto_threshold)) {
-    return bad(prefix, "veto_threshold", "0 (off) or in (0, 1)", o.veto_threshold);
-  }
-  if (o.is_level != CorrectionLevel::kNone) {
-    if (!(o.is_threshold > 1)) return bad(prefix, "is_threshold", "> 1", o.is_threshold);
-    if (o.is_mode == IsWeightMode::kClip) {
-      if (!zero_or_unit_interval(o.is_threshold_lower)) {
-        return bad(prefix, "is_threshold_lower", "0 (= 1 / is_threshold) or in (0, 1)",
-                   o.is_threshold_lower);
-      }
-    } else if (o.is_threshold_lower != 0) {
-      // Truncation has no lower bound; a value here means clip was intended.
-      return bad(prefix, "is_threshold_lower", "0 with is_mode truncate (clip uses it)",
-                 o.is_threshold_lower);
-    }
-  }
-  if (o.rs_level != CorrectionLevel::kNone) {
-    if (o.rs_criterion == RejectionCriterion::kRatio) {
-      if (!(o.rs_threshold > 1)) return bad(prefix, "rs_threshold", "> 1", o.rs_threshold);
-      if (!zero_or_unit_interval(o.rs_threshold_lower)) {
-        return bad(prefix, "rs_threshold_lower", "0 (= 1 / rs_threshold) or in (0, 1)",
-                   o.rs_threshold_lower);
-      }
-    } else {
-      if (!(o.rs_threshold > 0)) return bad(prefix, "rs_threshold", "> 0", o.rs_threshold);
-      if (o.rs_threshold_lower != 0) {
-        return bad(prefix, "rs_threshold_lower",
-                   absl::StrCat("0 (rs_criterion ", rejection_criterion_name(o.rs_criterion),
-                                " has no lower bound)"),
-                   o.rs_threshold_lower);
-      }
-    }
-  }
-  return OkStatus();
-}
 
 // ---------------------------------------------------------------- the layer
 
 StatusOr<RolloutCorrectionResult> rollout_correction(const RolloutCorrectionInputs& in,
                                                      const RolloutCorrectionOptions& o) {
-  RELAY_RETURN_IF_ERROR(validate(o));
+  RELAY_RETURN_IF_ERROR(check_options(o, "rollout_correction"));
   RELAY_RETURN_IF_ERROR(check_inputs(in, o));
 
   const at::Tensor mask =

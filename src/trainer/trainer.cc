@@ -17,24 +17,6 @@
 
 namespace relay::trainer {
 
-double lr_at(const OptimizerOptions& o, int64_t step) {
-  const bool warming = o.warmup_steps > 0 && step < o.warmup_steps;
-  const double warm = warming ? static_cast<double>(step + 1) / o.warmup_steps : 1.0;
-  switch (o.schedule) {
-    case LrSchedule::kConstant:
-      return o.lr;
-    case LrSchedule::kLinearWarmup:
-      return o.lr * warm;
-    case LrSchedule::kCosine: {
-      if (warming) return o.lr * warm;
-      const int64_t span = std::max<int64_t>(1, o.total_steps - o.warmup_steps);
-      const double progress = std::min(1.0, static_cast<double>(step - o.warmup_steps) / span);
-      return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress)));
-    }
-  }
-  return o.lr;
-}
-
 namespace {
 
 // The group of batch row `row`.
@@ -112,28 +94,6 @@ std::string describe(const std::vector<Trainer::StepFault>& faults) {
 // A LibTorch message that says memory ran out (CPU or CUDA allocators).
 bool is_out_of_memory(const std::string& what) {
   return what.find("out of memory") != std::string::npos || what.find("alloc") != std::string::npos;
-}
-
-Status validate_options(const TrainerOptions& o) {
-  auto bad = [](const std::string& field, const std::string& rule, double got) {
-    return InvalidArgumentError(absl::StrCat(field, ": ", rule, ", got ", got));
-  };
-  if (!(o.temperature > 0)) return bad("trainer.temperature", "must be > 0", o.temperature);
-  if (o.micro_batch_tokens < 1) {
-    return bad("trainer.micro_batch_tokens", "must be >= 1", o.micro_batch_tokens);
-  }
-  if (o.ppo_epochs < 1) return bad("trainer.ppo_epochs", "must be >= 1", o.ppo_epochs);
-  if (o.mini_batches < 1) return bad("trainer.mini_batches", "must be >= 1", o.mini_batches);
-  if (o.max_reuse < 0) return bad("trainer.max_reuse", "must be >= 0 (0 = no cap)", o.max_reuse);
-  if (!(o.optimizer.lr > 0)) return bad("trainer.lr", "must be > 0", o.optimizer.lr);
-  if (!(o.kl_coef >= 0)) return bad("trainer.kl_coef", "must be >= 0", o.kl_coef);
-  if (!(o.sft_coef >= 0)) return bad("trainer.sft_coef", "must be >= 0", o.sft_coef);
-  RELAY_RETURN_IF_ERROR(validate(o.loss, "trainer"));
-  RELAY_RETURN_IF_ERROR(validate(o.advantage));
-  RELAY_RETURN_IF_ERROR(validate(o.entropy, "trainer.entropy"));
-  RELAY_RETURN_IF_ERROR(validate(o.reward_kl.controller, "trainer.reward_kl"));
-  RELAY_RETURN_IF_ERROR(validate(o.rollout_correction, "trainer.rollout_correction"));
-  return OkStatus();
 }
 
 // Masked statistics of a [B, L] tensor (or [B] with an all-true mask).
@@ -215,7 +175,7 @@ model::ScoreOptions Trainer::score_options(const TrainBatch& mb, model::MoeRouti
   if (routing != nullptr && mb.routed_experts.defined()) {
     const at::Tensor& r = mb.routed_experts;
     routing->recorded = r.reshape({r.size(0) * r.size(1), r.size(2), r.size(3)});
-    routing->replay = options_.router_replay;
+    routing->replay = options_.router_replay == RouterReplay::kReplay;
     so.routing = routing;
   }
   return so;
@@ -377,7 +337,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, Trainer
                                                    int64_t version, model::Policy reference,
                                                    DataParallel data_parallel) {
   if (!policy) return InvalidArgumentError("Trainer: policy is null");
-  RELAY_RETURN_IF_ERROR(validate_options(options));
+  RELAY_RETURN_IF_ERROR(validate(options));
   if (data_parallel.bucket_bytes < 1) {
     return InvalidArgumentError(absl::StrCat("trainer.allreduce_bucket_mb: must be > 0, got ",
                                              data_parallel.bucket_bytes, " bytes"));
@@ -702,7 +662,7 @@ StatusOr<StepMetrics> Trainer::step_unguarded(const std::vector<rollout::Traject
     // other experts than the engine's did (with replay they do not).
     m["router/mismatch_token_fraction"] = before.differing_tokens / before.routed_tokens;
     m["router/mismatch_layer_fraction"] = before.differing_layers / before.routed_layers;
-    m["router/replay"] = o.router_replay ? 1 : 0;
+    m["router/replay"] = o.router_replay == RouterReplay::kReplay ? 1 : 0;
   }
 
   // KL in the reward: r_t -= beta kl_t before the advantages.
@@ -853,7 +813,7 @@ StatusOr<StepMetrics> Trainer::step_unguarded(const std::vector<rollout::Traject
         std::optional<model::AutocastGuard> autocast;
         autocast.emplace(device_type_of(policy_), o.autocast);
         model::MoeRouting routing;
-        const model::ScoreOptions so = score_options(mb, o.router_replay ? &routing : nullptr);
+        const model::ScoreOptions so = score_options(mb, o.router_replay == RouterReplay::kReplay ? &routing : nullptr);
         if (entropy_coef > 0 || record) {
           model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
           in.logprobs = gather_response(out.logprobs, mb);
@@ -979,7 +939,7 @@ StatusOr<StepMetrics> Trainer::step_unguarded(const std::vector<rollout::Traject
   if (reference_) {
     if (o.kl_coef > 0) m["kl_ref"] = kl_sum / updates;
     for (KlEstimator k : {KlEstimator::kK1, KlEstimator::kK2, KlEstimator::kK3}) {
-      m[absl::StrCat("kl_ref/", kl_estimator_name(k))] =
+      m[absl::StrCat("kl_ref/", kKlEstimatorNames.name(k))] =
           summarize(kl_penalty(before.logprobs, before.reference, k), mask).mean;
     }
   }

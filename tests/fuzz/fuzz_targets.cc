@@ -6,7 +6,7 @@
 #include <fstream>
 #include <memory>
 
-#include "relay/common/config.h"
+#include "relay/config/config.h"
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/hf_config.h"
 #include "relay/model/safetensors.h"

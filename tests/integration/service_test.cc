@@ -21,7 +21,7 @@
 #include "relay/comm/trainer_host.h"
 #include "relay/comm/trainer_service.h"
 #include "relay/comm/weight_broadcaster.h"
-#include "relay/common/config.h"
+#include "relay/config/config.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/task.h"

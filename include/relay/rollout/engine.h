@@ -48,7 +48,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "relay/common/config.h"
+#include "relay/rollout/options.h"
 #include "relay/common/status.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/policy.h"

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "relay/common/config.h"
+#include "relay/rollout/options.h"
 #include "relay/common/status.h"
 
 namespace relay::rollout {

@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include "relay/common/config.h"
+#include "relay/rollout/options.h"
 #include "relay/common/status.h"
 #include "relay/model/chat_template.h"
 

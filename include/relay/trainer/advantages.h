@@ -25,56 +25,10 @@
 #include <ATen/core/Tensor.h>
 
 #include "relay/common/status.h"
+#include "relay/trainer/options.h"
 
 namespace relay::trainer {
 
-enum class AdvantageEstimator {
-  kGrpo,                       // "grpo": (r - group mean) / (group std + eps)
-  kDrGrpo,                     // "dr_grpo": r - group mean (GRPO with norm_by_std = false)
-  kRloo,                       // "rloo": r - mean of the other samples of the group
-  kReinforcePlusPlus,          // "reinforce_plus_plus": whitened discounted returns
-  kReinforcePlusPlusBaseline,  // "reinforce_plus_plus_baseline": r - group mean, whitened
-  kOpo,                        // "opo": r - length-weighted group mean
-  kGrpoPassK,                  // "grpo_passk": only each group's best sample, max - second max
-  kGrpoSplit,                  // "grpo_split": GRPO with an on-policy-only baseline (LUFFY)
-  kRemax,                      // "remax": r - reward of the greedy response
-  kGae,                        // "gae": generalized advantage estimation with a critic
-};
-
-// The names above; InvalidArgument listing the known names otherwise.
-StatusOr<AdvantageEstimator> parse_advantage_estimator(const std::string& name);
-const char* advantage_estimator_name(AdvantageEstimator estimator);
-
-// What GRPO-family estimators divide (r - baseline) by when norm_by_std.
-enum class StdScale {
-  kNone,   // "none": no division (Dr. GRPO)
-  kGroup,  // "group": the group's unbiased std (GRPO, verl's default)
-  kBatch,  // "batch": the unbiased std of all B rewards of the batch, one number for
-           // every group (TRL's scale_rewards="batch"): keeps the relative scale of
-           // easy and hard prompts instead of blowing up near-uniform groups
-};
-StatusOr<StdScale> parse_std_scale(const std::string& name);
-
-struct AdvantageOptions {
-  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
-  // GRPO, GRPO pass@k, GRPO-split: divide by a std. false = Dr. GRPO (the
-  // kDrGrpo estimator sets this false whatever is written here).
-  bool norm_by_std = true;
-  // Which std when norm_by_std (GRPO only; pass@k and split use the group's).
-  StdScale std_scale = StdScale::kGroup;
-  double epsilon = 1e-6;  // > 0; added to the std before dividing
-  double gamma = 1.0;     // discount in [0, 1], REINFORCE++ and GAE
-  double lambda = 1.0;    // GAE lambda in [0, 1]
-  // GRPO-split (LUFFY prefix_reward_weight_alpha / _beta): multiplies the
-  // advantage of off-policy (forced prefix) tokens by alpha, of on-policy
-  // tokens by beta. 1 / 1 = unweighted.
-  double prefix_reward_weight_alpha = 1.0;
-  double prefix_reward_weight_beta = 1.0;
-};
-
-// Rejects epsilon <= 0, gamma or lambda outside [0, 1], non-finite alpha or
-// beta; names the field.
-Status validate(const AdvantageOptions& options);
 
 struct AdvantageInputs {
   at::Tensor rewards;      // [B] float: outcome reward (all estimators but GAE with token_rewards)

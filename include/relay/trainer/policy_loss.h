@@ -24,21 +24,12 @@
 #include <vector>
 
 #include "relay/common/status.h"
+#include "relay/trainer/options.h"
 
 namespace relay::trainer {
 
 // ---------------------------------------------------------------- aggregation
 
-// verl's loss_agg_mode names. With m the mask and l the per-token loss:
-enum class LossAggMode {
-  kTokenMean,           // "token-mean": sum(l m) / N_tokens
-  kSeqMeanTokenSum,     // "seq-mean-token-sum": sum_b sum_j(l m) / N_seqs
-  kSeqMeanTokenMean,    // "seq-mean-token-mean": sum_b [sum_j(l m) / sum_j m] / N_seqs
-  kSeqMeanTokenSumNorm  // "seq-mean-token-sum-norm" (Dr. GRPO): sum(l m) / (N_seqs * C)
-};
-StatusOr<LossAggMode> parse_loss_agg_mode(const std::string& name,
-                                          const std::string& field = "loss_agg_mode");
-const char* loss_agg_mode_name(LossAggMode mode);
 
 // The denominators of aggregate_loss(), counted over the WHOLE optimizer step
 // (all micro-batches on all ranks), so that summing the micro-batch losses
@@ -99,28 +90,6 @@ struct PolicyLossResult {
 
 // --------------------------------------------------------------------- PPO
 
-struct PpoClipOptions {
-  double clip_low = 0.2;   // ratio lower bound 1 - clip_low (DAPO: asymmetric); in [0, 1).
-  double clip_high = 0.2;  // ratio upper bound 1 + clip_high (DAPO uses 0.28); >= 0.
-  // Dual clip (Ye et al. 2019, arXiv 1912.09729): for A < 0 the loss is capped at
-  // -A * clip_c, so ratios above clip_c give no gradient. 0 = off; else > 1.
-  double clip_c = 3.0;
-  // Two-sided delta clip (INTELLECT-2, arXiv 2505.07291): the unclipped ratio
-  // term uses min(ratio, clip_delta) for every token. For A > 0 it changes
-  // nothing (clip_delta > 1 + clip_high is required, and such ratios are already
-  // clipped); for A < 0 it caps the ratio as dual clip does, so with both set
-  // the smaller bound wins. 0 = off.
-  double clip_delta = 0;
-  // logp - anchor is clamped to [-log_ratio_clamp, log_ratio_clamp] before exp()
-  // (verl: 20). 0 = no clamp.
-  double log_ratio_clamp = 20.0;
-  // Decoupled PPO only (AReaL): tokens with exp(prox - behav) > cap are dropped
-  // from the loss (they still count in the denominator). 0 = no cap; else > 1.
-  double behav_imp_weight_cap = 0;
-  LossAggMode agg_mode = LossAggMode::kTokenMean;
-};
-// Messages name the field: "ppo.clip_c: must be 0 (off) or > 1, got 0.5".
-Status validate(const PpoClipOptions& options, const std::string& prefix = "ppo");
 
 // PPO clipped surrogate with r = exp(logp - old):
 //   l = max(-A r', -A clip(r, 1 - clip_low, 1 + clip_high)),  r' = min(r, clip_delta)
@@ -151,10 +120,6 @@ at::Tensor loglinear_proximal_logprobs(const at::Tensor& behavior_logprobs,
 
 // ------------------------------------------------------ sequence-level forms
 
-struct GspoOptions {
-  double clip_low = 3e-4;  // GSPO paper's sequence-ratio clip range.
-  double clip_high = 4e-4;
-};
 // GSPO (arXiv 2507.18071), token-level gradient form (GSPO-token, verl):
 //   log s_bj = sg(mean_j m (logp - old)) + logp - sg(logp), clamped to <= 10
 //   l = max(-A s, -A clip(s, 1 - clip_low, 1 + clip_high))
@@ -163,10 +128,6 @@ struct GspoOptions {
 PolicyLossResult gspo_loss(const PolicyLossInputs& in, const GspoOptions& options,
                            const GlobalNormalizer& normalizer = {});
 
-struct GmpoOptions {
-  double clip_low = 0.4;  // token log-ratio clipped to [-clip_low, clip_high] (GMPO: e^{+-0.4}).
-  double clip_high = 0.4;
-};
 // GMPO (arXiv 2507.20673, verl compute_policy_loss_geo_mean): per sequence
 //   d_j = sgn(A) min(sgn(A) d_j, sgn(A) clamp(d_j, -clip_low, clip_high)),  d = logp - old
 //   loss_b = -mean_j(A) * exp(mean_j d_j)
@@ -176,21 +137,11 @@ struct GmpoOptions {
 PolicyLossResult gmpo_loss(const PolicyLossInputs& in, const GmpoOptions& options,
                            const GlobalNormalizer& normalizer = {});
 
-struct CispoOptions {
-  double clip_low = 0.2;
-  double clip_high = 0.2;
-  LossAggMode agg_mode = LossAggMode::kTokenMean;
-};
 // CISPO (MiniMax-M1, arXiv 2506.13585): l = -sg(clip(r, 1 - clip_low, 1 + clip_high)) A logp.
 // Every token keeps a gradient; clip_fraction counts tokens whose weight was clipped.
 PolicyLossResult cispo_loss(const PolicyLossInputs& in, const CispoOptions& options,
                             const GlobalNormalizer& normalizer = {});
 
-struct SapoOptions {
-  double tau_pos = 1.0;   // gate temperature for A > 0 (AReaL default).
-  double tau_neg = 1.05;  // for A <= 0.
-  LossAggMode agg_mode = LossAggMode::kSeqMeanTokenMean;  // verl forces this mode.
-};
 // SAPO (arXiv 2511.20347): soft sigmoid gate instead of the hard clip:
 //   l = -A * (4 / tau) sigmoid(tau (r - 1)),  tau = tau_pos if A > 0 else tau_neg
 // At r = 1 the gradient w.r.t. logp equals the PPO one (-A).
@@ -199,15 +150,6 @@ PolicyLossResult sapo_loss(const PolicyLossInputs& in, const SapoOptions& option
 
 // --------------------------------------------------- covariance-based forms
 
-struct ClipCovOptions {
-  double clip_low = 0.2;
-  double clip_high = 0.2;
-  double clip_cov_ratio = 2e-4;  // fraction of masked tokens to detach (at least 1).
-  double clip_cov_lb = 1.0;      // candidates have lb < cov < ub.
-  double clip_cov_ub = 5.0;
-  uint64_t seed = 0;  // for the random choice among candidates (verl: randperm).
-  LossAggMode agg_mode = LossAggMode::kTokenMean;
-};
 // Clip-Cov (Cui et al. 2025, arXiv 2505.22617): cov_j = (A_j - mean A)(logp_j - mean logp)
 // over masked tokens; among the tokens not already PPO-clipped with
 // lb < cov < ub, max(1, floor(ratio * N)) random ones get zero loss (and gradient);
@@ -215,11 +157,6 @@ struct ClipCovOptions {
 PolicyLossResult clip_cov_loss(const PolicyLossInputs& in, const ClipCovOptions& options,
                                const GlobalNormalizer& normalizer = {});
 
-struct KlCovOptions {
-  double kl_cov_ratio = 2e-4;  // fraction of masked tokens that get the KL penalty (at least 1).
-  double ppo_kl_coef = 1.0;    // coefficient of |logp - old| on those tokens.
-  LossAggMode agg_mode = LossAggMode::kTokenMean;
-};
 // KL-Cov (same paper): l = -A r, plus ppo_kl_coef |logp - old| on the top-k
 // tokens by covariance (A_j - mean A)(logp_j - mean logp). metrics.ppo_kl is
 // mean |logp - old| (as verl); clip_fraction is the penalized fraction.
@@ -242,51 +179,6 @@ at::Tensor sft_loss(const at::Tensor& logprobs, const at::Tensor& response_mask,
 
 // -------------------------------------------------------------------- LUFFY
 
-// Policy shaping f(p) of the off-policy (guidance) tokens, p = pi_theta(token).
-enum class OffPolicyShaping {
-  kPDivP,       // "p_div_p": p / (p + gamma)  (LUFFY's regularized IS, gamma 0.1)
-  kNoReshape,   // "no_reshape": p (importance ratio against a pi_off = 1 target)
-  kLogp,        // "logp": weight * logp (SFT-like)
-  kPLogp,       // "p_logp": p + weight * logp
-  kSquareRoot,  // "square_root": sqrt(p)
-  kPow,         // "pow": p^exponent
-};
-// Also accepts LUFFY's "p_div_p_0.1" / "p_div_p_0.3" / "p_div_p_0.5" and
-// returns the gamma they name in *gamma when non-null.
-StatusOr<OffPolicyShaping> parse_off_policy_shaping(
-    const std::string& name, double* gamma = nullptr,
-    const std::string& field = "off_policy_reshape");
-
-struct LuffyOptions {
-  // PPO clip of the on-policy tokens; dual clip off by default, as in LUFFY.
-  PpoClipOptions on_policy = [] {
-    PpoClipOptions o;
-    o.clip_c = 0;
-    return o;
-  }();
-  // LUFFY's clip_upper_bound: the on-policy upper ratio bound is
-  // max(clip_upper_bound, 1 + clip_high). 0 = just 1 + clip_high.
-  double clip_upper_bound = 0;
-  bool loss_remove_clip = false;  // on-policy tokens use -A r, unclipped.
-  OffPolicyShaping shaping = OffPolicyShaping::kPDivP;
-  double gamma = 0.1;           // p_div_p: f(p) = p / (p + gamma); > 0.
-  double shaping_weight = 1.0;  // logp, p_logp: weight of logp.
-  double pow_exponent = 0.5;    // pow: exponent.
-  double off_max_clip = 0;      // f(p) clamped to <= this; 0 = off.
-  double off_min_clip = 0;      // f(p) clamped to >= this; 0 = off (LUFFY: -1 / None).
-  // Optional shaping of the on-policy ratio r = exp(logp - old) before its
-  // clip (LUFFY's on_policy_reshape): kNoReshape r; kLogp logp - old; kPLogp
-  // r + weight (logp - old); kSquareRoot sqrt(r); kPow r^exponent; kPDivP
-  // f(p) / f(p_old) with f(p) = p / (p + gamma).
-  OffPolicyShaping on_policy_shaping = OffPolicyShaping::kNoReshape;
-  double on_policy_gamma = 0.1;
-  double on_policy_shaping_weight = 1.0;
-  double on_policy_pow_exponent = 0.5;
-  // Optional SFT multitask term: + sft_coef * NLL of the off-policy tokens
-  // (aggregated token-mean over them). 0 = off.
-  double sft_coef = 0;
-};
-Status validate(const LuffyOptions& options, const std::string& prefix = "luffy");
 
 struct LuffyLossMetrics {
   PolicyLossMetrics on_policy;  // clip fractions, ppo_kl, ratio over on-policy tokens.
@@ -320,39 +212,6 @@ LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpoli
 
 // ---------------------------------------------------------------- selection
 
-// The trainer's `trainer.loss` choice.
-enum class PolicyLossKind {
-  kPpo,           // "ppo"
-  kDecoupledPpo,  // "decoupled_ppo" (needs proximal log-probs)
-  kGspo,          // "gspo"
-  kGmpo,          // "gmpo"
-  kCispo,         // "cispo"
-  kSapo,          // "sapo"
-  kClipCov,       // "clip_cov"
-  kKlCov,         // "kl_cov"
-  kGpg,           // "gpg"
-  kReinforce,     // "reinforce"
-  kLuffy,         // "luffy" (on-policy PPO + shaped off-policy prefix tokens)
-};
-StatusOr<PolicyLossKind> parse_policy_loss_kind(const std::string& name,
-                                                const std::string& field = "trainer.loss");
-const char* policy_loss_kind_name(PolicyLossKind kind);
-
-// Every loss's options; only the selected kind's are read. REINFORCE and GPG
-// aggregate with ppo.agg_mode.
-struct PolicyLossOptions {
-  PolicyLossKind kind = PolicyLossKind::kPpo;
-  PpoClipOptions ppo;
-  GspoOptions gspo;
-  GmpoOptions gmpo;
-  CispoOptions cispo;
-  SapoOptions sapo;
-  ClipCovOptions clip_cov;
-  KlCovOptions kl_cov;
-  LuffyOptions luffy;
-};
-// Validates the selected kind's options; messages name "<prefix>.<kind>.<field>".
-Status validate(const PolicyLossOptions& options, const std::string& prefix = "trainer");
 
 // Runs the selected loss. `offpolicy_mask` [B, L] (forced prefix tokens) is
 // read by LUFFY only; `sft_normalizer` counts those tokens for LUFFY's SFT
@@ -380,19 +239,7 @@ at::Tensor entropy_bonus_loss(const at::Tensor& entropy, const at::Tensor& respo
                               double coef, LossAggMode agg_mode,
                               const GlobalNormalizer& normalizer = {});
 
-// Adaptive entropy coefficient (Skywork-OR1's adaptive entropy control, arXiv
-// 2505.22312): after each step, coef += delta when the measured entropy is
-// below the target and coef -= delta when above, clamped to [0, max_coef]; the
-// bonus is applied only while entropy < target. Off (fixed coefficient) when
-// target <= 0.
-struct EntropyControlOptions {
-  double coef = 0.0;    // initial (fixed: constant) coefficient; >= 0
-  double target = 0.0;  // target entropy (nats per token); <= 0 = fixed coefficient
-  double delta = 1e-4;  // step of the adaptive coefficient; > 0 when adaptive
-  double max_coef = 1e-2;
-};
-Status validate(const EntropyControlOptions& options,
-                const std::string& prefix = "trainer.entropy");
+// The controller of the entropy bonus's coefficient (EntropyControlOptions).
 
 class EntropyController {
  public:

@@ -37,6 +37,7 @@
 #include "relay/trainer/batch.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/kl.h"
+#include "relay/trainer/options.h"
 #include "relay/trainer/policy_loss.h"
 #include "relay/trainer/rollout_correction.h"
 
@@ -46,94 +47,6 @@ class AdamW;
 
 namespace relay::trainer {
 
-// Where the decoupled loss's proximal log-probs come from.
-enum class ProximalSource {
-  kRecorded,   // the worker's value where proximal_versions == trainer version, else recompute
-  kRecompute,  // the trainer's forward pass before the update
-  kLoglinear,  // AReaL's interpolation between behavior and current by version distance
-};
-enum class LrSchedule { kConstant, kLinearWarmup, kCosine };
-
-struct OptimizerOptions {
-  double lr = 1e-5;
-  double weight_decay = 0.0;  // decoupled (AdamW)
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double max_grad_norm = 1.0;  // global L2 clip; <= 0 = off
-  LrSchedule schedule = LrSchedule::kConstant;
-  int64_t warmup_steps = 0;   // linear warmup from 0 (linear_warmup, cosine)
-  int64_t total_steps = 0;    // cosine: steps to decay over
-  double min_lr_ratio = 0.0;  // cosine floor, as a fraction of lr
-  // Parameters held in bf16/fp16 get fp32 master copies: gradients are cast
-  // up, AdamW steps the fp32 copy, the result is cast back. Without them an
-  // update smaller than the parameter's bf16 spacing (~0.4% of its value) is
-  // lost entirely. No effect on fp32 parameters.
-  bool fp32_master_weights = true;
-};
-
-// Learning rate at optimizer step `step` (0-based).
-double lr_at(const OptimizerOptions& options, int64_t step);
-
-// KL to the reference policy folded into the reward (verl's use_kl_in_reward):
-// per token r_t -= beta * kl_t, so outcome estimators see r - beta * sum_t kl_t.
-struct RewardKlOptions {
-  // controller.kl_coef = beta; 0 = off (the default, unlike KlControllerOptions').
-  KlControllerOptions controller = [] {
-    KlControllerOptions c;
-    c.kl_coef = 0;
-    return c;
-  }();
-  KlEstimator estimator = KlEstimator::kK1;
-};
-
-struct TrainerOptions {
-  AdvantageOptions advantage;
-  PolicyLossOptions loss;  // kind and every loss's options
-  ProximalSource proximal = ProximalSource::kRecorded;
-  double loss_scale_factor = 0;       // seq-mean-token-sum-norm's constant; 0 = response width
-  double temperature = 1.0;           // the rollout's sampling temperature
-  int64_t micro_batch_tokens = 8192;  // padded tokens per forward/backward pass
-  int ppo_epochs = 1;
-  int mini_batches = 1;  // optimizer steps per epoch
-  int64_t max_staleness = -1;
-  bool allow_missing_logprobs = false;    // train NaN behavior tokens on-policy (ratio 1)
-  bool drop_equal_reward_groups = false;  // DAPO dynamic sampling
-  bool mask_truncated = false;            // overlong filtering
-  // Steps one trajectory may be trained in (a group handed to step() twice,
-  // or replayed from the store). Over the cap it is dropped and counted.
-  // 0 = no cap.
-  int max_reuse = 0;
-  double kl_coef = 0.0;  // > 0: KL to the reference policy in the loss
-  KlEstimator kl_estimator = KlEstimator::kK3;
-  RewardKlOptions reward_kl;
-  EntropyControlOptions entropy;  // entropy bonus (coef > 0), optionally adaptive
-  // Importance weights / rejection for pi_old vs pi_behav. When any of it is
-  // on (and not bypass), the PPO ratio is taken against the trainer's pi_old
-  // and the weights correct for the sampler; otherwise the anchor is the
-  // behavior log-prob itself. bypass also skips the pre-update pass when
-  // nothing else (reference, decoupled proximal, missing log-probs) needs it.
-  RolloutCorrectionOptions rollout_correction;
-  double sft_coef = 0.0;  // > 0: + coef x NLL of the off-policy (forced) tokens
-  OptimizerOptions optimizer;
-  int64_t pad_token_id = 0;
-  // Forward passes under autocast in this precision (run.autocast); the
-  // weights, gradients and optimizer keep their own dtypes.
-  std::optional<c10::ScalarType> autocast;
-  // Ids [0, vocab_limit) are the distribution's support: the tokenizer's
-  // vocabulary, which is what the rollout engine samples from when the
-  // model's embedding is padded past it. 0 = every id of the model.
-  int64_t vocab_limit = 0;
-  // Recompute each decoder layer's activations in backward (trainer.activation_checkpointing).
-  bool activation_checkpointing = false;
-  // MoE models: route every position that carries recorded routing to the
-  // engine's experts (trainer.router_replay: replay); the router's own
-  // weights over them keep their gradient.
-  bool router_replay = false;
-
-  // True when the options need a reference policy (KL in the loss or reward).
-  bool needs_reference() const { return kl_coef > 0 || reward_kl.controller.kl_coef > 0; }
-};
 
 // Every metric a step reports, by name (DESIGN.md's diagnostics).
 using StepMetrics = std::map<std::string, double>;

@@ -344,7 +344,7 @@ TEST(AdvantagesTest, PaddingIsExactlyZeroForEveryEstimator) {
        {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
         "grpo_passk", "grpo_split", "remax", "gae"}) {
     SCOPED_TRACE(name);
-    StatusOr<AdvantageEstimator> e = parse_advantage_estimator(name);
+    StatusOr<AdvantageEstimator> e = kAdvantageEstimatorNames.parse(name);
     ASSERT_TRUE(e.ok()) << e.status();
     const AdvantageOutputs out = run(in, with(*e));
     ASSERT_TRUE(out.advantages.defined());
@@ -380,20 +380,21 @@ TEST(AdvantagesTest, EstimatorNames) {
   for (const char* name :
        {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
         "grpo_passk", "grpo_split", "remax", "gae"}) {
-    StatusOr<AdvantageEstimator> e = parse_advantage_estimator(name);
+    StatusOr<AdvantageEstimator> e = kAdvantageEstimatorNames.parse(name);
     ASSERT_TRUE(e.ok()) << name;
-    EXPECT_EQ(std::string(advantage_estimator_name(*e)), name);
+    EXPECT_EQ(std::string(kAdvantageEstimatorNames.name(*e)), name);
   }
-  StatusOr<AdvantageEstimator> bad = parse_advantage_estimator("ppo");
+  StatusOr<AdvantageEstimator> bad = kAdvantageEstimatorNames.parse("ppo");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("unknown 'ppo'"), absl::string_view::npos);
+  EXPECT_NE(bad.status().message().find("unknown advantage estimator 'ppo'"),
+            absl::string_view::npos);
   EXPECT_NE(bad.status().message().find("grpo_split"), absl::string_view::npos);
 
-  EXPECT_EQ(*parse_std_scale("none"), StdScale::kNone);
-  EXPECT_EQ(*parse_std_scale("group"), StdScale::kGroup);
-  EXPECT_EQ(*parse_std_scale("batch"), StdScale::kBatch);
-  EXPECT_FALSE(parse_std_scale("token").ok());
+  EXPECT_EQ(*kStdScaleNames.parse("none"), StdScale::kNone);
+  EXPECT_EQ(*kStdScaleNames.parse("group"), StdScale::kGroup);
+  EXPECT_EQ(*kStdScaleNames.parse("batch"), StdScale::kBatch);
+  EXPECT_FALSE(kStdScaleNames.parse("token").ok());
 }
 
 // Table of bad inputs and the error each must name.
@@ -482,11 +483,11 @@ TEST(AdvantagesTest, OptionsValidation) {
       {[](AdvantageOptions& o) { o.prefix_reward_weight_alpha = NAN; },
        "prefix_reward_weight_alpha: must be finite"},
   };
-  EXPECT_TRUE(validate(AdvantageOptions{}).ok());
+  EXPECT_TRUE(check_options(AdvantageOptions{}, "advantage").ok());
   for (const Case& c : cases) {
     AdvantageOptions o;
     c.edit(o);
-    const Status s = validate(o);
+    const Status s = check_options(o, "advantage");
     ASSERT_FALSE(s.ok()) << c.message;
     EXPECT_NE(s.message().find(c.message), absl::string_view::npos) << s.message();
     EXPECT_FALSE(compute_advantages(shared_batch(), o).ok());

@@ -289,7 +289,7 @@ TEST(BatchTest, GradientAccumulationOverMicroBatchesEqualsTheFullBatch) {
   ASSERT_GT(parts.size(), 2u);
   for (LossAggMode mode : {LossAggMode::kTokenMean, LossAggMode::kSeqMeanTokenMean,
                            LossAggMode::kSeqMeanTokenSum, LossAggMode::kSeqMeanTokenSumNorm}) {
-    SCOPED_TRACE(loss_agg_mode_name(mode));
+    SCOPED_TRACE(kLossAggModeNames.name(mode));
     auto [whole_loss, whole] = grads({all}, mode);
     auto [split_loss, split] = grads(parts, mode);
     EXPECT_NEAR(split_loss, whole_loss, 1e-5);

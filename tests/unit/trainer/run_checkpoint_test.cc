@@ -56,6 +56,7 @@ TrainerOptions options() {
   TrainerOptions o;
   o.optimizer.lr = 1e-2;
   o.allow_missing_logprobs = true;
+  o.max_staleness = -1;  // the same groups are trained on at every step
   return o;
 }
 

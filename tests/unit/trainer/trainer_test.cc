@@ -271,7 +271,7 @@ TEST(TrainerTest, EveryPolicyLossTrains) {
         PolicyLossKind::kGmpo, PolicyLossKind::kCispo, PolicyLossKind::kSapo,
         PolicyLossKind::kClipCov, PolicyLossKind::kKlCov, PolicyLossKind::kGpg,
         PolicyLossKind::kReinforce, PolicyLossKind::kLuffy}) {
-    SCOPED_TRACE(policy_loss_kind_name(kind));
+    SCOPED_TRACE(kPolicyLossNames.name(kind));
     model::Policy policy = make_policy(6);
     auto groups = sample_groups(policy, 1.0);
     // LUFFY's off-policy part needs forced tokens: mark the first two of one
@@ -391,6 +391,7 @@ TEST(TrainerTest, EntropyMetricAndBonus) {
     }
   }
   TrainerOptions o;
+  o.max_staleness = -1;  // the same groups are trained on at every step
   o.entropy.coef = 1.0;
   o.optimizer.lr = 1e-2;
   auto trainer = Trainer::create(policy, o).value();
@@ -468,6 +469,7 @@ TEST(TrainerTest, Fp32MasterWeightsKeepSmallUpdatesOfBf16Parameters) {
     auto groups = sample_groups(policy, 1.0);
     policy->to(torch::kBFloat16);
     TrainerOptions o;
+    o.max_staleness = -1;  // the same groups are trained on at every step
     o.optimizer.lr = 1e-4;
     o.optimizer.fp32_master_weights = master;
     o.allow_missing_logprobs = true;
@@ -580,7 +582,7 @@ TEST(TrainerTest, RouterReplayUsesTheEnginesExpertsAndReportsTheMismatch) {
   o.optimizer.lr = 1e-3;
   o.micro_batch_tokens = 64;
   auto off = Trainer::create(drifted(), o).value()->step(groups);
-  o.router_replay = true;
+  o.router_replay = RouterReplay::kReplay;
   auto replay = Trainer::create(drifted(), o).value()->step(groups);
   ASSERT_TRUE(off.ok()) << off.status();
   ASSERT_TRUE(replay.ok()) << replay.status();

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "relay/common/config.h"
+#include "relay/config/config.h"
 
 namespace relay {
 namespace {
@@ -187,7 +187,7 @@ TEST(ConfigReferenceTest, DocsConfigMdDocumentsEveryKeyWithItsDefault) {
   ASSERT_FALSE(doc.empty()) << "cannot read " << kDocPath;
   const std::string report = check_reference(doc, config_fields(ExperimentConfig{}));
   EXPECT_TRUE(report.empty()) << "docs/config.md disagrees with the config structs "
-                                 "(include/relay/common/config.h):\n"
+                                 "(include/relay/config/config.h):\n"
                               << report;
 }
 

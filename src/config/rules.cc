@@ -1,0 +1,167 @@
+// Rules of the process-level sections (experiment, eval, services, run,
+// model), which no single component reads. The components' own sections are
+// checked by their check() functions (trainer, rollout, task).
+
+#include "config/rules.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace relay::config {
+namespace {
+
+void one_of(Problems& p, const std::string& key, const std::string& value,
+            const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+    p.add(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")), value);
+  }
+}
+
+bool is_run_name_char(char ch) {
+  return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+         ch == '.' || ch == '_' || ch == '-';
+}
+
+void check_experiment(const ExperimentConfig& config, Problems& p) {
+  const ExperimentSection& ex = config.experiment;
+  if (ex.name.empty()) {
+    p.add("experiment.name", "must be non-empty", ex.name);
+  } else if (!std::all_of(ex.name.begin(), ex.name.end(), is_run_name_char)) {
+    p.add("experiment.name", "must contain only [A-Za-z0-9._-]", ex.name);
+  } else if (ex.name == "." || ex.name == "..") {
+    // The run directory is <output_dir>/<name>; these would escape it.
+    p.add("experiment.name", "must not be '.' or '..'", ex.name);
+  }
+  if (ex.output_dir.empty()) p.add("experiment.output_dir", "must be non-empty", "");
+  p.at_least("experiment.steps", ex.steps, 0);
+  p.at_least("experiment.groups_per_step", ex.groups_per_step, 1);
+  p.at_least("eval.prompts", config.eval.prompts, 0);
+  p.at_least("eval.every", config.eval.every, 0);
+  p.at_least("eval.n", config.eval.n, 0);
+  p.positive("eval.temperature", config.eval.temperature);
+  p.at_least("experiment.checkpoint_every", ex.checkpoint_every, 0);
+  p.at_least("experiment.keep_checkpoints", ex.keep_checkpoints, 1);
+  p.at_least("experiment.warm_start.sft_steps", ex.warm_start.sft_steps, 0);
+  p.positive("experiment.warm_start.sft_lr", ex.warm_start.sft_lr);
+  p.at_least("experiment.warm_start.batch", ex.warm_start.batch, 1);
+}
+
+void check_services(const ServicesConfig& sv, Problems& p) {
+  if (sv.listen.empty() || sv.listen.rfind(':') == std::string::npos) {
+    p.add("services.listen", "must be host:port", sv.listen);
+  }
+  if (!sv.http_listen.empty() && sv.http_listen.rfind(':') == std::string::npos) {
+    p.add("services.http_listen", "must be host:port or empty (off)", sv.http_listen);
+  }
+  p.positive("services.lease_timeout_s", sv.lease_timeout_s);
+  p.positive("services.group_wait_s", sv.group_wait_s);
+  p.positive("services.rpc_timeout_s", sv.rpc_timeout_s);
+  p.non_negative("services.worker_timeout_s", sv.worker_timeout_s);
+  one_of(p, "services.weight_sync", sv.weight_sync, {"fetch", "broadcast", "auto"});
+  if (sv.weight_sync_port < 0 || sv.weight_sync_port > 65535) {
+    p.add("services.weight_sync_port", "must be in [0, 65535]", sv.weight_sync_port);
+  }
+  p.at_least("services.weight_sync_bucket_mb", sv.weight_sync_bucket_mb, 1);
+  p.positive("services.weight_sync_timeout_s", sv.weight_sync_timeout_s);
+  if (sv.tls.cert.empty() != sv.tls.key.empty()) {
+    p.add(sv.tls.cert.empty() ? "services.tls.cert" : "services.tls.key",
+          "services.tls.cert and services.tls.key go together", "");
+  }
+  if (!sv.tls.cert.empty() && sv.tls.ca.empty()) {
+    p.add("services.tls.ca",
+          "must name the CA that signed services.tls.cert (workers verify the trainer with it)",
+          "");
+  }
+  if (sv.tls.mutual && (sv.tls.ca.empty() || sv.tls.cert.empty())) {
+    p.add("services.tls.mutual", "needs services.tls.ca, cert and key", "true");
+  }
+}
+
+void check_run(const RunConfig& run, Problems& p) {
+  p.at_least("run.threads", run.threads, 0);
+  one_of(p, "run.log_level", run.log_level, {"trace", "debug", "info", "warn", "error", "off"});
+  {
+    const std::string& d = run.device;
+    const bool cuda_index =
+        d.size() > 5 && d.rfind("cuda:", 0) == 0 &&
+        std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (d != "cpu" && d != "cuda" && !cuda_index) {
+      p.add("run.device", "must be cpu, cuda or cuda:<index>", d);
+    }
+  }
+  one_of(p, "run.autocast", run.autocast, {"none", "bfloat16", "float16"});
+}
+
+void check_model(const ExperimentConfig& config, Problems& p) {
+  one_of(p, "model.dtype", config.model.dtype, {"float32", "bfloat16", "float16"});
+  // Whether the tokenizer has the format's special tokens is known only once
+  // it is loaded (rollout setup checks it, naming model.chat_template).
+  one_of(p, "model.chat_template", config.model.chat_template,
+         {"none", "chatml", "llama3", "auto"});
+  if (config.model.chat_template == "none" && !config.model.system_prompt.empty()) {
+    // A system message exists only in a chat format; ignoring it would
+    // silently train on other prompts than the ones configured.
+    p.add("model.system_prompt",
+          "needs model.chat_template (chatml, llama3 or auto); without a chat format there "
+          "is no system message",
+          config.model.system_prompt);
+  }
+  const ModelInitConfig& init = config.model.init;
+  one_of(p, "model.init.arch", init.arch, {"llama", "qwen2", "qwen3", "qwen3_moe"});
+  p.at_least("model.init.head_dim", init.head_dim, 0);
+  if (init.head_dim % 2 != 0) p.add("model.init.head_dim", "must be even (RoPE)", init.head_dim);
+  if (init.arch == "qwen3_moe") {
+    p.at_least("model.init.experts", init.experts, 1);
+    p.at_least("model.init.experts_per_tok", init.experts_per_tok, 1);
+    if (init.experts_per_tok > init.experts) {
+      p.add("model.init.experts_per_tok",
+            absl::StrCat("must be <= model.init.experts (", init.experts, ")"),
+            init.experts_per_tok);
+    }
+    p.at_least("model.init.moe_ffn", init.moe_ffn, 0);
+  }
+  p.at_least("model.init.layers", init.layers, 1);
+  p.at_least("model.init.hidden", init.hidden, 1);
+  p.at_least("model.init.heads", init.heads, 1);
+  p.at_least("model.init.kv_heads", init.kv_heads, 1);
+  p.at_least("model.init.ffn", init.ffn, 1);
+  p.at_least("model.init.vocab", init.vocab, 0);
+  p.at_least("model.init.max_seq_len", init.max_seq_len, 1);
+  if (init.heads >= 1 && init.kv_heads >= 1 && init.heads % init.kv_heads != 0) {
+    p.add("model.init.kv_heads", absl::StrCat("must divide model.init.heads (", init.heads, ")"),
+          init.kv_heads);
+  }
+  if (init.heads >= 1 && init.hidden >= 1 && init.head_dim == 0) {
+    if (init.hidden % init.heads != 0) {
+      p.add("model.init.hidden",
+            absl::StrCat("must be divisible by model.init.heads (", init.heads, ")"), init.hidden);
+    } else if ((init.hidden / init.heads) % 2 != 0) {
+      p.add("model.init.hidden",
+            absl::StrCat("must give an even head dim (hidden / model.init.heads) for RoPE, got ",
+                         init.hidden, " / ", init.heads, " = ", init.hidden / init.heads));
+    }
+  }
+  p.positive("model.init.rope_theta", init.rope_theta);
+  p.positive("model.init.rms_norm_eps", init.rms_norm_eps);
+}
+
+}  // namespace
+
+void check(const ExperimentConfig& config, Problems p) {
+  check_experiment(config, p);
+  check_services(config.services, p);
+  check_run(config.run, p);
+  check_model(config, p);
+  // The run's lease dispenser bounds leases by the staleness: a run needs
+  // one, where a trainer built in code may go without (-1).
+  p.at_least("trainer.max_staleness", config.trainer.max_staleness, 0);
+  check(config.rollout, p.at("rollout"));
+  check(config.task, p.at("task"));
+  trainer::check(config.trainer, p.at("trainer"));
+}
+
+}  // namespace relay::config
