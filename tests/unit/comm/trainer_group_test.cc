@@ -144,6 +144,7 @@ std::vector<rollout::TrajectoryGroup> sample_groups(const model::Policy& policy,
 TrainerOptions dp_options() {
   TrainerOptions o;
   o.optimizer.lr = 1e-2;
+  o.max_staleness = -1;  // the same groups are trained on at every step
   // AdamW's step is lr * m / (sqrt(v) + eps): with eps 1e-8 a gradient near
   // 1e-8 turns an fp32 rounding difference of the summation order into a
   // visible difference of the step. A larger eps keeps the update a smooth
