@@ -19,8 +19,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-#include "relay/config/config.h"
 #include "relay/common/file_io.h"
+#include "relay/config/config.h"
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"

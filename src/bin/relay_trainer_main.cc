@@ -543,7 +543,8 @@ int main(int argc, char** argv) {
   }
   if (broadcaster) sopt.weight_sync_endpoint = broadcaster->endpoint();
   sopt.max_staleness = s.config.trainer.max_staleness;
-  sopt.greedy_baseline = s.config.trainer.advantage.estimator == trainer::AdvantageEstimator::kRemax;
+  sopt.greedy_baseline =
+      s.config.trainer.advantage.estimator == trainer::AdvantageEstimator::kRemax;
   sopt.limits = limits;
   comm::TrainerService service(
       sopt, store->get(), dispenser->get(), &publisher,

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "bin/commands.h"
-#include "relay/config/config.h"
 #include "relay/common/status.h"
+#include "relay/config/config.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
