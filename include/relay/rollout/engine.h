@@ -23,6 +23,7 @@
 // A sampled token enters the cache in the next step's call, so the logits a
 // token is sampled from always come from the weights of the step it is
 // sampled in, and carry that step's version.
+// Each is a phase over one explicit state value (src/rollout/engine_state.h).
 //
 // A group with greedy_baseline (ReMax) has one more sequence, queued after its
 // K samples: it is scheduled, batched, shares the prompt prefill and goes
@@ -151,8 +152,11 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
+  // Defined in src/rollout/engine_state.h.
   struct Sequence;
   struct Group;
+  struct StepState;    // what one step passes from phase to phase
+  struct ContextPass;  // run_model's context phase
   struct Submission {
     PromptGroup group;
     double at_s = 0.0;  // seconds since the engine started
@@ -166,28 +170,56 @@ class Engine {
   Engine(model::Policy policy, EngineOptions options, const model::KVCacheOptions& cache,
          int64_t version, uint64_t digest);
 
+  // The phases of step(), in order (engine_state.h).
+  // Under mu_: the submissions, the abort request and at most one update.
+  void take_inputs(StepState& s);
+  // The update, admission, the model pass and sampling; a model error
+  // (c10::Error) is its Status.
+  Status advance(StepState& s);
+  // Under mu_: what other threads read (idle(), version(), stats()).
+  void publish(const StepState& s);
+
+  // Scheduling (engine_schedule.cc).
   void enqueue(Submission submission);
   bool is_stop(int64_t token) const;
   void apply_update(PendingUpdate& update);
   void reset_cache(Sequence& seq);
   // Positions `seq` may reach: prompt + max_new_tokens, within a sequence's capacity.
   int64_t reserved_positions(const Sequence& seq) const;
+  void begin_response(Sequence& seq);
+  void admit(double now);
+  void finish(Sequence& seq, FinishReason reason, double now);
+  void abort_all(double now);
+  void collect_done(std::vector<TrajectoryGroup>& done);
+
+  // The model pass and sampling (engine_model.cc).
+  // Every live sequence's cache up to its tokens; their next-token logits
+  // into s.next_logits.
+  void run_model(StepState& s);
+  // Context phase, per sequence: copy a sibling's prompt context now, wait
+  // to copy it from a sibling computing it in the batched call, or compute it.
+  void place_context(Sequence& seq, ContextPass& ctx);
+  // A live sibling whose cache holds the prompt context under the current
+  // weights, or null.
+  Sequence* ready_donor(const Sequence& seq) const;
+  void copy_prompt_context(const Sequence& from, Sequence& seq);
+  void run_context(ContextPass& ctx);
+  // Every live sequence's remaining tokens: decode rows and rows to score.
+  void run_new_tokens(StepState& s);
+  at::Tensor extend_rows(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
+                         model::ExtendLogits which);
   // Keeps the routing of rows[b]'s new positions, [kv_len, ends[b]), before
   // kv_len moves on.
   void record_routing(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
                       int64_t T, model::MoeRouting& routing);
   // Gives `seq` the routing of donor's first `positions` positions it lacks.
   void share_routing(const Sequence& donor, Sequence& seq, int64_t positions);
-  void begin_response(Sequence& seq);
-  void admit(double now);
-  at::Tensor extend_rows(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
-                         model::ExtendLogits which);
-  void run_model();
   void record_scores(Sequence& seq, const at::Tensor& logits, int64_t start);
-  void sample_and_retire(double now);
-  void finish(Sequence& seq, FinishReason reason, double now);
-  void abort_all(double now);
-  void collect_done(std::vector<TrajectoryGroup>& done);
+  void sample_and_retire(StepState& s);
+  // Appends row b of the step's draws to `seq` and finishes it at a stop
+  // token or its length limit.
+  void append_token(Sequence& seq, int64_t b, const at::Tensor& tokens, const at::Tensor& logprobs,
+                    const at::Tensor& own, const at::Tensor& raw, double now);
   double seconds_since(std::chrono::steady_clock::time_point t) const;
 
   model::Policy policy_;
@@ -204,7 +236,6 @@ class Engine {
   std::deque<std::unique_ptr<Group>> groups_;  // not yet returned, in submission order
   std::vector<Sequence*> slots_;               // slot -> live sequence, or null
   std::deque<Sequence*> waiting_;              // samples not yet admitted, in order
-  std::vector<std::pair<Sequence*, at::Tensor>> last_logits_;  // this step's next-token logits
   const std::chrono::steady_clock::time_point start_time_;
   EngineStats stats_;
 

@@ -6,26 +6,29 @@
 // step(groups):
 //   1. build the batch (staleness bound, response layout), refuse missing
 //      behavior log-probs unless allowed (invariant 5);
-//   2. advantages over the whole batch;
-//   3. one forward pass without gradients under the weights of this version:
+//   2. one forward pass without gradients under the weights of this version:
 //      the trainer's "old" log-probs, the proximal policy where the worker did
 //      not record one, the behavior-vs-trainer mismatch metrics and, when a
 //      reference policy is configured, the reference log-probs;
+//   3. advantages over the whole batch (after the reward's KL term, if any);
 //   4. for each PPO epoch and mini-batch: micro-batches by token budget,
 //      gradients accumulated with one global normalizer (so the split does
 //      not change the update), global grad-norm clipping, AdamW;
 //   5. version + 1.
+// Each is a phase over one explicit state value (src/trainer/step_state.h).
 //
 // The scoring temperature must be the sampling temperature: the behavior
 // log-probs were taken at it, and a ratio across two temperatures is wrong
 // from the first token.
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
@@ -47,6 +50,18 @@ class AdamW;
 
 namespace relay::trainer {
 
+// The state of one step, phase by phase (src/trainer/step_state.h).
+struct StepState;
+struct SftStepState;
+struct MiniBatch;
+struct PreUpdateScores;
+
+// Optimizer updates of the step under way: a failure once one has begun
+// leaves the policy half-updated (Trainer::step).
+struct UpdateCount {
+  int planned = 0;
+  int applied = 0;  // counted before the optimizer steps, which may fail partway
+};
 
 // Every metric a step reports, by name (DESIGN.md's diagnostics).
 using StepMetrics = std::map<std::string, double>;
@@ -65,18 +80,31 @@ class Trainer {
                                                    DataParallel data_parallel = {});
   ~Trainer();
 
-  // Errors before the first optimizer update (bad batch, missing log-probs,
-  // no learning signal) change nothing. A non-finite gradient norm skips that
-  // mini-batch's update and fails the step without advancing the version;
-  // updates of earlier mini-batches of the same step stay applied.
-  // Before any update, every row's inputs (reward, behavior log-probs) and
-  // then what the step derived from them (the trainer's log-probs,
-  // advantages, the PPO anchor, IS weights) must be finite on its response
-  // tokens: otherwise the step fails (FailedPrecondition) having changed
-  // nothing, and step_faults() names the groups to blame, so a caller can
-  // quarantine them and step again without them. A LibTorch exception
-  // (allocation failure included) becomes a Status: ResourceExhausted for
-  // memory, Internal otherwise; it never escapes.
+  // Failures, and what they leave behind:
+  //  * Before the first optimizer update (a bad batch, missing log-probs, no
+  //    learning signal, a non-finite gradient norm in the first mini-batch,
+  //    a LibTorch exception up to the first update): nothing changes. The
+  //    parameters, the optimizer's state, the version, the controllers and
+  //    the policy's train/eval mode are as they were, and the caller may step
+  //    again. In particular every row's inputs (reward, behavior log-probs)
+  //    and then what the step derived from them (the trainer's log-probs,
+  //    advantages, the PPO anchor, IS weights) must be finite on its response
+  //    tokens: otherwise the step fails (FailedPrecondition) and
+  //    step_faults() names the groups to blame, so a caller can quarantine
+  //    them and step again without them.
+  //  * After at least one optimizer update of the step (a later mini-batch
+  //    or PPO epoch fails, or an all-reduce after the updates): the policy is
+  //    half-updated and no version describes it. The step returns Aborted
+  //    ("...; it failed after K of M optimizer updates of the step, so the
+  //    policy is half-updated: ...; resume from the last checkpoint") and the
+  //    trainer is broken: every later step(), sft_step(), save_state() and
+  //    restore_state() returns that same error, so the half-updated weights
+  //    can be neither published as a version nor checkpointed. The process
+  //    should exit and resume from its last checkpoint.
+  // A LibTorch exception (allocation failure included) becomes a Status,
+  // ResourceExhausted for memory and Internal otherwise (Aborted after an
+  // update); it never escapes. The policy is in training mode during the
+  // updates only: a step leaves its mode as it found it, on every path.
   StatusOr<StepMetrics> step(const std::vector<rollout::TrajectoryGroup>& groups);
 
   // The groups the last failed step() blamed (empty after a success or a
@@ -89,13 +117,14 @@ class Trainer {
 
   // Supervised warm start: one optimizer step on the negative log-likelihood
   // of the response tokens of `groups` (demonstrations; rewards and
-  // log-probs are ignored). Counts as a version, like step().
+  // log-probs are ignored). Counts as a version, and fails as step() does.
   StatusOr<StepMetrics> sft_step(const std::vector<rollout::TrajectoryGroup>& groups);
 
   // Resumable state beyond the policy's weights, as the bytes of one torch
   // archive: the version, the optimizer's step count and AdamW moments, the
   // fp32 master weights and the KL/entropy controllers' coefficients. The
   // reuse counter is not kept (the rollout store marks consumed groups).
+  // A trainer broken by a failed step (see step()) refuses with its error.
   StatusOr<std::string> save_state() const;
   // Restores what save_state wrote (`path` names it in errors), for a
   // trainer built with the same options over the policy the checkpoint's
@@ -111,31 +140,70 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
-  struct Scores;
-  StatusOr<StepMetrics> step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups);
-  StatusOr<StepMetrics> sft_step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups);
-  // A LibTorch exception out of a step, as a Status; drops partial gradients.
-  Status step_exception(const std::string& what, bool out_of_memory);
   Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference,
           DataParallel data_parallel);
-  // This rank's rows of `rows` (all of them on a single rank).
-  std::vector<int64_t> my_shard(const TrainBatch& batch, const std::vector<int64_t>& rows) const;
-  // This rank's micro-batches of `rows`: its shard, split by the token budget.
-  std::vector<std::vector<int64_t>> my_micro_batches(const TrainBatch& batch,
-                                                     const std::vector<int64_t>& rows) const;
+
+  // The exception boundary of step() and sft_step() (trainer.cc): runs
+  // `body`; an exception becomes a Status, and a failure after one of
+  // `updates` began breaks the trainer.
+  StatusOr<StepMetrics> guarded(const UpdateCount& updates,
+                                const std::function<StatusOr<StepMetrics>()>& body);
+  // A LibTorch exception out of a step, as a Status; drops partial gradients.
+  Status step_exception(const std::string& what, bool out_of_memory);
+  // Frees the gradients of micro-batches whose update will not happen.
+  void drop_gradients();
+
+  // The phases of step(), in order (src/trainer/step_state.h).
+  StatusOr<StepMetrics> step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups,
+                                       StepState& s);
+  Status prepare_step(const std::vector<rollout::TrajectoryGroup>& groups, StepState& s);
   // The staleness bound, the reuse cap, the log-prob check and the data
   // filters; their counts go to `m`. Rows that cannot be trained on fail it,
   // with their groups in `faults`.
   StatusOr<TrainBatch> prepare_batch(const std::vector<rollout::TrajectoryGroup>& groups,
                                      StepMetrics& m, std::vector<uint64_t>* keys,
                                      std::vector<StepFault>* faults) const;
+  // The pre-update pass (unless it can be skipped) and the behavior
+  // log-probs with missing ones filled in.
+  Status score_step(StepState& s);
+  bool can_skip_pass(const TrainBatch& batch) const;
   // No-grad pass over the whole batch: the trainer's log-probs and entropy
   // (and the reference's) in the response layout, on the host.
-  StatusOr<Scores> score_before_update(const TrainBatch& batch);
-  bool can_skip_pass(const TrainBatch& batch) const;
+  StatusOr<PreUpdateScores> score_before_update(const TrainBatch& batch);
+  Status correct_rollouts(StepState& s);
+  // Rollout correction and the mismatch diagnostics for pi_old = `old_logp`
+  // over `rows_mask`.
+  Status diagnose(StepState& s, const at::Tensor& old_logp, const at::Tensor& entropy,
+                  const at::Tensor& rows_mask);
+  Status compute_step_advantages(StepState& s);
+  void choose_proximal(StepState& s);
+  Status check_derived(StepState& s);
+  void plan_updates(StepState& s) const;
+  Status update_minibatch(StepState& s, int epoch, int index);
+  MiniBatch plan_minibatch(const StepState& s, int index, bool record) const;
+  void backward_micro_batch(StepState& s, MiniBatch& mb, const std::vector<int64_t>& rows);
+  Status diagnose_recorded(StepState& s, MiniBatch& mb);
+  Status finish_step(StepState& s);
+  void update_metrics(const StepState& s, StepMetrics& m) const;
+  void commit_step(StepState& s);
+
+  // The phases of sft_step().
+  StatusOr<StepMetrics> sft_step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups,
+                                           SftStepState& s);
+  Status prepare_sft(const std::vector<rollout::TrajectoryGroup>& groups, SftStepState& s) const;
+  void backward_sft(SftStepState& s);
+
+  // The response log-probs of `mb` with gradients (and its entropy when
+  // `with_entropy`); autocast covers the forward pass only.
+  std::pair<at::Tensor, at::Tensor> forward_with_grad(const TrainBatch& mb, bool with_entropy);
   // Clips, sets the scheduled LR and steps the optimizer, then frees the
-  // gradients; the gradient norm.
-  StatusOr<double> apply_gradients();
+  // gradients; the gradient norm. `updates` counts the update as it begins.
+  StatusOr<double> apply_gradients(UpdateCount& updates);
+  // This rank's rows of `rows` (all of them on a single rank).
+  std::vector<int64_t> my_shard(const TrainBatch& batch, const std::vector<int64_t>& rows) const;
+  // This rank's micro-batches of `rows`: its shard, split by the token budget.
+  std::vector<std::vector<int64_t>> my_micro_batches(const TrainBatch& batch,
+                                                     const std::vector<int64_t>& rows) const;
   // Scoring options for `mb`: the temperature, the support and, for an MoE
   // batch with routing, `routing` set to compare with (and, with
   // router_replay, replay) the recorded experts.
@@ -159,6 +227,9 @@ class Trainer {
   int64_t version_ = 0;
   int64_t optimizer_steps_ = 0;
   std::vector<StepFault> step_faults_;
+  // Not OK once a step failed after an optimizer update: the error every
+  // later step, sft_step and save_state returns (see step()).
+  Status broken_;
 };
 
 }  // namespace relay::trainer

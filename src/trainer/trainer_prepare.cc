@@ -1,0 +1,380 @@
+// The phases of Trainer::step before any update (step_state.h): the batch
+// and its checks, the pre-update pass, rollout correction and advantages.
+// Nothing here changes what the trainer keeps, so a failure in any of them
+// leaves the trainer as it was.
+
+#include <torch/torch.h>
+
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "relay/model/device.h"
+#include "relay/trainer/trainer.h"
+#include "trainer/step_state.h"
+
+namespace relay::trainer {
+
+const std::string& row_group(const TrainBatch& b, int64_t row) {
+  return b.group_ids.at(static_cast<size_t>(b.group_index[row].item<int64_t>()));
+}
+
+void add_fault(std::vector<Trainer::StepFault>& faults, const std::string& group,
+               std::string reason) {
+  for (const Trainer::StepFault& f : faults) {
+    if (f.group_id == group) return;
+  }
+  faults.push_back({group, std::move(reason)});
+}
+
+std::string describe(const std::vector<Trainer::StepFault>& faults) {
+  std::string out;
+  for (const Trainer::StepFault& f : faults) {
+    absl::StrAppend(&out, out.empty() ? "" : "; ", "group '", f.group_id, "' (", f.reason, ")");
+  }
+  return out;
+}
+
+namespace {
+
+// Rows whose inputs no step can train on: a reward that is not a finite
+// float (1e300 arrives as a finite double), or, when they are required,
+// missing or non-finite behavior log-probs on response tokens. Checked per
+// row before anything mixes rows (group or batch normalisation), so one bad
+// group is blamed alone.
+std::vector<Trainer::StepFault> input_faults(const TrainBatch& b, bool require_behavior) {
+  std::vector<Trainer::StepFault> out;
+  at::Tensor bad_reward = b.rewards.isfinite().logical_not();
+  at::Tensor bad_behavior =
+      b.behavior_logprobs.isfinite().logical_not().logical_and(b.response_mask);
+  at::Tensor bad_rows = require_behavior ? bad_reward.logical_or(bad_behavior.any(1)) : bad_reward;
+  at::Tensor rows = bad_rows.nonzero().view(-1);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    const int64_t r = rows[i].item<int64_t>();
+    if (bad_reward[r].item<bool>()) {
+      add_fault(out, row_group(b, r),
+                absl::StrCat("batch row ", r, ": reward ", b.rewards[r].item<float>(),
+                             " is not a finite float"));
+    } else {
+      const int64_t j = bad_behavior[r].nonzero()[0][0].item<int64_t>();
+      add_fault(out, row_group(b, r),
+                absl::StrCat("batch row ", r, ": behavior log-prob of response token ", j, " is ",
+                             b.behavior_logprobs[r][j].item<float>(),
+                             " and trainer.allow_missing_logprobs is off"));
+    }
+  }
+  return out;
+}
+
+// Rows where a per-token quantity the update would use is not finite on a
+// response token (or a per-row one on the row).
+void derived_faults(const TrainBatch& b, const at::Tensor& mask, const char* what,
+                    const at::Tensor& values, std::vector<Trainer::StepFault>& out) {
+  if (!values.defined()) return;
+  at::Tensor v = values.detach().to(torch::kCPU);
+  at::Tensor bad;
+  if (v.dim() == 2 && v.sizes() == mask.sizes()) {
+    bad = v.isfinite().logical_not().logical_and(mask).any(1);
+  } else if (v.dim() == 1 && v.size(0) == mask.size(0)) {
+    bad = v.isfinite().logical_not();
+  } else {
+    return;
+  }
+  at::Tensor rows = bad.nonzero().view(-1);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    const int64_t r = rows[i].item<int64_t>();
+    add_fault(out, row_group(b, r), absl::StrCat("batch row ", r, ": non-finite ", what));
+  }
+}
+
+bool corrects(const RolloutCorrectionOptions& rc) {
+  return !rc.bypass && (rc.is_level != CorrectionLevel::kNone ||
+                        rc.rs_level != CorrectionLevel::kNone || rc.veto_threshold > 0);
+}
+
+}  // namespace
+
+Status Trainer::prepare_step(const std::vector<rollout::TrajectoryGroup>& groups, StepState& s) {
+  s.rss_at_start = model::current_rss_bytes();
+  model::reset_peak_rss();
+  model::reset_device_peak(policy_->parameters().front().device());
+  RELAY_ASSIGN_OR_RETURN(s.batch, prepare_batch(groups, s.metrics, &s.reuse_keys, &step_faults_));
+  s.mask = s.batch.response_mask;
+  return OkStatus();
+}
+
+StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::TrajectoryGroup>& groups,
+                                            StepMetrics& m, std::vector<uint64_t>* keys,
+                                            std::vector<StepFault>* faults) const {
+  const TrainerOptions& o = options_;
+  // The reuse cap drops trajectories before anything else looks at them.
+  const std::vector<rollout::TrajectoryGroup>* source = &groups;
+  std::vector<rollout::TrajectoryGroup> fresh;
+  int64_t dropped_reused = 0;
+  if (o.max_reuse > 0) {
+    for (const rollout::TrajectoryGroup& g : groups) {
+      rollout::TrajectoryGroup kept = g;
+      kept.trajectories.clear();
+      for (size_t i = 0; i < g.trajectories.size(); ++i) {
+        const uint64_t key = trajectory_key(g.group_id, i, g.trajectories[i]);
+        if (reuse_.uses(key) >= o.max_reuse) {
+          ++dropped_reused;
+          continue;
+        }
+        kept.trajectories.push_back(g.trajectories[i]);
+        keys->push_back(key);
+      }
+      if (!kept.trajectories.empty()) fresh.push_back(std::move(kept));
+    }
+    source = &fresh;
+    if (fresh.empty()) {
+      return FailedPreconditionError(
+          absl::StrCat("trainer step: all ", dropped_reused, " trajectories were already trained ",
+                       "on trainer.max_reuse = ", o.max_reuse, " times"));
+    }
+  }
+  m["batch/dropped_reused"] = static_cast<double>(dropped_reused);
+
+  BatchOptions bo;
+  bo.trainer_version = version_;
+  bo.max_staleness = o.max_staleness;
+  bo.pad_token_id = o.pad_token_id;
+  BatchStats bstats;
+  RELAY_ASSIGN_OR_RETURN(TrainBatch batch, build_batch(*source, bo, &bstats));
+  m["batch/dropped_stale"] = static_cast<double>(bstats.dropped_stale);
+
+  // Invariant 5: missing behavior log-probs are refused unless allowed. A
+  // row that cannot be trained on fails the step before anything changes,
+  // naming its group (see step()).
+  m["frac_old_logprobs_valid"] = frac_behavior_logprobs_valid(batch);
+  if (std::vector<StepFault> f = input_faults(batch, !o.allow_missing_logprobs); !f.empty()) {
+    *faults = f;
+    return FailedPreconditionError(absl::StrCat("trainer step at version ", version_, ": ",
+                                                f.size(),
+                                                " group(s) cannot be trained on: ", describe(f)));
+  }
+
+  if (o.drop_equal_reward_groups) {
+    RELAY_ASSIGN_OR_RETURN(EqualRewardGroups eq,
+                           groups_with_equal_rewards(batch.rewards, batch.group_index));
+    m["batch/dropped_equal_reward_groups"] = static_cast<double>(eq.num_dropped_groups);
+    at::Tensor keep = eq.keep.nonzero().view(-1).contiguous();
+    if (keep.numel() == 0) {
+      return FailedPreconditionError(
+          absl::StrCat("trainer step: all ", eq.num_groups,
+                       " groups have equal rewards (no learning signal); collect more groups"));
+    }
+    batch = select_rows(batch, std::vector<int64_t>(keep.data_ptr<int64_t>(),
+                                                    keep.data_ptr<int64_t>() + keep.numel()));
+  }
+  m["response_length/clip_ratio"] = batch.truncated.to(torch::kFloat64).mean().item<double>();
+  if (o.mask_truncated) {
+    RELAY_ASSIGN_OR_RETURN(batch.response_mask,
+                           overlong_mask(batch.response_mask, batch.truncated));
+  }
+  return batch;
+}
+
+// The trainer's log-probs before the update (and the reference's). In bypass
+// mode without other needs, the first mini-batch's own forward pass (still
+// under these weights) stands in for it, for the diagnostics only.
+Status Trainer::score_step(StepState& s) {
+  s.skip_pass = can_skip_pass(s.batch);
+  s.metrics["pass/skipped"] = s.skip_pass ? 1 : 0;
+  s.behavior = s.batch.behavior_logprobs;
+  s.valid = s.mask;
+  if (s.skip_pass) return OkStatus();
+  RELAY_ASSIGN_OR_RETURN(s.before, score_before_update(s.batch));
+  // Missing behavior log-probs (allowed only by config) become the
+  // trainer's own: ratio 1, the on-policy fallback, and counted before.
+  at::Tensor missing = s.behavior.isnan().logical_and(s.mask);
+  s.behavior = torch::where(missing, s.before.logprobs, s.behavior);
+  s.valid = s.mask.logical_and(missing.logical_not());
+  return OkStatus();
+}
+
+// Whether the step can go without the pre-update pass: rollout correction's
+// bypass mode, when nothing else needs pi_old for the whole batch first.
+bool Trainer::can_skip_pass(const TrainBatch& batch) const {
+  const TrainerOptions& o = options_;
+  return o.rollout_correction.bypass && !reference_ &&
+         o.loss.kind != PolicyLossKind::kDecoupledPpo &&
+         !batch.behavior_logprobs.isnan().logical_and(batch.response_mask).any().item<bool>();
+}
+
+StatusOr<PreUpdateScores> Trainer::score_before_update(const TrainBatch& batch) {
+  torch::NoGradGuard no_grad;
+  const int64_t B = batch.size(), L = batch.response_mask.size(1);
+  PreUpdateScores s;
+  s.logprobs = torch::zeros({B, L}, torch::kFloat32);
+  s.entropy = torch::zeros({B, L}, torch::kFloat32);
+  if (reference_) s.reference = torch::zeros({B, L}, torch::kFloat32);
+  std::vector<int64_t> all(static_cast<size_t>(B));
+  std::iota(all.begin(), all.end(), 0);
+  for (const auto& rows : my_micro_batches(batch, all)) {
+    TrainBatch mb = select_rows(batch, rows);
+    const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+    model::MoeRouting routing;
+    const model::ScoreOptions so = score_options(mb, &routing);
+    model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
+    scatter_rows(s.logprobs, rows, gather_response(out.logprobs, mb));
+    scatter_rows(s.entropy, rows, gather_response(out.entropy, mb));
+    if (!routing.differs.empty()) {
+      // Per position [B, T]: how many MoE layers routed otherwise; then at
+      // the positions that score response tokens.
+      const int64_t T = mb.input_ids.size(1);
+      at::Tensor layers = torch::stack(routing.differs, 1).to(torch::kFloat32).sum(1).view({-1, T});
+      at::Tensor per_token = gather_response(layers.narrow(1, 0, T - 1), mb).cpu();
+      at::Tensor mask = mb.response_mask;
+      const double n_layers = static_cast<double>(routing.differs.size());
+      s.routed_tokens += mask.sum().item<double>();
+      s.routed_layers += mask.sum().item<double>() * n_layers;
+      s.differing_layers += per_token.masked_select(mask).sum().item<double>();
+      s.differing_tokens += per_token.gt(0).logical_and(mask).sum().item<double>();
+    }
+    if (reference_) {
+      model::ScoreOptions ref = so;
+      ref.routing = nullptr;  // the reference routes by itself
+      scatter_rows(s.reference, rows,
+                   gather_response(reference_->score(mb.input_ids, mb.lengths, ref), mb));
+    }
+  }
+  if (dp_.active()) {
+    // Each row was scored on one rank and is zero on the others.
+    for (at::Tensor* t : {&s.logprobs, &s.entropy, &s.reference}) {
+      if (t->defined()) RELAY_RETURN_IF_ERROR(dp_.group->all_reduce_sum(*t));
+    }
+    std::map<std::string, double> sums = {{"routed_tokens", s.routed_tokens},
+                                          {"differing_tokens", s.differing_tokens},
+                                          {"routed_layers", s.routed_layers},
+                                          {"differing_layers", s.differing_layers}};
+    RELAY_RETURN_IF_ERROR(all_reduce_named_sums(*dp_.group, sums));
+    s.routed_tokens = sums["routed_tokens"];
+    s.differing_tokens = sums["differing_tokens"];
+    s.routed_layers = sums["routed_layers"];
+    s.differing_layers = sums["differing_layers"];
+  }
+  return s;
+}
+
+// Rollout correction: IS weights and rejection for pi_old vs pi_behav, and
+// the mismatch diagnostics. Without it (or in bypass) the PPO anchor is the
+// behavior policy itself. Without the pass, the first mini-batch diagnoses
+// (diagnose_recorded).
+Status Trainer::correct_rollouts(StepState& s) {
+  s.correcting = corrects(options_.rollout_correction);
+  s.anchor = s.behavior;
+  s.train_mask = s.mask;
+  if (!s.skip_pass) RELAY_RETURN_IF_ERROR(diagnose(s, s.before.logprobs, s.before.entropy, s.mask));
+  const PreUpdateScores& b = s.before;
+  if (b.routed_tokens > 0) {
+    // Router replay's diagnostic: where the trainer's own routers would take
+    // other experts than the engine's did (with replay they do not).
+    s.metrics["router/mismatch_token_fraction"] = b.differing_tokens / b.routed_tokens;
+    s.metrics["router/mismatch_layer_fraction"] = b.differing_layers / b.routed_layers;
+    s.metrics["router/replay"] = options_.router_replay == RouterReplay::kReplay ? 1 : 0;
+  }
+  return OkStatus();
+}
+
+Status Trainer::diagnose(StepState& s, const at::Tensor& old_logp, const at::Tensor& entropy,
+                         const at::Tensor& rows_mask) {
+  RolloutCorrectionInputs rci;
+  rci.old_logprobs = old_logp;
+  rci.behavior_logprobs = s.behavior;
+  rci.response_mask = rows_mask;
+  rci.token_versions = s.batch.token_versions;
+  rci.trainer_version = version_;
+  RolloutCorrectionOptions rco = options_.rollout_correction;
+  rco.bypass = !s.correcting;
+  RELAY_ASSIGN_OR_RETURN(RolloutCorrectionResult rc, rollout_correction(rci, rco));
+  mismatch_metrics(old_logp, s.behavior, rows_mask.logical_and(s.valid), rc.metrics, s.metrics);
+  s.metrics["entropy"] = summarize(entropy, rows_mask).mean;
+  if (s.correcting) {
+    append_metrics(rc.metrics, s.metrics);
+    s.anchor = rc.anchor_logprobs;
+    s.is_weights = rc.weights;
+    s.train_mask = rc.response_mask;
+  }
+  return OkStatus();
+}
+
+// Advantages over the whole batch, after KL in the reward (r_t -= beta kl_t),
+// then the decoupled loss's proximal policy.
+Status Trainer::compute_step_advantages(StepState& s) {
+  const TrainerOptions& o = options_;
+  const TrainBatch& batch = s.batch;
+  AdvantageInputs ai;
+  ai.rewards = batch.rewards;
+  ai.group_index = batch.group_index;
+  ai.response_mask = s.mask;
+  ai.offpolicy = batch.has_offpolicy;
+  ai.offpolicy_mask = batch.offpolicy_mask;
+  if (o.advantage.estimator == AdvantageEstimator::kRemax) {
+    if (batch.baseline_rewards.isnan().any().item<bool>()) {
+      const int64_t row = batch.baseline_rewards.isnan().nonzero()[0][0].item<int64_t>();
+      return FailedPreconditionError(absl::StrCat(
+          "trainer.advantage.estimator: remax needs each group's greedy baseline reward; group '",
+          batch.group_ids.at(batch.group_index[row].item<int64_t>()),
+          "' has none (the rollout adds it when the prompt group sets greedy_baseline)"));
+    }
+    ai.baseline_rewards = batch.baseline_rewards;
+  }
+  s.reward_beta = reward_kl_->value();
+  if (reference_ && s.reward_beta > 0) {
+    at::Tensor kl = kl_penalty(s.before.logprobs, s.before.reference, o.reward_kl.estimator)
+                        .masked_fill(s.mask.logical_not(), 0);
+    at::Tensor seq_tokens = s.mask.sum(-1).to(torch::kFloat32).clamp_min(1);
+    s.reward_kl_mean = (kl.sum(-1) / seq_tokens).mean().item<double>();
+    ai.rewards = batch.rewards - s.reward_beta * kl.sum(-1);
+    ai.token_rewards = outcome_to_token_rewards(batch.rewards, s.mask) - s.reward_beta * kl;
+    s.metrics["reward_kl/coef"] = s.reward_beta;
+    s.metrics["reward_kl/kl"] = s.reward_kl_mean;
+  }
+  RELAY_ASSIGN_OR_RETURN(s.adv, compute_advantages(ai, o.advantage));
+  choose_proximal(s);
+  return OkStatus();
+}
+
+// The proximal policy for the decoupled loss.
+void Trainer::choose_proximal(StepState& s) {
+  if (options_.loss.kind != PolicyLossKind::kDecoupledPpo) return;
+  const TrainBatch& batch = s.batch;
+  switch (options_.proximal) {
+    case ProximalSource::kRecorded: {
+      at::Tensor usable =
+          batch.proximal_versions.eq(version_).logical_and(batch.proximal_logprobs.isfinite());
+      s.proximal = torch::where(usable, batch.proximal_logprobs, s.before.logprobs);
+      s.metrics["proximal/recorded_fraction"] =
+          usable.logical_and(s.mask).sum().item<double>() / std::max<double>(1, batch.num_tokens());
+      break;
+    }
+    case ProximalSource::kRecompute:
+      s.proximal = s.before.logprobs;
+      break;
+    case ProximalSource::kLoglinear:
+      s.proximal = loglinear_proximal_logprobs(s.behavior, s.before.logprobs, batch.token_versions,
+                                               version_);
+      break;
+  }
+}
+
+// Nothing has changed yet: a row whose derived values are not finite fails
+// the step here, naming its group, rather than as a NaN gradient norm after
+// earlier mini-batches' updates.
+Status Trainer::check_derived(StepState& s) {
+  const at::Tensor cpu_mask = s.mask.to(torch::kCPU);
+  std::vector<StepFault> f;
+  if (!s.skip_pass) derived_faults(s.batch, cpu_mask, "trainer log-probs", s.before.logprobs, f);
+  derived_faults(s.batch, cpu_mask, "advantages", s.adv.advantages, f);
+  derived_faults(s.batch, cpu_mask, "PPO anchor log-probs", s.anchor, f);
+  derived_faults(s.batch, cpu_mask, "proximal log-probs", s.proximal, f);
+  derived_faults(s.batch, s.train_mask.to(torch::kCPU), "IS weights", s.is_weights, f);
+  if (f.empty()) return OkStatus();
+  step_faults_ = f;
+  return FailedPreconditionError(absl::StrCat("trainer step at version ", version_, ": ", f.size(),
+                                              " group(s) give non-finite values before the "
+                                              "update: ",
+                                              describe(f)));
+}
+
+}  // namespace relay::trainer
