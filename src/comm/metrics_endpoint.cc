@@ -112,6 +112,8 @@ MetricsEndpoint::MetricsEndpoint(std::unique_ptr<httplib::Server> server, int po
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // stop() before the loop has started is lost (httplib sets its running
   // flag when the loop starts), and the destructor would then wait forever.
+  // httplib 0.11 signals nothing when it starts: poll its flag (a few ms at
+  // most, once per endpoint).
   for (int i = 0; i < 5000 && !server_->is_running(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

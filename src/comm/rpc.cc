@@ -16,6 +16,7 @@
 #include <string_view>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -161,7 +162,9 @@ class StallWatchdog {
     while (!stop_) {
       const auto deadline = last_ + idle_;
       // Progress moves the deadline; the wait re-arms at the old one.
-      if (cv_.wait_until(lock, deadline, [&] { return stop_ || last_ + idle_ > deadline; })) {
+      if (cv_.wait_until(lock, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return stop_ || last_ + idle_ > deadline;
+          })) {
         continue;
       }
       fired_ = true;
@@ -174,9 +177,9 @@ class StallWatchdog {
   const std::chrono::milliseconds idle_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::chrono::steady_clock::time_point last_;
-  bool stop_ = false;
-  bool fired_ = false;
+  std::chrono::steady_clock::time_point last_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool fired_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

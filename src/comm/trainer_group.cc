@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "relay/model/torch_error.h"
@@ -107,8 +108,9 @@ class C10dCollectives : public trainer::Collectives {
   TrainerRank rank_;
   at::Device device_;
   std::chrono::milliseconds timeout_;
+  // One request at a time on the store's connection.
   std::mutex store_mu_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::TCPStore> store_ ABSL_PT_GUARDED_BY(store_mu_);
   c10::intrusive_ptr<PG> group_;
 };
 

@@ -1,7 +1,7 @@
 #include "relay/comm/trainer_host.h"
 
+#include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -45,9 +45,14 @@ Status TrainerHost::wait_for_ready(int64_t want, int64_t taken, int64_t min_vers
                                    std::chrono::steady_clock::time_point deadline,
                                    const std::function<bool()>& stop,
                                    const std::function<Status()>& workers_present) const {
+  // New groups wake the wait at once (the store's ReadyCounts). `stop` and
+  // `workers_present` have no event to wake it: the stop flag is set by a
+  // signal handler, which may not touch a condition variable, and workers go
+  // missing by the clock. They are looked at every kRecheck.
+  constexpr auto kRecheck = std::chrono::milliseconds(50);
   const int64_t v = trainer_->version();
   for (;;) {
-    RELAY_ASSIGN_OR_RETURN(int64_t ready, store_->count_ready(min_version));
+    const int64_t ready = store_->count_ready(min_version);
     if (ready >= want) return OkStatus();
     const int64_t have = ready + taken;
     if (stop && stop()) return CancelledError("trainer: stopped while waiting for groups");
@@ -58,12 +63,13 @@ Status TrainerHost::wait_for_ready(int64_t want, int64_t taken, int64_t min_vers
                                    options_.groups_per_step, " groups ready): ", st.message()));
       }
     }
-    if (std::chrono::steady_clock::now() > deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
       return DeadlineExceededError(absl::StrCat(
           "trainer at version ", v, ": ", have, " of ", options_.groups_per_step,
           " groups ready after ", options_.group_wait_ms, " ms; are the rollout workers running?"));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(options_.poll_ms));
+    store_->wait_for_ready(want, min_version, std::min(deadline, now + kRecheck), stop);
   }
 }
 

@@ -17,7 +17,10 @@ namespace {
 // The store key rank 0 counts its commands under.
 constexpr char kCommands[] = "rank/commands";
 // How often a waiting follower looks at the counter: small against a step,
-// cheap for the store.
+// cheap for the store. A poll rather than TCPStore::wait, which has a
+// deadline (rank 0 may wait minutes for rollouts) and leaves its connection
+// out of step when that passes (weight_sync.h, "Waiting"); a poll also
+// notices at once that rank 0 and its store are gone.
 constexpr auto kPoll = std::chrono::milliseconds(5);
 
 // Rank 0's weights into every rank's, parameter by parameter.

@@ -19,7 +19,7 @@
 namespace relay::comm {
 namespace {
 
-int64_t now_ms() {
+int64_t system_now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -71,7 +71,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     w.device = req->capabilities().device();
     w.num_slots = req->capabilities().num_slots();
     w.weight_sync_group = req->capabilities().weight_sync_group();
-    w.last_heartbeat_unix_ms = now_ms();
+    w.last_heartbeat_unix_ms = s_->options_.now_ms();
     {
       std::lock_guard<std::mutex> lock(s_->mu_);
       w.worker_id = absl::StrCat("w", s_->next_worker_++, "-", req->worker_name());
@@ -106,7 +106,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     it->second.running_version = req->running_version();
     it->second.running_digest = req->running_digest();
     it->second.in_flight = req->in_flight();
-    it->second.last_heartbeat_unix_ms = now_ms();
+    it->second.last_heartbeat_unix_ms = s_->options_.now_ms();
     s_->presence_.last_heard_unix_ms = it->second.last_heartbeat_unix_ms;
     return grpc::Status::OK;
   }
@@ -264,7 +264,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     std::lock_guard<std::mutex> lock(s_->mu_);
     auto it = s_->workers_.find(worker_id);
     if (it == s_->workers_.end()) return;
-    it->second.last_heartbeat_unix_ms = now_ms();
+    it->second.last_heartbeat_unix_ms = s_->options_.now_ms();
     s_->presence_.last_heard_unix_ms = it->second.last_heartbeat_unix_ms;
   }
 
@@ -273,7 +273,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     std::lock_guard<std::mutex> lock(s_->mu_);
     auto it = s_->workers_.find(worker_id);
     if (it != s_->workers_.end()) {
-      it->second.last_heartbeat_unix_ms = now_ms();
+      it->second.last_heartbeat_unix_ms = s_->options_.now_ms();
       s_->presence_.last_heard_unix_ms = it->second.last_heartbeat_unix_ms;
       return grpc::Status::OK;
     }
@@ -417,7 +417,9 @@ TrainerService::TrainerService(TrainerServiceOptions options, store::RolloutStor
       prompts_(std::move(prompts)),
       version_(std::move(version)),
       worker_impl_(std::make_unique<WorkerImpl>(this)),
-      admin_impl_(std::make_unique<AdminImpl>(this)) {}
+      admin_impl_(std::make_unique<AdminImpl>(this)) {
+  if (!options_.now_ms) options_.now_ms = system_now_ms;
+}
 
 TrainerService::~TrainerService() = default;
 
@@ -426,7 +428,7 @@ void TrainerService::finish() { finished_ = true; }
 bool TrainerService::all_workers_told() const {
   // A worker silent for two heartbeat intervals is probably gone: not
   // waited for.
-  const int64_t quiet_ms = now_ms() - 2 * options_.heartbeat_interval_ms - 1000;
+  const int64_t quiet_ms = options_.now_ms() - 2 * options_.heartbeat_interval_ms - 1000;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, w] : workers_) {
     if (told_.count(id) == 0 && w.last_heartbeat_unix_ms > quiet_ms) return false;
@@ -436,7 +438,7 @@ bool TrainerService::all_workers_told() const {
 
 int TrainerService::reap_silent_workers() {
   if (options_.worker_timeout_ms <= 0) return 0;
-  const int64_t now = now_ms();
+  const int64_t now = options_.now_ms();
   std::set<std::string> silent;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -465,7 +467,7 @@ WorkerPresence TrainerService::presence() const {
 }
 
 Status TrainerService::check_workers_present() const {
-  return check_worker_presence(presence(), now_ms(), options_.worker_timeout_ms);
+  return check_worker_presence(presence(), options_.now_ms(), options_.worker_timeout_ms);
 }
 
 grpc::Service* TrainerService::worker_service() { return worker_impl_.get(); }

@@ -22,6 +22,7 @@ WeightBroadcaster::WeightBroadcaster(const WeightPublisher* publisher,
 
 WeightBroadcaster::~WeightBroadcaster() {
   stop_ = true;
+  publisher_->wake_waiters();
   if (thread_.joinable()) thread_.join();
   server_.reset();  // closes the generation: members stop waiting at once
 }
@@ -34,7 +35,10 @@ WeightBroadcasterStats WeightBroadcaster::stats() const {
 void WeightBroadcaster::loop() {
   int64_t sent = -1;
   while (!stop_) {
-    const int64_t latest = publisher_->wait_for_version(sent, std::chrono::milliseconds(100));
+    // Wakes on a new version or on the destructor's stop; the timeout only
+    // bounds how long a wake-up lost to a bug could hold the destructor.
+    const int64_t latest = publisher_->wait_for_version(sent, std::chrono::seconds(10),
+                                                        [this] { return stop_.load(); });
     if (latest <= sent) continue;
     StatusOr<std::shared_ptr<const WeightSnapshot>> snap = publisher_->snapshot(latest);
     if (!snap.ok()) continue;  // superseded while we looked: take the next one

@@ -38,9 +38,13 @@ Status WeightPublisher::publish(int64_t version,
   return OkStatus();
 }
 
+int64_t WeightPublisher::latest_locked() const {
+  return snapshots_.empty() ? -1 : snapshots_.back()->manifest.version;
+}
+
 int64_t WeightPublisher::latest_version() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return snapshots_.empty() ? -1 : snapshots_.back()->manifest.version;
+  return latest_locked();
 }
 
 StatusOr<std::shared_ptr<const WeightSnapshot>> WeightPublisher::snapshot(int64_t version) const {
@@ -54,11 +58,20 @@ StatusOr<std::shared_ptr<const WeightSnapshot>> WeightPublisher::snapshot(int64_
                                     snapshots_.back()->manifest.version, ")"));
 }
 
-int64_t WeightPublisher::wait_for_version(int64_t after, std::chrono::milliseconds timeout) const {
+int64_t WeightPublisher::wait_for_version(int64_t after, std::chrono::milliseconds timeout,
+                                          const std::function<bool()>& stop) const {
   std::unique_lock<std::mutex> lock(mu_);
-  auto latest = [this] { return snapshots_.empty() ? -1 : snapshots_.back()->manifest.version; };
-  cv_.wait_for(lock, timeout, [&] { return latest() > after; });
-  return latest();
+  cv_.wait_for(lock, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return latest_locked() > after || (stop && stop());
+  });
+  return latest_locked();
+}
+
+void WeightPublisher::wake_waiters() const {
+  // Taking the lock orders this after any waiter's look at `stop`: one that
+  // looked before the flag was set is asleep by now and gets the notify.
+  { std::lock_guard<std::mutex> lock(mu_); }
+  cv_.notify_all();
 }
 
 void for_each_chunk(const WeightSnapshot& snapshot, uint64_t chunk_bytes,

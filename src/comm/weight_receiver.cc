@@ -21,7 +21,16 @@ WeightReceiver::WeightReceiver(WeightSyncClientOptions options,
 
 WeightReceiver::~WeightReceiver() {
   stop_ = true;
+  // Under the lock, so that a pause() that has not seen stop_ yet is asleep
+  // and gets the notify.
+  { std::lock_guard<std::mutex> lock(mu_); }
+  stop_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+void WeightReceiver::pause(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  stop_cv_.wait_for(lock, d, [this] { return stop_.load(); });
 }
 
 std::optional<ReceivedVersion> WeightReceiver::take(int64_t after) {
@@ -33,15 +42,11 @@ std::optional<ReceivedVersion> WeightReceiver::take(int64_t after) {
 }
 
 void WeightReceiver::loop() {
-  auto pause = [this](std::chrono::milliseconds d) {
-    const auto until = std::chrono::steady_clock::now() + d;
-    while (!stop_ && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  };
   while (!stop_) {
     if (!client_) {
-      // The trainer's store went away (restart): connect again.
+      // The trainer's store went away (restart): connect again, once a
+      // second. Nothing announces that the trainer is back; meanwhile the
+      // worker fetches over gRPC, so a slow retry costs nothing but log lines.
       StatusOr<std::unique_ptr<WeightSyncClient>> c = WeightSyncClient::connect(options_);
       if (!c.ok()) {
         pause(std::chrono::seconds(1));
@@ -68,6 +73,10 @@ void WeightReceiver::loop() {
     healthy_ = false;
     spdlog::info("weight sync: {}; fetching over gRPC until the group is re-formed",
                  std::string(v.status().message()));
+    // A deliberate pause before rejoining, so that a group that keeps
+    // breaking (a trainer on its way down, a peer that fails every
+    // broadcast) is not rejoined in a tight loop; the worker fetches over
+    // gRPC meanwhile.
     pause(std::chrono::milliseconds(200));
     if (client_->rejoin().ok()) {
       healthy_ = true;

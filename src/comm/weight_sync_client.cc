@@ -284,6 +284,9 @@ StatusOr<ReceivedVersion> WeightSyncClient::receive(const std::function<bool()>&
 
 StatusOr<ReceivedVersion> WeightSyncClient::Impl::receive(const std::function<bool()>& stop) {
   Impl& c = *this;
+  // Polls the store, backing off from 1 ms to poll_interval: there is no
+  // event to wait on, because c10d 1.13's TCPStore::wait leaves its
+  // connection out of step when it times out (weight_sync.h, "Waiting").
   auto wait = std::chrono::milliseconds(1);
   auto idle = [&] {
     std::this_thread::sleep_for(wait);

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "model/json_nesting.h"
 
@@ -474,7 +475,7 @@ struct BpeTokenizer::Impl {
   int64_t vocab_size = 0, eos = -1, bos = -1, pad = -1;
 
   mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<int64_t>> cache;  // GUARDED_BY(cache_mutex)
+  mutable std::unordered_map<std::string, std::vector<int64_t>> cache ABSL_GUARDED_BY(cache_mutex);
   static constexpr size_t kMaxCacheEntries = 1 << 16;
 
   std::vector<Segment> split_added(std::string_view text) const;

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "rollout/builtin_tasks.h"
 
 namespace relay::rollout {
@@ -81,9 +82,9 @@ struct VerifierCall {
 
   std::mutex mu;
   std::condition_variable done_cv;
-  bool done = false;           // guarded by mu
-  std::optional<Score> score;  // guarded by mu; set when the call succeeded
-  std::string error;           // guarded by mu; set when it did not
+  bool done ABSL_GUARDED_BY(mu) = false;
+  std::optional<Score> score ABSL_GUARDED_BY(mu);  // set when the call succeeded
+  std::string error ABSL_GUARDED_BY(mu);           // set when it did not
 };
 
 // "" when every value is finite, else which one is not.
@@ -152,7 +153,8 @@ Score SafeVerifier::score(const TaskPrompt& prompt, std::string_view response, s
   }
 
   std::unique_lock<std::mutex> lock(call->mu);
-  if (!call->done_cv.wait_for(lock, timeout_, [&] { return call->done; })) {
+  if (!call->done_cv.wait_for(
+          lock, timeout_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call->mu) { return call->done; })) {
     return fail(timeouts_, absl::StrCat("verifier timed out after ", timeout_.count(),
                                         " ms; the call is abandoned"));
   }

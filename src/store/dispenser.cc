@@ -65,6 +65,9 @@ StatusOr<std::unique_ptr<PromptDispenser>> PromptDispenser::open(RolloutStore* s
   if (!now_ms) now_ms = system_now_ms;
   std::unique_ptr<PromptDispenser> d(new PromptDispenser(store, options, std::move(now_ms)));
   RELAY_ASSIGN_OR_RETURN(std::string bytes, store->side_record());
+  // Nobody else sees `d` yet; the lock only keeps the rule "mu_ guards the
+  // state" without exceptions.
+  std::lock_guard<std::mutex> lock(d->mu_);
   if (!bytes.empty()) {
     v1::DispenserState state;
     if (!state.ParseFromString(bytes)) {

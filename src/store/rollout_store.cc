@@ -45,8 +45,8 @@ std::string version_key(int64_t min_version, uint64_t seq) {
   return k;
 }
 // The READY index carries each group's oldest token version, so that
-// count_ready() (polled by the trainer while it waits) and expire_stale()
-// read 8 bytes per group instead of parsing its whole record.
+// expire_stale() and counting the READY groups when the store opens read 8
+// bytes per group instead of parsing its whole record.
 std::string ready_value(int64_t min_version) {
   std::string v;
   put_u64(&v, ordered(min_version));
@@ -145,6 +145,18 @@ rocksdb::WriteOptions write_options(const StoreOptions& o) {
   return w;
 }
 
+// The READY index counted by oldest token version (ReadyCounts::reset).
+StatusOr<std::map<int64_t, int64_t>> count_ready_index(rocksdb::DB& db) {
+  std::map<int64_t, int64_t> by_version;
+  std::unique_ptr<rocksdb::Iterator> it(db.NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
+    RELAY_ASSIGN_OR_RETURN(int64_t v, ready_min_version(it->value(), get_u64(it->key(), 2)));
+    ++by_version[v];
+  }
+  if (!it->status().ok()) return rocks_error("scan ready groups", it->status());
+  return by_version;
+}
+
 }  // namespace
 
 const char* group_state_name(GroupState state) {
@@ -161,8 +173,13 @@ const char* group_state_name(GroupState state) {
   return "?";
 }
 
-RolloutStore::RolloutStore(StoreOptions options, std::unique_ptr<rocksdb::DB> db, uint64_t next_seq)
-    : options_(std::move(options)), db_(std::move(db)), next_seq_(next_seq) {}
+RolloutStore::RolloutStore(StoreOptions options, std::unique_ptr<rocksdb::DB> db, uint64_t next_seq,
+                           uint64_t expired_total, uint64_t rejected_total)
+    : options_(std::move(options)),
+      db_(std::move(db)),
+      next_seq_(next_seq),
+      expired_total_(expired_total),
+      rejected_total_(rejected_total) {}
 
 RolloutStore::~RolloutStore() = default;
 
@@ -204,9 +221,11 @@ StatusOr<std::unique_ptr<RolloutStore>> RolloutStore::open(const StoreOptions& o
       return rocks_error(absl::StrCat("read ", total_keys[i]), s);
     }
   }
-  auto store = std::unique_ptr<RolloutStore>(new RolloutStore(options, std::move(db), next_seq));
-  store->expired_total_ = totals[0];
-  store->rejected_total_ = totals[1];
+  using ByVersion = std::map<int64_t, int64_t>;  // one template argument for the macro
+  RELAY_ASSIGN_OR_RETURN(ByVersion ready, count_ready_index(*db));
+  auto store = std::unique_ptr<RolloutStore>(
+      new RolloutStore(options, std::move(db), next_seq, totals[0], totals[1]));
+  store->ready_.reset(std::move(ready));
   return store;
 }
 
@@ -258,6 +277,7 @@ StatusOr<uint64_t> RolloutStore::append(const rollout::TrajectoryGroup& group,
   rocksdb::Status s = db_->Write(write_options(options_), &batch);
   if (!s.ok()) return rocks_error(absl::StrCat("append group '", group.group_id, "'"), s);
   ++next_seq_;
+  ready_.add(g.min_version);
   return g.seq;
 }
 
@@ -268,11 +288,15 @@ StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, 
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<StoredGroup> out;
   int64_t n_expired = 0, n_rejected = 0;
+  std::map<int64_t, int64_t> unready;  // by oldest version, for ready_
   rocksdb::WriteBatch batch;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
     if (static_cast<int64_t>(out.size()) >= max_groups) break;
     const uint64_t seq = get_u64(it->key(), 2);
+    // Every READY key this loop reaches leaves the index below.
+    RELAY_ASSIGN_OR_RETURN(int64_t oldest, ready_min_version(it->value(), seq));
+    --unready[oldest];
     std::string bytes;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
     if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
@@ -321,6 +345,7 @@ StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, 
   }
   expired_total_ += static_cast<uint64_t>(n_expired);
   rejected_total_ += static_cast<uint64_t>(n_rejected);
+  ready_.change(unready);
   if (expired != nullptr) *expired = n_expired;
   return out;
 }
@@ -338,6 +363,7 @@ StatusOr<int64_t> RolloutStore::expire_where(
   std::lock_guard<std::mutex> lock(mu_);
   rocksdb::WriteBatch batch;
   int64_t n = 0;
+  std::map<int64_t, int64_t> unready;  // by oldest version, for ready_
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
     const uint64_t seq = get_u64(it->key(), 2);
@@ -355,6 +381,7 @@ StatusOr<int64_t> RolloutStore::expire_where(
     rec.set_consumed_version(trainer_version);
     batch.Put(group_key(seq), rec.SerializeAsString());
     batch.Delete(ready_key(seq));
+    --unready[v];
     ++n;
   }
   if (!it->status().ok()) return rocks_error("scan ready groups", it->status());
@@ -365,18 +392,7 @@ StatusOr<int64_t> RolloutStore::expire_where(
   rocksdb::Status s = db_->Write(write_options(options_), &batch);
   if (!s.ok()) return rocks_error("expire groups", s);
   expired_total_ += static_cast<uint64_t>(n);
-  return n;
-}
-
-StatusOr<int64_t> RolloutStore::count_ready(int64_t min_version) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  int64_t n = 0;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
-    RELAY_ASSIGN_OR_RETURN(int64_t v, ready_min_version(it->value(), get_u64(it->key(), 2)));
-    if (min_version < 0 || v >= min_version) ++n;
-  }
-  if (!it->status().ok()) return rocks_error("scan ready groups", it->status());
+  ready_.change(unready);
   return n;
 }
 
@@ -443,7 +459,8 @@ Status RolloutStore::reject(uint64_t seq, const std::string& reason, int64_t tra
                      "; only a ready or taken group is quarantined"));
   }
   rocksdb::WriteBatch batch;
-  if (rec.state() == v1::GROUP_STATE_READY) batch.Delete(ready_key(seq));
+  const bool was_ready = rec.state() == v1::GROUP_STATE_READY;
+  if (was_ready) batch.Delete(ready_key(seq));
   rec.set_state(v1::GROUP_STATE_REJECTED);
   rec.set_consumed_version(trainer_version);
   rec.set_reject_reason(reason);
@@ -454,6 +471,7 @@ Status RolloutStore::reject(uint64_t seq, const std::string& reason, int64_t tra
   s = db_->Write(write_options(options_), &batch);
   if (!s.ok()) return rocks_error(absl::StrCat("reject group ", seq), s);
   ++rejected_total_;
+  if (was_ready) ready_.change({{rec.min_version(), -1}});
   return OkStatus();
 }
 
@@ -483,7 +501,8 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
                      " (is this the run directory the checkpoint came from?)"));
   }
   RewindStats stats;
-  int64_t unexpired = 0;  // EXPIRED after the position, READY again
+  int64_t unexpired = 0;                    // EXPIRED after the position, READY again
+  std::map<int64_t, int64_t> ready_change;  // by oldest version, for ready_
   rocksdb::WriteBatch batch;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
@@ -500,7 +519,10 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
       if (rec.state() == v1::GROUP_STATE_EXPIRED) continue;
       rec.set_state(v1::GROUP_STATE_EXPIRED);
       rec.set_consumed_version(version);
-      if (ready) batch.Delete(ready_key(rec.seq()));
+      if (ready) {
+        batch.Delete(ready_key(rec.seq()));
+        --ready_change[rec.min_version()];
+      }
       ++stats.dropped;
     } else if (!ready && rec.consumed_version() >= version) {
       // Taken (or expired) after the checkpoint: READY again, as it was then.
@@ -508,6 +530,7 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
       rec.set_state(v1::GROUP_STATE_READY);
       rec.set_consumed_version(-1);
       batch.Put(ready_key(rec.seq()), ready_value(rec.min_version()));
+      ++ready_change[rec.min_version()];
       ++stats.restored;
     } else {
       continue;
@@ -531,6 +554,7 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
   rocksdb::Status s = db_->Write(write_options(options_), &batch);
   if (!s.ok()) return rocks_error("rewind", s);
   expired_total_ = expired_after;
+  ready_.change(ready_change);
   return stats;
 }
 

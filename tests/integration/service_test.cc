@@ -403,11 +403,15 @@ TEST_F(ServiceTest, EachMalformedSubmissionGetsItsOwnErrorAndTheServerKeepsServi
 // A worker that goes silent (crashed, partitioned) past worker_timeout_ms is
 // forgotten at the next lease or heartbeat of anyone, and its leases go back
 // to the queue at once: the staleness bound it held is free again without
-// waiting for the lease deadline (60 s here).
+// waiting for the lease deadline (60 s here). The service's clock is a fake
+// one that the test moves, so that which worker counts as silent does not
+// depend on how fast this machine answers calls.
 TEST_F(ServiceTest, SilentWorkersAreForgottenAndTheirLeasesReleased) {
+  std::atomic<int64_t> now_ms{1'000'000};
   TrainerServiceOptions o;
   o.limits.vocab_size = 37;
   o.worker_timeout_ms = 300;
+  o.now_ms = [&now_ms] { return now_ms.load(); };
   TrainerService service(
       o, store_.get(), dispenser_.get(), &publisher_,
       [](const store::Lease& l) -> StatusOr<PromptContent> {
@@ -429,10 +433,12 @@ TEST_F(ServiceTest, SilentWorkersAreForgottenAndTheirLeasesReleased) {
   EXPECT_EQ(client->lease_prompts(alive, 5).value().leases_size(), 0) << "bound held by silent";
   // `alive` keeps calling; `silent` does not.
   for (int i = 0; i < 5; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    now_ms += 100;
     v1::HeartbeatRequest hb;
     hb.set_worker_id(alive);
-    ASSERT_TRUE(client->heartbeat(hb).ok());
+    auto beat = client->heartbeat(hb);
+    ASSERT_TRUE(beat.ok()) << beat.status();
+    EXPECT_FALSE(beat->reregister());
   }
   auto leased = client->lease_prompts(alive, 5);
   ASSERT_TRUE(leased.ok()) << leased.status();
@@ -503,10 +509,15 @@ TEST_F(ServiceTest, PoisonGroupsAreQuarantinedAndAResumedRunDoesNotMeetThemAgain
 // worker_timeout_ms and none registered for another one, the wait fails
 // saying so, long before group_wait_ms; before any worker registered, the
 // wait is group_wait_ms as always (a trainer may start before its workers).
+// The service's clock is a fake one that each look of the waiting trainer at
+// its workers moves 100 ms: how many looks it takes is exact, however busy
+// the machine.
 TEST_F(ServiceTest, WaitingForGroupsFailsSoonOnceEveryWorkerIsGone) {
+  std::atomic<int64_t> now_ms{1'000'000};
   TrainerServiceOptions o;
   o.limits.vocab_size = 37;
   o.worker_timeout_ms = 300;
+  o.now_ms = [&now_ms] { return now_ms.load(); };
   TrainerService service(
       o, store_.get(), dispenser_.get(), &publisher_,
       [](const store::Lease& l) -> StatusOr<PromptContent> {
@@ -520,15 +531,20 @@ TEST_F(ServiceTest, WaitingForGroupsFailsSoonOnceEveryWorkerIsGone) {
   auto trainer = trainer::Trainer::create(policy_, trainer::TrainerOptions{}).value();
   TrainerHostOptions ho;
   ho.groups_per_step = 2;
-  ho.group_wait_ms = 1500;
+  ho.group_wait_ms = 500;
   TrainerHost host(trainer.get(), store_.get(), &publisher_, ho);
-  auto workers_present = [&] { return service.check_workers_present(); };
+  int looks = 0;
+  auto workers_present = [&] {
+    ++looks;
+    now_ms += 100;
+    return service.check_workers_present();
+  };
 
   // No worker yet: today's deadline, whatever worker_timeout_ms says.
   auto t0 = std::chrono::steady_clock::now();
   StatusOr<trainer::StepMetrics> m = host.step(nullptr, workers_present);
   ASSERT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded) << m.status();
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
 
   // A worker registers, leases, and dies (it never calls again).
   ClientOptions c;
@@ -542,6 +558,7 @@ TEST_F(ServiceTest, WaitingForGroupsFailsSoonOnceEveryWorkerIsGone) {
   TrainerHostOptions patient = ho;
   patient.group_wait_ms = 20000;
   TrainerHost waiting(trainer.get(), store_.get(), &publisher_, patient);
+  looks = 0;
   t0 = std::chrono::steady_clock::now();
   m = waiting.step(nullptr, workers_present);
   const auto waited = std::chrono::steady_clock::now() - t0;
@@ -549,10 +566,64 @@ TEST_F(ServiceTest, WaitingForGroupsFailsSoonOnceEveryWorkerIsGone) {
   const std::string msg(m.status().message());
   EXPECT_NE(msg.find("every rollout worker is gone (last seen"), std::string::npos) << msg;
   EXPECT_NE(msg.find("0 of 2 groups ready"), std::string::npos) << msg;
-  // Two timeouts of silence (600 ms) from the last call, and not much more.
-  EXPECT_GE(waited, std::chrono::milliseconds(300));
+  // Silent for over two timeouts (600 ms of the service's clock) from the
+  // last call: at the 7th look.
+  EXPECT_EQ(looks, 7);
   EXPECT_LT(waited, std::chrono::seconds(10));
   server->shutdown();
+}
+
+// The host waits on the store's signal (RolloutStore::wait_for_ready), not a
+// fixed sleep: groups appended while it waits end the wait, long before
+// group_wait_ms. The groups are appended from another thread once the host
+// has looked at the store, found too few, and asked after its workers.
+TEST_F(ServiceTest, StepReturnsAsSoonAsEnoughGroupsArrive) {
+  auto trainer = trainer::Trainer::create(policy_, trainer::TrainerOptions{}).value();
+  TrainerHostOptions ho;
+  ho.groups_per_step = 2;
+  ho.group_wait_ms = 60000;  // only a lost wake-up waits this long
+  ho.limits.vocab_size = 37;
+  TrainerHost host(trainer.get(), store_.get(), &publisher_, ho);
+  std::thread appender;
+  auto workers_present = [&]() -> Status {
+    if (!appender.joinable()) {
+      appender = std::thread([this] {
+        for (const char* id : {"a", "b"}) {
+          EXPECT_TRUE(store_->append(make_group(id, 2, 0, {1, 2, 3}), 0).ok());
+        }
+      });
+    }
+    return OkStatus();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<trainer::StepMetrics> m = host.step(nullptr, workers_present);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  if (appender.joinable()) appender.join();
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(trainer->version(), 1);
+  std::vector<std::string> trained;
+  for (const auto& g : host.last_groups()) trained.push_back(g.group_id);
+  EXPECT_EQ(trained, (std::vector<std::string>{"a", "b"}));
+  EXPECT_LT(waited, std::chrono::seconds(30));
+
+  // A stop set by another thread, with the store's waiters woken, ends the
+  // next wait at once: Cancelled, not DeadlineExceeded a minute later.
+  std::atomic<bool> stop{false};
+  std::thread stopper;
+  auto stop_later = [&]() -> Status {
+    if (!stopper.joinable()) {
+      stopper = std::thread([&] {
+        stop = true;
+        store_->wake_waiters();
+      });
+    }
+    return OkStatus();
+  };
+  const auto t1 = std::chrono::steady_clock::now();
+  m = host.step([&] { return stop.load(); }, stop_later);
+  if (stopper.joinable()) stopper.join();
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kCancelled) << m.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(30));
 }
 
 // What the rollout-worker tests share: a trainer side (tokenizer, task,
@@ -653,11 +724,17 @@ struct WorkerRig {
   std::unique_ptr<RpcServer> server;
 };
 
-bool wait_until(const std::function<bool()>& done) {
-  for (int i = 0; i < 1000 && !done(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+// Waits until `done` holds, looking again each time a group reaches the
+// store (its signal, not a poll); false after 60 s. For tests where nothing
+// takes groups out of the store, so that READY only grows.
+bool wait_for_groups(const store::RolloutStore& store, const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    const int64_t ready = store.count_ready(-1);  // before `done`: no arrival is missed
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    store.wait_for_ready(ready + 1, -1, deadline);
   }
-  return done();
 }
 
 // Runs the worker on a thread until stop() is called; run()'s status after.
@@ -691,13 +768,15 @@ TEST(RolloutWorkerTest, GeneratesScoresSubmitsAndFollowsNewVersions) {
       torch::equal(rig.worker_policy->lm_head->weight, rig.trainer_policy->lm_head->weight));
 
   WorkerThread running(*worker);
-  // Capacity at version 0: (1 + 0 + 1) x 4 = 8 groups, then the worker waits.
-  EXPECT_TRUE(wait_until([&] { return rig.store->appended() >= 8; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(rig.store->appended(), 8u) << "the staleness bound holds the worker back";
+  // Capacity at version 0: (1 + 0 + 1) x 4 = 8 groups, then the worker waits:
+  // with no room left and no lease open, nothing more can arrive.
+  EXPECT_TRUE(wait_for_groups(*rig.store, [&] { return rig.store->appended() >= 8; }));
+  EXPECT_EQ(rig.dispenser->capacity(0), 0) << "the staleness bound holds the worker back";
+  EXPECT_TRUE(rig.dispenser->leases().empty());
+  EXPECT_EQ(rig.store->appended(), 8u);
   rig.publish(1);
   const uint64_t digest1 = rig.publisher.snapshot(1).value()->manifest.digest;
-  EXPECT_TRUE(wait_until([&] { return rig.store->appended() >= 12; }));
+  EXPECT_TRUE(wait_for_groups(*rig.store, [&] { return rig.store->appended() >= 12; }));
   Status result = running.stop();
   ASSERT_TRUE(result.ok()) << result;
   EXPECT_GE(worker->stats().versions_applied, 1);
@@ -746,11 +825,11 @@ TEST(RolloutWorkerTest, JoinsAtVersionFiveAndFollowsByBroadcast) {
       torch::equal(rig.worker_policy->lm_head->weight, rig.trainer_policy->lm_head->weight));
 
   WorkerThread running(*worker);
-  EXPECT_TRUE(wait_until([&] { return rig.store->appended() >= 4; }));
+  EXPECT_TRUE(wait_for_groups(*rig.store, [&] { return rig.store->appended() >= 4; }));
   // The worker's receiver asked to join; the next broadcast places it.
   rig.publish(6);
   const uint64_t digest6 = rig.publisher.snapshot(6).value()->manifest.digest;
-  EXPECT_TRUE(wait_until([&] {
+  EXPECT_TRUE(wait_for_groups(*rig.store, [&] {
     bool seen = false;
     rig.for_each_trajectory([&](const rollout::Trajectory& t) {
       for (const auto& [v, dg] : t.version_digests) seen = seen || v == 6;

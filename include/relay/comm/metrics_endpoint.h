@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "relay/common/dashboard.h"
 #include "relay/common/status.h"
 
@@ -53,7 +54,7 @@ class MetricsEndpoint {
   std::unique_ptr<httplib::Server> server_;
   int port_ = 0;
   std::mutex mu_;
-  std::map<std::string, double> latest_;
+  std::map<std::string, double> latest_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

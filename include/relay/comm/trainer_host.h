@@ -30,8 +30,7 @@ struct TrainerHostOptions {
   SubmissionLimits limits;
   int64_t max_staleness = 0;       // groups with tokens older than version - this expire
   int64_t group_wait_ms = 600000;  // no full batch in this long: DeadlineExceeded
-  int64_t poll_ms = 5;
-  int compact_every = 10;  // store compaction every N steps; 0 = never
+  int compact_every = 10;          // store compaction every N steps; 0 = never
 };
 
 class TrainerHost {
@@ -46,9 +45,11 @@ class TrainerHost {
   // One asynchronous step. Returns the step's metrics plus store/* ones
   // (seconds waited for groups, groups expired by the bound, groups
   // quarantined). No group stops it: see TrainerHostOptions::limits. Cancelled when
-  // `stop` turns true while waiting; DeadlineExceeded after group_wait_ms.
-  // `workers_present`, when set, is asked on each look at the store while
-  // waiting too, and its first error ends the wait
+  // `stop` turns true while waiting (seen within 50 ms, at once when the
+  // thread that set it calls RolloutStore::wake_waiters; it must be quick and
+  // must not call the store); DeadlineExceeded after group_wait_ms. Groups
+  // appended while it waits wake it at once. `workers_present`, when set, is
+  // asked while waiting too, and its first error ends the wait
   // (TrainerService::check_workers_present: every worker is gone).
   StatusOr<trainer::StepMetrics> step(const std::function<bool()>& stop,
                                       const std::function<Status()>& workers_present = nullptr);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "relay/comm/submission.h"
 #include "relay/comm/weight_publisher.h"
 #include "relay/comm/worker_presence.h"
@@ -58,7 +59,12 @@ struct TrainerServiceOptions {
   int64_t max_staleness = 0;         // submissions older than version - this are refused
   SubmissionLimits limits;
   uint64_t default_chunk_bytes = 4 << 20;
-  int64_t watch_poll_ms = 200;  // how often a version stream checks for cancellation
+  // How often a version stream checks for cancellation: gRPC's synchronous
+  // API has no event for it.
+  int64_t watch_poll_ms = 200;
+  // The clock workers are timed by (Unix ms); null = the system clock. Tests
+  // pass a fake one, so that "silent for worker_timeout_ms" is not a race.
+  std::function<int64_t()> now_ms;
 };
 
 struct WorkerInfo {
@@ -118,11 +124,11 @@ class TrainerService {
   PromptSource prompts_;
   std::function<int64_t()> version_;
   std::atomic<bool> finished_{false};
-  std::set<std::string> told_;  // workers that heard "finished"; under mu_
   mutable std::mutex mu_;
-  std::map<std::string, WorkerInfo> workers_;
-  WorkerPresence presence_;  // under mu_
-  int64_t next_worker_ = 1;
+  std::set<std::string> told_ ABSL_GUARDED_BY(mu_);  // workers that heard "finished"
+  std::map<std::string, WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);
+  WorkerPresence presence_ ABSL_GUARDED_BY(mu_);
+  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   std::unique_ptr<WorkerImpl> worker_impl_;
   std::unique_ptr<AdminImpl> admin_impl_;
 };

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "relay/comm/weight_publisher.h"
 #include "relay/comm/weight_sync.h"
 #include "relay/common/status.h"
@@ -50,7 +51,7 @@ class WeightBroadcaster {
   std::string endpoint_;
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
-  WeightBroadcasterStats stats_;
+  WeightBroadcasterStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "absl/base/thread_annotations.h"
 #include "relay/common/status.h"
 #include "relay/model/weight_manifest.h"
 
@@ -48,15 +49,24 @@ class WeightPublisher {
   // The snapshot of `version` (-1 = latest); NotFound when it is not (or no
   // longer) kept.
   StatusOr<std::shared_ptr<const WeightSnapshot>> snapshot(int64_t version) const;
-  // Blocks until a version above `after` is published or `timeout` passes;
-  // the latest version either way.
-  int64_t wait_for_version(int64_t after, std::chrono::milliseconds timeout) const;
+  // Blocks until a version above `after` is published, `timeout` passes or
+  // `stop` (may be null) returns true; the latest version either way. `stop`
+  // is asked on entry and on every wake-up under the publisher's lock: it
+  // must be quick and must not call the publisher. Whoever sets what it
+  // reads calls wake_waiters() afterwards.
+  int64_t wait_for_version(int64_t after, std::chrono::milliseconds timeout,
+                           const std::function<bool()>& stop = nullptr) const;
+  // Makes every wait_for_version() in progress ask its `stop` again.
+  void wake_waiters() const;
 
  private:
+  int64_t latest_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const int keep_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  std::deque<std::shared_ptr<const WeightSnapshot>> snapshots_;  // oldest first
+  // Oldest first.
+  std::deque<std::shared_ptr<const WeightSnapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
 };
 
 // Splits a snapshot into chunks of at most `chunk_bytes` of the

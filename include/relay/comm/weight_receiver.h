@@ -7,6 +7,8 @@
 // went away); meanwhile the worker fetches versions over gRPC.
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -14,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "relay/comm/weight_sync.h"
 #include "relay/common/status.h"
 
@@ -40,6 +43,8 @@ class WeightReceiver {
  private:
   WeightReceiver(WeightSyncClientOptions options, std::unique_ptr<WeightSyncClient> client);
   void loop();
+  // Sleeps `d`, or less when the destructor asks the thread to stop.
+  void pause(std::chrono::milliseconds d);
 
   WeightSyncClientOptions options_;
   std::unique_ptr<WeightSyncClient> client_;  // used by the thread only
@@ -48,7 +53,8 @@ class WeightReceiver {
   std::atomic<int64_t> received_{0};
   std::atomic<int64_t> failures_{0};
   std::mutex mu_;
-  std::optional<ReceivedVersion> slot_;
+  std::condition_variable stop_cv_;  // with mu_: stop_ was set
+  std::optional<ReceivedVersion> slot_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "relay/common/status.h"
 #include "relay/rollout/trajectory.h"
 #include "relay/store/rollout_store.h"
@@ -114,10 +115,10 @@ class PromptDispenser {
 
  private:
   PromptDispenser(RolloutStore* store, DispenserOptions options, NowMs now_ms);
-  // Moves leases past their deadline to the retry queue; how many. REQUIRES mu_.
-  int64_t expire_locked(int64_t now);
-  // Groups the staleness bound still allows at `version`. REQUIRES mu_.
-  int64_t room_locked(int64_t version) const;
+  // Moves leases past their deadline to the retry queue; how many.
+  int64_t expire_locked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Groups the staleness bound still allows at `version`.
+  int64_t room_locked(int64_t version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The mutable state, to roll back to when its write fails.
   struct Snapshot {
     std::map<uint64_t, Lease> leases;
@@ -125,18 +126,19 @@ class PromptDispenser {
     DispenserStats stats;
     uint64_t next_lease_id = 0;
   };
-  Snapshot snapshot_locked() const;
+  Snapshot snapshot_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the state to the store; restores `saved` when that fails.
-  Status persist_or_restore_locked(Snapshot saved);
+  Status persist_or_restore_locked(Snapshot saved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RolloutStore* store_;
   DispenserOptions options_;
   NowMs now_ms_;
   mutable std::mutex mu_;
-  std::map<uint64_t, Lease> leases_;
-  std::deque<Lease> retry_;  // expired leases' prompts (attempt already incremented)
-  DispenserStats stats_;
-  uint64_t next_lease_id_ = 1;
+  std::map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  // Expired leases' prompts (attempt already incremented).
+  std::deque<Lease> retry_ ABSL_GUARDED_BY(mu_);
+  DispenserStats stats_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace relay::store

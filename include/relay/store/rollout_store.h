@@ -25,9 +25,14 @@
 // window. A store reopened after a crash holds every acknowledged group in
 // the state it last had.
 //
+// The READY groups are also counted in memory (store/ready_counts.h), so
+// that the trainer waits for them on a condition variable that appends
+// signal, not by polling the index.
+//
 // Thread-safe: appends from many submitters and the trainer's reads may
 // interleave; each public call is atomic.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -36,8 +41,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "relay/common/status.h"
 #include "relay/rollout/trajectory.h"
+#include "relay/store/ready_counts.h"
 
 namespace rocksdb {
 class DB;
@@ -164,9 +171,22 @@ class RolloutStore {
   // `version` or later (compact's `floor`).
   StatusOr<RewindStats> rewind(const StorePosition& pos, int64_t version);
 
-  // READY groups a trainer could take now (within min_version), without
-  // changing anything.
-  StatusOr<int64_t> count_ready(int64_t min_version) const;
+  // READY groups a trainer could take now (within min_version, < 0: every
+  // one), without changing anything. Counted in memory: no scan, and not
+  // under the lock that appends take.
+  int64_t count_ready(int64_t min_version) const { return ready_.count(min_version); }
+  // Blocks until count_ready(min_version) >= want, `deadline` passes, or
+  // `stop` returns true (ReadyCounts::wait: it must be quick and must not
+  // call the store); returns count_ready(min_version) then. Groups made
+  // READY by append() or rewind() wake it at once.
+  int64_t wait_for_ready(int64_t want, int64_t min_version,
+                         std::chrono::steady_clock::time_point deadline,
+                         const std::function<bool()>& stop = nullptr) const {
+    return ready_.wait(want, min_version, deadline, stop);
+  }
+  // Makes every wait_for_ready() in progress ask its `stop` again: call it
+  // after setting what `stop` reads (not from a signal handler).
+  void wake_waiters() const { ready_.wake(); }
 
   // Deletes CONSUMED and EXPIRED groups with consumed_version <
   // min(current_version, floor) - retention_versions; returns how many. The
@@ -182,19 +202,26 @@ class RolloutStore {
   const std::string& path() const { return options_.path; }
 
  private:
-  RolloutStore(StoreOptions options, std::unique_ptr<rocksdb::DB> db, uint64_t next_seq);
+  // The totals are expired_total() and rejected_total() as last written.
+  RolloutStore(StoreOptions options, std::unique_ptr<rocksdb::DB> db, uint64_t next_seq,
+               uint64_t expired_total, uint64_t rejected_total);
   Status check_writable() const;
   // Marks READY groups EXPIRED where expire(oldest version, record) holds;
   // the record is parsed (and passed) only when `needs_record`.
   StatusOr<int64_t> expire_where(const std::function<bool(int64_t, const v1::StoredGroup*)>& expire,
                                  int64_t trainer_version, bool needs_record = false);
 
-  StoreOptions options_;
-  std::unique_ptr<rocksdb::DB> db_;
+  const StoreOptions options_;
+  // RocksDB is thread-safe; mu_ makes each public call's read-modify-write
+  // of the indexes and the counters below one atomic step.
+  const std::unique_ptr<rocksdb::DB> db_;
   mutable std::mutex mu_;
-  uint64_t next_seq_;
-  uint64_t expired_total_ = 0;
-  uint64_t rejected_total_ = 0;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_);
+  uint64_t expired_total_ ABSL_GUARDED_BY(mu_);
+  uint64_t rejected_total_ ABSL_GUARDED_BY(mu_);
+  // Changed under mu_ after each durable write that makes groups READY or
+  // takes them away; read without it.
+  ReadyCounts ready_;
 };
 
 }  // namespace relay::store

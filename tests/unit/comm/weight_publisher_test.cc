@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <thread>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
 
 namespace relay::comm {
 namespace {
@@ -108,16 +111,53 @@ TEST(WeightPublisherTest, AssemblerBuildsTensorsChunkByChunk) {
   EXPECT_EQ(a.finish().status().code(), absl::StatusCode::kDataLoss);            // 8 of 32
 }
 
-TEST(WeightPublisherTest, WaitWakesOnPublishOrTimesOut) {
+// A `stop` for wait_for_version() that tells `looked` when the waiter first
+// asked it. The waiter holds the publisher's lock from that look until it
+// sleeps, so whatever the test does after `looked` happens while it sleeps.
+struct FirstLook {
+  std::promise<void> looked;
+  bool told = false;  // only the waiter's thread touches it
+  std::atomic<bool> stop{false};
+  std::function<bool()> fn() {
+    return [this] {
+      if (!told) {
+        told = true;
+        looked.set_value();
+      }
+      return stop.load();
+    };
+  }
+};
+
+TEST(WeightPublisherTest, WaitWakesOnPublishOrStopOrTimesOut) {
+  using Clock = std::chrono::steady_clock;
   WeightPublisher p;
   ASSERT_TRUE(p.publish(0, weights(0)).ok());
+  const auto t0 = Clock::now();
   EXPECT_EQ(p.wait_for_version(0, std::chrono::milliseconds(20)), 0);
-  std::thread t([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(20));
+
+  // Only a lost wake-up waits out this timeout.
+  const auto generous = std::chrono::seconds(60);
+  {
+    FirstLook probe;
+    auto waited =
+        std::async(std::launch::async, [&] { return p.wait_for_version(0, generous, probe.fn()); });
+    probe.looked.get_future().wait();
     ASSERT_TRUE(p.publish(1, weights(1)).ok());
-  });
-  EXPECT_EQ(p.wait_for_version(0, std::chrono::seconds(10)), 1);
-  t.join();
+    EXPECT_EQ(waited.get(), 1);
+  }
+  {
+    FirstLook probe;
+    const auto t1 = Clock::now();
+    auto waited =
+        std::async(std::launch::async, [&] { return p.wait_for_version(1, generous, probe.fn()); });
+    probe.looked.get_future().wait();
+    probe.stop = true;
+    p.wake_waiters();
+    EXPECT_EQ(waited.get(), 1) << "stopped: the latest version, nothing newer";
+    EXPECT_LT(Clock::now() - t1, generous);
+  }
 }
 
 }  // namespace
