@@ -120,7 +120,8 @@ std::pair<at::Tensor, at::Tensor> Trainer::forward_with_grad(const TrainBatch& m
   // The forward pass only: backward replays its casts by itself.
   const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
   model::MoeRouting routing;
-  const model::ScoreOptions so = score_options(mb, options_.router_replay == RouterReplay::kReplay ? &routing : nullptr);
+  const model::ScoreOptions so =
+      score_options(mb, options_.router_replay == RouterReplay::kReplay ? &routing : nullptr);
   if (with_entropy) {
     model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
     return {gather_response(out.logprobs, mb), gather_response(out.entropy, mb)};

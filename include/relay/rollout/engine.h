@@ -49,10 +49,10 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "relay/rollout/options.h"
 #include "relay/common/status.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/policy.h"
+#include "relay/rollout/options.h"
 #include "relay/rollout/prefix.h"
 #include "relay/rollout/sampler.h"
 #include "relay/rollout/trajectory.h"

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "relay/rollout/options.h"
 #include "relay/common/status.h"
+#include "relay/rollout/options.h"
 
 namespace relay::rollout {
 

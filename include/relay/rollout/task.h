@@ -31,9 +31,9 @@
 #include <string_view>
 #include <vector>
 
-#include "relay/rollout/options.h"
 #include "relay/common/status.h"
 #include "relay/model/chat_template.h"
+#include "relay/rollout/options.h"
 
 namespace relay::rollout {
 

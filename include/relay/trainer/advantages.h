@@ -29,7 +29,6 @@
 
 namespace relay::trainer {
 
-
 struct AdvantageInputs {
   at::Tensor rewards;      // [B] float: outcome reward (all estimators but GAE with token_rewards)
   at::Tensor group_index;  // [B] int64: prompt group; required by group estimators

@@ -17,14 +17,12 @@
 
 namespace relay::trainer {
 
-
 // Per-token estimate [B, L], differentiable w.r.t. `logprobs` (`ref_logprobs`
 // is treated as data). Not masked: aggregate with aggregate_loss().
 // "+" variants: forward value of the base estimator, backward of k2, i.e.
 // k2 - sg(k2) + sg(base), so the expected gradient is the KL's.
 at::Tensor kl_penalty(const at::Tensor& logprobs, const at::Tensor& ref_logprobs,
                       KlEstimator estimator);
-
 
 // The KL coefficient beta over training. Fixed: constant. Adaptive (Ziegler et
 // al. 2019, arXiv 1909.08593, as verl's AdaptiveKLController):

@@ -30,7 +30,6 @@ namespace relay::trainer {
 
 // ---------------------------------------------------------------- aggregation
 
-
 // The denominators of aggregate_loss(), counted over the WHOLE optimizer step
 // (all micro-batches on all ranks), so that summing the micro-batch losses
 // (and their gradients) gives exactly the loss of the full batch however it is
@@ -89,7 +88,6 @@ struct PolicyLossResult {
 };
 
 // --------------------------------------------------------------------- PPO
-
 
 // PPO clipped surrogate with r = exp(logp - old):
 //   l = max(-A r', -A clip(r, 1 - clip_low, 1 + clip_high)),  r' = min(r, clip_delta)
@@ -179,7 +177,6 @@ at::Tensor sft_loss(const at::Tensor& logprobs, const at::Tensor& response_mask,
 
 // -------------------------------------------------------------------- LUFFY
 
-
 struct LuffyLossMetrics {
   PolicyLossMetrics on_policy;  // clip fractions, ppo_kl, ratio over on-policy tokens.
   double on_loss = 0;           // token-mean of the on-policy loss (0 if none).
@@ -211,7 +208,6 @@ LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpoli
                            const GlobalNormalizer& sft_normalizer = {});
 
 // ---------------------------------------------------------------- selection
-
 
 // Runs the selected loss. `offpolicy_mask` [B, L] (forced prefix tokens) is
 // read by LUFFY only; `sft_normalizer` counts those tokens for LUFFY's SFT
