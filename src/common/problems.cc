@@ -1,5 +1,6 @@
 #include "relay/common/problems.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <utility>
@@ -64,6 +65,13 @@ void Problems::zero_or_above(const std::string& key, double value, double min,
 }
 void Problems::non_empty(const std::string& key, const std::string& value) {
   if (value.empty()) add(key, "must be non-empty", value);
+}
+
+void Problems::one_of(const std::string& key, const std::string& value,
+                      const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+    add(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")), value);
+  }
 }
 
 Status Problems::status() const {

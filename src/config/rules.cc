@@ -9,17 +9,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace relay::config {
 namespace {
-
-void one_of(Problems& p, const std::string& key, const std::string& value,
-            const std::vector<std::string>& allowed) {
-  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
-    p.add(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")), value);
-  }
-}
 
 bool is_run_name_char(char ch) {
   return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
@@ -61,7 +53,7 @@ void check_services(const ServicesConfig& sv, Problems& p) {
   p.positive("services.group_wait_s", sv.group_wait_s);
   p.positive("services.rpc_timeout_s", sv.rpc_timeout_s);
   p.non_negative("services.worker_timeout_s", sv.worker_timeout_s);
-  one_of(p, "services.weight_sync", sv.weight_sync, {"fetch", "broadcast", "auto"});
+  p.one_of("services.weight_sync", sv.weight_sync, {"fetch", "broadcast", "auto"});
   if (sv.weight_sync_port < 0 || sv.weight_sync_port > 65535) {
     p.add("services.weight_sync_port", "must be in [0, 65535]", sv.weight_sync_port);
   }
@@ -83,7 +75,7 @@ void check_services(const ServicesConfig& sv, Problems& p) {
 
 void check_run(const RunConfig& run, Problems& p) {
   p.at_least("run.threads", run.threads, 0);
-  one_of(p, "run.log_level", run.log_level, {"trace", "debug", "info", "warn", "error", "off"});
+  p.one_of("run.log_level", run.log_level, {"trace", "debug", "info", "warn", "error", "off"});
   {
     const std::string& d = run.device;
     const bool cuda_index =
@@ -93,14 +85,14 @@ void check_run(const RunConfig& run, Problems& p) {
       p.add("run.device", "must be cpu, cuda or cuda:<index>", d);
     }
   }
-  one_of(p, "run.autocast", run.autocast, {"none", "bfloat16", "float16"});
+  p.one_of("run.autocast", run.autocast, {"none", "bfloat16", "float16"});
 }
 
 void check_model(const ExperimentConfig& config, Problems& p) {
-  one_of(p, "model.dtype", config.model.dtype, {"float32", "bfloat16", "float16"});
+  p.one_of("model.dtype", config.model.dtype, {"float32", "bfloat16", "float16"});
   // Whether the tokenizer has the format's special tokens is known only once
   // it is loaded (rollout setup checks it, naming model.chat_template).
-  one_of(p, "model.chat_template", config.model.chat_template,
+  p.one_of("model.chat_template", config.model.chat_template,
          {"none", "chatml", "llama3", "auto"});
   if (config.model.chat_template == "none" && !config.model.system_prompt.empty()) {
     // A system message exists only in a chat format; ignoring it would
@@ -111,7 +103,7 @@ void check_model(const ExperimentConfig& config, Problems& p) {
           config.model.system_prompt);
   }
   const ModelInitConfig& init = config.model.init;
-  one_of(p, "model.init.arch", init.arch, {"llama", "qwen2", "qwen3", "qwen3_moe"});
+  p.one_of("model.init.arch", init.arch, {"llama", "qwen2", "qwen3", "qwen3_moe"});
   p.at_least("model.init.head_dim", init.head_dim, 0);
   if (init.head_dim % 2 != 0) p.add("model.init.head_dim", "must be even (RoPE)", init.head_dim);
   if (init.arch == "qwen3_moe") {

@@ -1,26 +1,16 @@
 #include "relay/rollout/options.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace relay {
 namespace {
-
-void one_of(Problems& p, const std::string& key, const std::string& value,
-            const std::vector<std::string>& allowed) {
-  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
-    p.add(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")), value);
-  }
-}
 
 void check_prefix(const PrefixConfig& prefix, int n, Problems p) {
   if (prefix.n_prefix < -1) p.add("n_prefix", "must be >= -1", prefix.n_prefix);
   if (prefix.n_prefix > n) {
     p.add("n_prefix", absl::StrCat("must be <= rollout.n (", n, ")"), prefix.n_prefix);
   }
-  one_of(p, "strategy", prefix.strategy,
+  p.one_of("strategy", prefix.strategy,
          {"random", "linear", "linear_max", "reverse_linear", "fixed"});
   p.in_range("min_ratio", prefix.min_ratio, 0, 1);
   if (!(prefix.max_ratio >= 0 && prefix.max_ratio <= 1)) {
@@ -57,7 +47,7 @@ void check(const RolloutConfig& r, Problems p) {
   }
   p.at_least("workers", r.workers, 1);
   p.at_least("groups_in_flight", r.groups_in_flight, 1);
-  one_of(p, "interrupt", r.interrupt, {"recompute", "keep", "finish", "restart"});
+  p.one_of("interrupt", r.interrupt, {"recompute", "keep", "finish", "restart"});
   for (size_t i = 0; i < r.stop.size(); ++i) {
     if (r.stop[i].empty()) p.add(absl::StrCat("stop[", i, "]"), "must be non-empty, got ''");
   }
@@ -65,7 +55,7 @@ void check(const RolloutConfig& r, Problems p) {
 }
 
 void check(const TaskConfig& task, Problems p) {
-  one_of(p, "name", task.name, {"arithmetic", "math_answer", "jsonl"});
+  p.one_of("name", task.name, {"arithmetic", "math_answer", "jsonl"});
   if ((task.name == "math_answer" || task.name == "jsonl") && task.path.empty()) {
     p.add("path", absl::StrCat("must name a JSONL file for task '", task.name, "'"), task.path);
   }
@@ -82,7 +72,7 @@ void check(const TaskConfig& task, Problems p) {
   }
   p.at("math_answer").in_range("format_reward", task.math_answer.format_reward, 0, 1);
   Problems jsonl = p.at("jsonl");
-  one_of(jsonl, "match", task.jsonl.match, {"exact", "regex"});
+  jsonl.one_of("match", task.jsonl.match, {"exact", "regex"});
   jsonl.non_empty("prompt_key", task.jsonl.prompt_key);
   jsonl.non_empty("answer_key", task.jsonl.answer_key);
 }
