@@ -50,8 +50,10 @@ std::vector<rollout::TrajectoryGroup> sample_groups(const model::Policy& policy)
 
 // Two mini-batches per step (rows 0-5, then 6-11) and no pre-update pass
 // (bypass), so each mini-batch's forward pass is the first to see its rows.
+// The tests train the same groups in several steps: no staleness bound.
 TrainerOptions two_updates() {
   TrainerOptions o;
+  o.max_staleness = -1;
   o.optimizer.lr = 1e-2;
   o.mini_batches = 2;
   o.rollout_correction.bypass = true;
