@@ -71,50 +71,61 @@ Status RolloutWorker::start() {
                w.already_held ? "already held (loaded from the same model directory)"
                               : "fetched from the trainer",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  {
-    torch::NoGradGuard no_grad;
-    auto params = policy_->named_parameters();
-    for (const auto& [name, t] : w.tensors) {
-      at::Tensor* p = params.find(name);
-      if (p == nullptr || p->sizes() != t.sizes()) {
-        return FailedPreconditionError(absl::StrCat(
-            "worker: the trainer's weights name '", name,
-            "', which this model does not have with that shape; start the worker with the "
-            "trainer's model directory"));
-      }
-      p->copy_(t);
-    }
-  }
+  RELAY_RETURN_IF_ERROR(load_weights(w));
   RELAY_ASSIGN_OR_RETURN(engine_, rollout::Engine::create(policy_, engine_options_,
                                                           w.manifest.version, w.manifest.digest));
   latest_known_ = staged_version_ = w.manifest.version;
   running_digest_ = w.manifest.digest;
-  if (options_.weight_sync != "fetch") {
-    if (reg.weight_sync_endpoint().empty()) {
-      if (options_.weight_sync == "broadcast") {
-        return FailedPreconditionError(
-            "worker: services.weight_sync is broadcast, but the trainer offers no weight-sync "
-            "group (its services.weight_sync is fetch)");
-      }
-    } else {
-      WeightSyncClientOptions so;
-      so.endpoint = reg.weight_sync_endpoint();
-      so.member_name = worker_id_;
-      so.timeout = std::chrono::milliseconds(options_.weight_sync_timeout_ms);
-      so.device = policy_->parameters().front().device().str();
-      StatusOr<std::unique_ptr<WeightReceiver>> r = WeightReceiver::start(so);
-      if (r.ok()) {
-        receiver_ = *std::move(r);
-      } else if (options_.weight_sync == "broadcast") {
-        return r.status();
-      } else {
-        spdlog::warn("worker {}: cannot join the weight-sync group at {} ({}); fetching instead",
-                     worker_id_, reg.weight_sync_endpoint(), std::string(r.status().message()));
-      }
-    }
-  }
+  RELAY_RETURN_IF_ERROR(join_weight_sync(reg.weight_sync_endpoint()));
   spdlog::info("worker {}: registered, running version {} (digest {:x})", worker_id_,
                w.manifest.version, w.manifest.digest);
+  return OkStatus();
+}
+
+// The trainer's tensors into this worker's policy, each checked by name and
+// shape.
+Status RolloutWorker::load_weights(const FetchedWeights& w) {
+  torch::NoGradGuard no_grad;
+  auto params = policy_->named_parameters();
+  for (const auto& [name, t] : w.tensors) {
+    at::Tensor* p = params.find(name);
+    if (p == nullptr || p->sizes() != t.sizes()) {
+      return FailedPreconditionError(absl::StrCat(
+          "worker: the trainer's weights name '", name,
+          "', which this model does not have with that shape; start the worker with the "
+          "trainer's model directory"));
+    }
+    p->copy_(t);
+  }
+  return OkStatus();
+}
+
+// With services.weight_sync broadcast or auto, joins the trainer's c10d group
+// at `endpoint` (empty: the trainer offers none).
+Status RolloutWorker::join_weight_sync(const std::string& endpoint) {
+  if (options_.weight_sync == "fetch") return OkStatus();
+  if (endpoint.empty()) {
+    if (options_.weight_sync == "broadcast") {
+      return FailedPreconditionError(
+          "worker: services.weight_sync is broadcast, but the trainer offers no weight-sync "
+          "group (its services.weight_sync is fetch)");
+    }
+    return OkStatus();
+  }
+  WeightSyncClientOptions so;
+  so.endpoint = endpoint;
+  so.member_name = worker_id_;
+  so.timeout = std::chrono::milliseconds(options_.weight_sync_timeout_ms);
+  so.device = policy_->parameters().front().device().str();
+  StatusOr<std::unique_ptr<WeightReceiver>> r = WeightReceiver::start(so);
+  if (r.ok()) {
+    receiver_ = *std::move(r);
+  } else if (options_.weight_sync == "broadcast") {
+    return r.status();
+  } else {
+    spdlog::warn("worker {}: cannot join the weight-sync group at {} ({}); fetching instead",
+                 worker_id_, endpoint, std::string(r.status().message()));
+  }
   return OkStatus();
 }
 

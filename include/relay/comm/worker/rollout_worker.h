@@ -53,6 +53,7 @@ struct RolloutWorkerStats {
 
 class RolloutWorker {
  public:
+  // `client` reaches the trainer (GrpcTrainerClient; a fake in tests).
   // `policy` has the trainer's architecture (its weights are replaced by the
   // fetched ones); `task` maps a leased prompt index to what the verifier
   // needs; `tokenizer` decodes responses for it.
@@ -80,6 +81,8 @@ class RolloutWorker {
   int64_t version() const;
 
  private:
+  Status load_weights(const FetchedWeights& w);
+  Status join_weight_sync(const std::string& endpoint);
   Status fill_leases();
   Status maybe_update_weights(int64_t latest);
   Status submit_finished(std::vector<rollout::TrajectoryGroup> groups);
