@@ -1,4 +1,4 @@
-// Trajectory ingest through gRPC (relay/comm/trainer_service.h) against the
+// Trajectory ingest through gRPC (relay/comm/service/trainer_service.h) against the
 // durable rollout store alone, measured in the same run.
 // Results: docs/BENCHMARKS.md ("Trajectory ingest through gRPC").
 //
@@ -51,10 +51,10 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "relay/comm/rpc.h"
-#include "relay/comm/submission.h"
-#include "relay/comm/trainer_service.h"
-#include "relay/comm/weight_publisher.h"
+#include "relay/comm/rpc/grpc_trainer_client.h"
+#include "relay/comm/service/submission.h"
+#include "relay/comm/service/trainer_service.h"
+#include "relay/comm/weight_sync/weight_publisher.h"
 #include "relay/store/convert.h"
 #include "relay/store/dispenser.h"
 #include "relay/store/rollout_store.h"
@@ -222,7 +222,7 @@ Timing run_grpc(const std::vector<TrajectoryGroup>& groups, const std::string& p
     comm::ClientOptions co;
     co.address = "127.0.0.1:" + std::to_string(server->port());
     co.timeout_ms = 120000;
-    conns.push_back(value_or_die(comm::TrainerClient::connect(co), "connect"));
+    conns.push_back(value_or_die(comm::GrpcTrainerClient::connect(co), "connect"));
     v1::WorkerCapabilities caps;
     caps.set_device("cpu");
     ids.push_back(value_or_die(conns.back()->register_worker("bench" + std::to_string(c), caps),

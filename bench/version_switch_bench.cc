@@ -2,7 +2,7 @@
 // (relay/rollout/engine.h) stops decoding when a new weight version arrives.
 // Results: docs/BENCHMARKS.md ("Version-switch pause").
 //
-// What relay-rollout does with a version (comm/rollout_worker.cc): the
+// What relay-rollout does with a version (comm/worker/rollout_worker.cc): the
 // weights are received off the generation loop (the WeightReceiver's thread
 // for broadcast), and the loop, between two engine steps, stages them
 // (Engine::update_weights: checks every name and shape, queues the tensors).

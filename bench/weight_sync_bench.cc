@@ -1,4 +1,4 @@
-// Weight delivery to rollout workers on loopback (relay/comm/weight_sync.h):
+// Weight delivery to rollout workers on loopback (relay/comm/weight_sync/weight_sync.h):
 // one version of a ~100M-parameter model (qwen2-100m of rollout_bench, fp32,
 // ~400 MB) from a trainer to C clients, each client a thread of this process.
 //
@@ -58,11 +58,11 @@
 
 #include "absl/strings/str_format.h"
 #include "bench_util.h"
-#include "relay/comm/rpc.h"
-#include "relay/comm/trainer_service.h"
-#include "relay/comm/weight_buckets.h"
-#include "relay/comm/weight_publisher.h"
-#include "relay/comm/weight_sync.h"
+#include "relay/comm/rpc/grpc_trainer_client.h"
+#include "relay/comm/service/trainer_service.h"
+#include "relay/comm/weight_sync/weight_buckets.h"
+#include "relay/comm/weight_sync/weight_publisher.h"
+#include "relay/comm/weight_sync/weight_sync.h"
 #include "relay/model/policy.h"
 #include "relay/rollout/engine.h"
 #include "relay/store/dispenser.h"
@@ -395,7 +395,7 @@ class GrpcFetch {
       ClientOptions o;
       o.address = "127.0.0.1:" + std::to_string(rpc_->port());
       o.timeout_ms = 120000;
-      clients_.push_back(check(TrainerClient::connect(o), "TrainerClient::connect"));
+      clients_.push_back(check(GrpcTrainerClient::connect(o), "TrainerClient::connect"));
     }
   }
   ~GrpcFetch() {

@@ -23,7 +23,8 @@
 #include <thread>
 
 #include "bin/setup.h"
-#include "relay/comm/rollout_worker.h"
+#include "relay/comm/rpc/grpc_trainer_client.h"
+#include "relay/comm/worker/rollout_worker.h"
 #include "relay/common/logging.h"
 
 namespace {
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
   wo.max_groups_in_flight = s.config.rollout.groups_in_flight;
   wo.weight_sync = sv.weight_sync;
   wo.weight_sync_timeout_ms = static_cast<int64_t>(std::ceil(sv.weight_sync_timeout_s * 1000));
-  StatusOr<std::unique_ptr<comm::TrainerClient>> client = comm::TrainerClient::connect(co);
+  StatusOr<std::unique_ptr<comm::TrainerClient>> client = comm::GrpcTrainerClient::connect(co);
   if (!client.ok()) return fail(client.status());
   comm::RolloutWorker worker(*std::move(client), s.policy, s.engine, s.task, s.tokenizer,
                              std::chrono::milliseconds(static_cast<int64_t>(

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "bin/setup.h"
-#include "relay/comm/trainer_group.h"
+#include "relay/comm/dist/trainer_group.h"
 #include "relay/common/status.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/trainer.h"

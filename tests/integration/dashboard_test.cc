@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_split.h"
-#include "relay/comm/metrics_endpoint.h"
+#include "relay/comm/host/metrics_endpoint.h"
 #include "relay/common/dashboard.h"
 #include "relay/common/file_io.h"
 

@@ -29,7 +29,7 @@
 #include <rocksdb/db.h>
 #include <torch/torch.h>
 
-#include "relay/comm/rpc.h"
+#include "relay/comm/rpc/grpc_trainer_client.h"
 #include "relay/model/checkpoint.h"
 #include "relay/store/rollout_store.h"
 #include "relay/v1/admin.pb.h"
@@ -214,7 +214,7 @@ TEST_F(ProcessTest, TrainingSurvivesAWorkerKilledMidRun) {
   // leases, then kill it: its leases are certainly orphaned.
   comm::ClientOptions co;
   co.address = "127.0.0.1:" + std::to_string(port);
-  auto client = comm::TrainerClient::connect(co);
+  auto client = comm::GrpcTrainerClient::connect(co);
   ASSERT_TRUE(client.ok()) << client.status();
   int64_t held = 0;
   for (int i = 0; i < 200 && held == 0; ++i) {

@@ -15,12 +15,12 @@
 #include <grpcpp/grpcpp.h>
 #include <xxhash.h>
 
-#include "relay/comm/manifest_proto.h"
-#include "relay/comm/rollout_worker.h"
-#include "relay/comm/rpc.h"
-#include "relay/comm/trainer_host.h"
-#include "relay/comm/trainer_service.h"
-#include "relay/comm/weight_broadcaster.h"
+#include "relay/comm/host/trainer_host.h"
+#include "relay/comm/rpc/grpc_trainer_client.h"
+#include "relay/comm/rpc/manifest_proto.h"
+#include "relay/comm/service/trainer_service.h"
+#include "relay/comm/weight_sync/weight_broadcaster.h"
+#include "relay/comm/worker/rollout_worker.h"
 #include "relay/config/config.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
@@ -101,7 +101,7 @@ class ServiceTest : public ::testing::Test {
     c.address = "127.0.0.1:" + std::to_string(server_->port());
     c.auth_token = token;
     c.timeout_ms = 5000;
-    return TrainerClient::connect(c).value();
+    return GrpcTrainerClient::connect(c).value();
   }
 
   std::string register_worker() {
@@ -425,7 +425,7 @@ TEST_F(ServiceTest, SilentWorkersAreForgottenAndTheirLeasesReleased) {
   auto server = RpcServer::start(ServerOptions{}, {service.worker_service()}).value();
   ClientOptions c;
   c.address = "127.0.0.1:" + std::to_string(server->port());
-  auto client = TrainerClient::connect(c).value();
+  auto client = GrpcTrainerClient::connect(c).value();
   v1::WorkerCapabilities caps;
   const std::string silent = client->register_worker("silent", caps).value().worker_id();
   const std::string alive = client->register_worker("alive", caps).value().worker_id();
@@ -549,7 +549,7 @@ TEST_F(ServiceTest, WaitingForGroupsFailsSoonOnceEveryWorkerIsGone) {
   // A worker registers, leases, and dies (it never calls again).
   ClientOptions c;
   c.address = "127.0.0.1:" + std::to_string(server->port());
-  auto client = TrainerClient::connect(c).value();
+  auto client = GrpcTrainerClient::connect(c).value();
   const std::string id =
       client->register_worker("doomed", v1::WorkerCapabilities{}).value().worker_id();
   ASSERT_EQ(client->lease_prompts(id, 5).value().leases_size(), 2);
@@ -697,7 +697,7 @@ struct WorkerRig {
     wo.idle_wait_ms = 20;
     worker_policy = model::Policy(cfg);
     model::init_weights(*worker_policy, 99);
-    return std::make_unique<RolloutWorker>(TrainerClient::connect(client_options()).value(),
+    return std::make_unique<RolloutWorker>(GrpcTrainerClient::connect(client_options()).value(),
                                            worker_policy, eo, task, tokenizer,
                                            std::chrono::milliseconds(1000), wo);
   }
@@ -851,7 +851,7 @@ TEST(RolloutWorkerTest, JoinsAtVersionFiveAndFollowsByBroadcast) {
   // What the worker samples with now is bit-identical to the trainer's
   // version 6 and to the gRPC fetch of it.
   auto fetched =
-      TrainerClient::connect(rig.client_options()).value()->fetch_weights("anyone", 6).value();
+      GrpcTrainerClient::connect(rig.client_options()).value()->fetch_weights("anyone", 6).value();
   EXPECT_EQ(fetched.manifest.digest, digest6);
   auto mine = rig.worker_policy->named_parameters();
   auto theirs = rig.trainer_policy->named_parameters();
@@ -900,14 +900,14 @@ TEST(ServiceTlsTest, ClientsThatTrustTheCaConnectPlaintextOnesDoNot) {
   c.address = "127.0.0.1:" + std::to_string(server->port());
   c.timeout_ms = 5000;
   c.tls.root_ca_file = dir + "/ca.pem";
-  auto tls = TrainerClient::connect(c).value();
+  auto tls = GrpcTrainerClient::connect(c).value();
   auto fetched = tls->fetch_weights("anyone", -1);
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_TRUE(torch::equal(fetched->tensors.at("x"), torch::ones({2})));
 
   c.tls.root_ca_file.clear();
   c.timeout_ms = 1000;
-  auto plain = TrainerClient::connect(c).value();
+  auto plain = GrpcTrainerClient::connect(c).value();
   EXPECT_FALSE(plain->stats().ok()) << "a plaintext client must not get through";
 
   ServerOptions missing;
@@ -973,7 +973,7 @@ TEST(FetchWeightsTimeoutTest, SlowStreamsCompleteAndStalledOnesFailFast) {
     ClientOptions c;
     c.address = "127.0.0.1:" + std::to_string(server->port());
     c.timeout_ms = 400;
-    auto client = TrainerClient::connect(c).value();
+    auto client = GrpcTrainerClient::connect(c).value();
     const auto t0 = std::chrono::steady_clock::now();
     auto w = client->fetch_weights("w", -1);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

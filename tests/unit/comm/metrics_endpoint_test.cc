@@ -1,4 +1,4 @@
-#include "relay/comm/metrics_endpoint.h"
+#include "relay/comm/host/metrics_endpoint.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>

@@ -1,4 +1,4 @@
-#include "relay/comm/rpc.h"
+#include "relay/comm/rpc/grpc_trainer_client.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -104,7 +104,7 @@ TEST_F(TlsFilesTest, ServerAndClientReportAMismatchNotAListenFailure) {
   c.tls.root_ca_file = file("a.pem");
   c.tls.cert_file = file("b.pem");
   c.tls.key_file = file("a.key");
-  auto client = TrainerClient::connect(c);
+  auto client = GrpcTrainerClient::connect(c);
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(message(client.status()), message(check_tls_key_pair(file("b.pem"), file("a.key"))));
 }

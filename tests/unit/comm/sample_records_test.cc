@@ -1,4 +1,4 @@
-#include "relay/comm/sample_records.h"
+#include "relay/comm/host/sample_records.h"
 
 #include <gtest/gtest.h>
 

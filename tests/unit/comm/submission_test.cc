@@ -1,4 +1,4 @@
-#include "relay/comm/submission.h"
+#include "relay/comm/service/submission.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
 // Data-parallel training over a real c10d Gloo group: two ranks as threads
 // of this process, rendezvous through a TCPStore on loopback.
 
-#include "relay/comm/trainer_group.h"
-#include "relay/comm/trainer_ranks.h"
+#include "relay/comm/dist/trainer_group.h"
+#include "relay/comm/dist/trainer_ranks.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

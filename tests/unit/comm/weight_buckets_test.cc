@@ -1,4 +1,4 @@
-#include "relay/comm/weight_buckets.h"
+#include "relay/comm/weight_sync/weight_buckets.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include "relay/comm/weight_publisher.h"
+#include "relay/comm/weight_sync/weight_publisher.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -2,7 +2,7 @@
 // this process, and one test with a member in a child process that is killed.
 // Timeouts are 1-3 s so that the failure cases stay quick.
 
-#include "relay/comm/weight_sync.h"
+#include "relay/comm/weight_sync/weight_sync.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

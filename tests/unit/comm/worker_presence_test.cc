@@ -1,4 +1,4 @@
-#include "relay/comm/worker_presence.h"
+#include "relay/comm/service/worker_presence.h"
 
 #include <gtest/gtest.h>
 

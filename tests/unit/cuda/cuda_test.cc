@@ -24,10 +24,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/sync_group.h"
-#include "relay/comm/trainer_group.h"
-#include "relay/comm/weight_publisher.h"
-#include "relay/comm/weight_sync.h"
+#include "comm/weight_sync/sync_group.h"
+#include "relay/comm/dist/trainer_group.h"
+#include "relay/comm/weight_sync/weight_publisher.h"
+#include "relay/comm/weight_sync/weight_sync.h"
 #include "relay/model/device.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/policy.h"

@@ -1,0 +1,137 @@
+#pragma once
+
+// The pure half of the c10d weight broadcast (comm/weight_sync/weight_sync.h): the wire
+// header, the manifest encoding, cutting a snapshot into byte buckets and
+// putting a version back together from them. No sockets and no threads, so
+// every check here is tested directly (tests/unit/comm/weight_buckets_test.cc).
+//
+// A version's payload is the concatenation of its tensors' bytes in manifest
+// order (the same bytes FetchWeights streams and the manifest digest covers),
+// cut into pieces of `bucket_bytes`; the last piece is shorter.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "relay/comm/weight_sync/weight_publisher.h"
+#include "relay/common/status.h"
+#include "relay/model/weight_manifest.h"
+
+namespace relay::comm {
+
+// The first collective of every broadcast: int64 words, so one Gloo/NCCL
+// broadcast of a fixed-size tensor carries it.
+struct SyncHeader {
+  int64_t generation = 0;  // the group it travels in (a member checks it is its own)
+  int64_t seq = 0;         // 0-based index of this broadcast in the generation
+  int64_t version = 0;     // the policy version
+  uint64_t digest = 0;     // the manifest's XXH3-64 over the whole payload
+  uint64_t total_bytes = 0;
+  uint64_t bucket_bytes = 0;
+  uint64_t bucket_count = 0;       // ceil(total_bytes / bucket_bytes)
+  uint64_t manifest_bytes = 0;     // size of the encoded manifest that follows
+  uint64_t manifest_checksum = 0;  // XXH3-64 of those bytes
+};
+
+inline constexpr int kSyncHeaderWords = 12;  // 11 fields + magic/format, + 1 checksum
+
+// The header announcing `manifest`, whose encoding (encode_manifest) is
+// `manifest_bytes`, cut into buckets of `bucket_bytes`.
+SyncHeader make_header(const model::WeightManifest& manifest, const std::string& manifest_bytes,
+                       uint64_t bucket_bytes, int64_t generation, int64_t seq);
+
+// Writes kSyncHeaderWords words: magic, format, the fields, and an XXH3-64
+// over the words before it.
+void encode_header(const SyncHeader& header, int64_t* words);
+// DataLoss when the magic, format or checksum is wrong or the sizes disagree
+// (bucket_count != ceil(total / bucket)).
+StatusOr<SyncHeader> decode_header(const int64_t* words);
+
+// The manifest as relay.v1.WeightManifest bytes (the receiver learns names,
+// shapes and dtypes from the broadcast itself, without asking gRPC).
+std::string encode_manifest(const model::WeightManifest& manifest);
+// Checks the bytes against `checksum`, parses them and checks them against
+// the header (version, digest, total bytes, each tensor's size from its shape
+// and dtype). DataLoss naming what disagrees.
+StatusOr<model::WeightManifest> decode_manifest(const std::string& bytes, const SyncHeader& header);
+
+// ceil(total_bytes / bucket_bytes); 0 for an empty payload.
+uint64_t bucket_count(uint64_t total_bytes, uint64_t bucket_bytes);
+
+// Reads a snapshot bucket by bucket. The snapshot must outlive the reader.
+class BucketReader {
+ public:
+  // REQUIRES: bucket_bytes > 0.
+  BucketReader(const WeightSnapshot& snapshot, uint64_t bucket_bytes);
+
+  uint64_t bucket_count() const { return count_; }
+  uint64_t bucket_size(uint64_t index) const;
+  // Copies bucket `index` into dst (bucket_size(index) bytes) and returns the
+  // XXH3-64 of those bytes, computed while they are in cache.
+  uint64_t read(uint64_t index, char* dst) const;
+  // When bucket `index` lies inside one tensor: a uint8 view of those bytes
+  // (sent without a copy), with their XXH3-64 in *checksum. Else undefined.
+  at::Tensor view(uint64_t index, uint64_t* checksum) const;
+
+ private:
+  const WeightSnapshot& snapshot_;
+  const uint64_t bucket_bytes_;
+  uint64_t count_ = 0;
+  std::vector<uint64_t> starts_;  // offset of each tensor in the payload
+};
+
+// Puts one version back together, bucket by bucket in order, in one payload
+// buffer: the transport writes bucket k straight into bucket(k) (no copy),
+// add_bucket hashes it there, and finish() compares the checksums the sender
+// computed, then the manifest digest, and returns the tensors as views of the
+// payload (a tensor whose offset is not a multiple of its element size, which
+// mixed dtypes can cause, is copied instead).
+class VersionAssembler {
+ public:
+  // `reuse`: the payload() of an earlier version; it is received into when it
+  // has the right size and nothing else refers to it (the caller dropped
+  // every tensor of that version), which saves faulting in fresh pages.
+  // InvalidArgument for a dtype or shape the manifest cannot describe.
+  static StatusOr<std::unique_ptr<VersionAssembler>> create(model::WeightManifest manifest,
+                                                            uint64_t bucket_bytes,
+                                                            at::Tensor reuse = {});
+  ~VersionAssembler();
+
+  uint64_t bucket_count() const { return count_; }
+  // uint8 view of the payload where bucket `index` goes.
+  at::Tensor bucket(uint64_t index) const;
+  // Hashes bucket `index`, already written into bucket(index). DataLoss when
+  // it is not the next one.
+  Status add_bucket(uint64_t index);
+  // `checksums`: the sender's XXH3-64 per bucket. DataLoss naming the first
+  // bucket (and its byte range) whose bytes do not match, or the version when
+  // the whole payload does not match the manifest digest.
+  StatusOr<std::unordered_map<std::string, at::Tensor>> finish(
+      const std::vector<uint64_t>& checksums);
+
+  const model::WeightManifest& manifest() const { return manifest_; }
+  const at::Tensor& payload() const { return payload_; }
+  // Whether create() received into the `reuse` buffer.
+  bool reused() const { return reused_; }
+
+ private:
+  VersionAssembler(model::WeightManifest manifest, uint64_t bucket_bytes);
+
+  model::WeightManifest manifest_;
+  const uint64_t bucket_bytes_;
+  uint64_t total_bytes_ = 0;
+  uint64_t count_ = 0;
+  uint64_t next_ = 0;   // next bucket expected
+  at::Tensor payload_;  // uint8 [total_bytes]
+  bool reused_ = false;
+  std::vector<uint64_t> starts_;     // offset of each tensor in the payload
+  std::vector<uint64_t> checksums_;  // of the buckets hashed
+  struct DigestState;
+  std::unique_ptr<DigestState> digest_;  // XXH3 over the whole payload so far
+};
+
+}  // namespace relay::comm

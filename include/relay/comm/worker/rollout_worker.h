@@ -1,0 +1,117 @@
+#pragma once
+
+// The rollout worker's loop (what `relay-rollout` runs): register with the
+// trainer, fetch and verify its weights, then lease prompts, generate K
+// samples per prompt with the rollout engine, score them with the task's
+// verifier and submit each group on its lease. New versions are fetched
+// (digest-checked) and staged into the engine, which applies them between
+// decode steps (interruptible generation, docs/rollout.md); the trainer does
+// not wait for them.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "relay/comm/rpc/trainer_client.h"
+#include "relay/comm/weight_sync/weight_receiver.h"
+#include "relay/common/status.h"
+#include "relay/model/policy.h"
+#include "relay/model/tokenizer.h"
+#include "relay/rollout/engine.h"
+#include "relay/rollout/task.h"
+
+namespace relay::comm {
+
+struct RolloutWorkerOptions {
+  std::string name = "worker";
+  int max_groups_in_flight = 4;  // leases held at once
+  int64_t heartbeat_ms = 2000;
+  int64_t idle_wait_ms = 50;      // when nothing can be leased: wait for a version this long
+  int64_t fetch_chunk_bytes = 0;  // 0 = the trainer's default
+  // services.weight_sync: fetch | broadcast | auto. With broadcast or auto the
+  // worker joins the trainer's c10d group when the trainer offers one;
+  // broadcast makes failing to join an error, auto falls back to fetching.
+  std::string weight_sync = "fetch";
+  int64_t weight_sync_timeout_ms = 30000;
+  // While the broadcast works, a version the trainer announced is fetched
+  // over gRPC only if it has not arrived by broadcast within this long.
+  int64_t broadcast_grace_ms = 2000;
+};
+
+struct RolloutWorkerStats {
+  int64_t groups_submitted = 0;
+  int64_t groups_accepted = 0;
+  int64_t groups_refused = 0;  // with the trainer's reason logged
+  int64_t versions_applied = 0;
+  int64_t versions_broadcast = 0;  // of those, received by c10d broadcast (else fetched)
+  int64_t engine_steps = 0;
+  int64_t decode_errors = 0;  // responses the tokenizer could not decode (reward 0)
+};
+
+class RolloutWorker {
+ public:
+  // `client` reaches the trainer (GrpcTrainerClient; a fake in tests).
+  // `policy` has the trainer's architecture (its weights are replaced by the
+  // fetched ones); `task` maps a leased prompt index to what the verifier
+  // needs; `tokenizer` decodes responses for it.
+  RolloutWorker(std::unique_ptr<TrainerClient> client, model::Policy policy,
+                rollout::EngineOptions engine_options, std::shared_ptr<const rollout::Task> task,
+                std::shared_ptr<const model::Tokenizer> tokenizer,
+                std::chrono::milliseconds verifier_timeout, RolloutWorkerOptions options);
+  ~RolloutWorker();
+
+  // Registers, downloads the current version and starts the engine. Called
+  // again after run() found the trainer gone (restarted), it registers anew
+  // and forgets the old registration's leases.
+  Status start();
+  // Works until `stop()` returns true (checked between engine steps) or an
+  // error the loop cannot go on from (the trainer unreachable past the
+  // client's deadline, a version that fails its digest twice).
+  Status run(const std::function<bool()>& stop);
+  // After run() returned: stops generating and gives every open lease back
+  // to the trainer, so its prompt is leased again at once; how many the
+  // trainer released.
+  StatusOr<int32_t> drain();
+
+  const RolloutWorkerStats& stats() const { return stats_; }
+  const std::string& worker_id() const { return worker_id_; }
+  int64_t version() const;
+
+ private:
+  Status load_weights(const FetchedWeights& w);
+  Status join_weight_sync(const std::string& endpoint);
+  Status fill_leases();
+  Status maybe_update_weights(int64_t latest);
+  Status submit_finished(std::vector<rollout::TrajectoryGroup> groups);
+  Status heartbeat_if_due();
+
+  std::unique_ptr<TrainerClient> client_;
+  model::Policy policy_;
+  rollout::EngineOptions engine_options_;
+  std::shared_ptr<const rollout::Task> task_;
+  std::shared_ptr<const model::Tokenizer> tokenizer_;
+  rollout::SafeVerifier verifier_;
+  RolloutWorkerOptions options_;
+  std::unique_ptr<rollout::Engine> engine_;
+  std::unique_ptr<WeightReceiver> receiver_;  // null = fetch only
+  int64_t waiting_for_ = -1;                  // newest announced version not staged yet
+  int64_t waiting_since_ms_ = 0;              // ... known since
+  std::string worker_id_;
+  int64_t latest_known_ = -1;
+  int64_t staged_version_ = -1;  // newest version given to the engine
+  uint64_t running_digest_ = 0;
+  int64_t wait_for_version_ = -1;  // the bound said wait; lease again at this version
+  int64_t retry_lease_at_ms_ = 0;  // ... or at this time
+  struct Leased {
+    uint64_t lease_id;
+    rollout::TaskPrompt prompt;
+  };
+  std::map<std::string, Leased> in_flight_;  // by group id
+  int64_t last_heartbeat_ms_ = 0;
+  RolloutWorkerStats stats_;
+};
+
+}  // namespace relay::comm

@@ -1,0 +1,154 @@
+#include "relay/comm/dist/trainer_ranks.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "relay/store/convert.h"
+#include "relay/v1/trainer_ranks.pb.h"
+
+namespace relay::comm {
+namespace {
+
+// The store key rank 0 counts its commands under.
+constexpr char kCommands[] = "rank/commands";
+// How often a waiting follower looks at the counter: small against a step,
+// cheap for the store. A poll rather than TCPStore::wait, which has a
+// deadline (rank 0 may wait minutes for rollouts) and leaves its connection
+// out of step when that passes (weight_sync.h, "Waiting"); a poll also
+// notices at once that rank 0 and its store are gone.
+constexpr auto kPoll = std::chrono::milliseconds(5);
+
+// Rank 0's weights into every rank's, parameter by parameter.
+Status broadcast_weights(trainer::Collectives& group, const model::PolicyImpl& policy) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : policy.named_parameters()) {
+    at::Tensor t = item.value().detach();
+    Status st = group.broadcast(t, 0);
+    if (!st.ok()) {
+      return Status(st.code(), absl::StrCat("weights (", item.key(), "): ", st.message()));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+trainer::DataParallel RankLeader::data_parallel(int64_t bucket_bytes) {
+  trainer::DataParallel dp;
+  dp.group = group_;
+  dp.bucket_bytes = bucket_bytes;
+  dp.lead = [this](const std::string& call,
+                   const std::vector<rollout::TrajectoryGroup>& groups) -> Status {
+    if (stopped_) {
+      return FailedPreconditionError(absl::StrCat(call, ": the other trainer ranks were stopped"));
+    }
+    v1::RankCommand c;
+    c.set_kind(call == "sft_step" ? v1::RankCommand::SFT_STEP : v1::RankCommand::STEP);
+    for (const rollout::TrajectoryGroup& g : groups) store::to_proto(g, c.add_groups());
+    return announce(c.SerializeAsString());
+  };
+  return dp;
+}
+
+Status RankLeader::start(const std::string& role, const model::PolicyImpl& policy, int64_t version,
+                         const model::Policy& reference, const std::string& trainer_state) {
+  v1::RankCommand c;
+  c.set_kind(v1::RankCommand::START);
+  c.set_role(role);
+  c.set_version(version);
+  c.set_has_reference(static_cast<bool>(reference));
+  c.set_trainer_state(trainer_state);
+  RELAY_RETURN_IF_ERROR(announce(c.SerializeAsString()));
+  RELAY_RETURN_IF_ERROR(broadcast_weights(*group_, policy));
+  if (reference) RELAY_RETURN_IF_ERROR(broadcast_weights(*group_, *reference));
+  return OkStatus();
+}
+
+Status RankLeader::stop() {
+  if (stopped_) return OkStatus();
+  v1::RankCommand c;
+  c.set_kind(v1::RankCommand::STOP);
+  stopped_ = true;
+  return announce(c.SerializeAsString());
+}
+
+Status RankLeader::announce(const std::string& command) {
+  RELAY_RETURN_IF_ERROR(group_->add_counter(kCommands, 1).status());
+  std::string bytes = command;
+  return trainer::broadcast_bytes(*group_, bytes, 0);
+}
+
+Status follow_rank_leader(std::shared_ptr<trainer::Collectives> group, model::Policy policy,
+                          const FollowerOptions& options) {
+  trainer::DataParallel dp;
+  dp.group = group;
+  dp.bucket_bytes = options.bucket_bytes;
+  std::unique_ptr<trainer::Trainer> trainer;
+  int64_t done = 0;  // commands carried out
+  while (true) {
+    StatusOr<int64_t> announced = group->add_counter(kCommands, 0);
+    if (!announced.ok()) {
+      return Status(announced.status().code(),
+                    absl::StrCat("rank 0 is gone (", announced.status().message(), ")"));
+    }
+    if (*announced <= done) {
+      std::this_thread::sleep_for(kPoll);
+      continue;
+    }
+    std::string bytes;
+    RELAY_RETURN_IF_ERROR(trainer::broadcast_bytes(*group, bytes, 0));
+    ++done;
+    v1::RankCommand c;
+    if (!c.ParseFromString(bytes)) {
+      return InternalError(absl::StrCat("rank 0's command ", done, " does not parse"));
+    }
+    switch (c.kind()) {
+      case v1::RankCommand::STOP:
+        return OkStatus();
+      case v1::RankCommand::START: {
+        trainer.reset();
+        RELAY_RETURN_IF_ERROR(broadcast_weights(*group, *policy));
+        model::Policy reference{nullptr};
+        if (c.has_reference()) {
+          reference = model::clone_policy(*policy);
+          RELAY_RETURN_IF_ERROR(broadcast_weights(*group, *reference));
+        }
+        RELAY_ASSIGN_OR_RETURN(trainer::TrainerOptions to, options.options(c.role()));
+        RELAY_ASSIGN_OR_RETURN(
+            trainer, trainer::Trainer::create(policy, std::move(to), c.version(), reference, dp));
+        if (!c.trainer_state().empty()) {
+          RELAY_RETURN_IF_ERROR(
+              trainer->restore_state(c.trainer_state(), "rank 0's trainer state"));
+        }
+        break;
+      }
+      case v1::RankCommand::STEP:
+      case v1::RankCommand::SFT_STEP: {
+        if (!trainer) {
+          return FailedPreconditionError(
+              absl::StrCat("rank 0's command ", done, " is a step before any start"));
+        }
+        std::vector<rollout::TrajectoryGroup> groups;
+        groups.reserve(c.groups_size());
+        for (const v1::TrajectoryGroup& g : c.groups()) {
+          RELAY_ASSIGN_OR_RETURN(rollout::TrajectoryGroup tg, store::from_proto(g, false));
+          groups.push_back(std::move(tg));
+        }
+        const bool sft = c.kind() == v1::RankCommand::SFT_STEP;
+        StatusOr<trainer::StepMetrics> m = sft ? trainer->sft_step(groups) : trainer->step(groups);
+        if (options.on_step) options.on_step(sft ? "sft_step" : "step", m);
+        break;
+      }
+      default:
+        return InternalError(absl::StrCat("rank 0's command ", done, " has unknown kind ",
+                                          static_cast<int>(c.kind())));
+    }
+  }
+}
+
+}  // namespace relay::comm

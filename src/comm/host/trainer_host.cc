@@ -1,0 +1,161 @@
+#include "relay/comm/host/trainer_host.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "relay/comm/service/submission.h"
+#include "relay/model/policy.h"
+
+namespace relay::comm {
+
+TrainerHost::TrainerHost(trainer::Trainer* trainer, store::RolloutStore* store,
+                         WeightPublisher* publisher, TrainerHostOptions options)
+    : trainer_(trainer), store_(store), publisher_(publisher), options_(options) {}
+
+Status TrainerHost::publish_current() {
+  RELAY_RETURN_IF_ERROR(
+      publisher_->publish(trainer_->version(), model::parameter_tensors(*trainer_->policy())));
+  version_ = trainer_->version();
+  return OkStatus();
+}
+
+Status TrainerHost::quarantine(const store::StoredGroup& g, const std::string& reason,
+                               int64_t version) {
+  RELAY_RETURN_IF_ERROR(store_->reject(g.seq, reason, version));
+  ++rejected_;
+  spdlog::warn("trainer at version {}: group '{}' (store seq {}) quarantined: {}", version,
+               g.group.group_id, g.seq, reason);
+  return OkStatus();
+}
+
+Status TrainerHost::screen(const store::StoredGroup& g, int64_t version) const {
+  // What the service checks on arrival, again: a group stored before these
+  // checks existed (or by another build) must not stop the trainer.
+  SubmissionContext c;
+  c.k = 0;  // the lease's k was checked on arrival
+  c.trainer_version = version;
+  c.oldest_version = 0;  // the staleness bound is the store's business
+  return validate_submission(g.group, c, options_.limits);
+}
+
+Status TrainerHost::wait_for_ready(int64_t want, int64_t taken, int64_t min_version,
+                                   std::chrono::steady_clock::time_point deadline,
+                                   const std::function<bool()>& stop,
+                                   const std::function<Status()>& workers_present) const {
+  // New groups wake the wait at once (the store's ReadyCounts). `stop` and
+  // `workers_present` have no event to wake it: the stop flag is set by a
+  // signal handler, which may not touch a condition variable, and workers go
+  // missing by the clock. They are looked at every kRecheck.
+  constexpr auto kRecheck = std::chrono::milliseconds(50);
+  const int64_t v = trainer_->version();
+  for (;;) {
+    const int64_t ready = store_->count_ready(min_version);
+    if (ready >= want) return OkStatus();
+    const int64_t have = ready + taken;
+    if (stop && stop()) return CancelledError("trainer: stopped while waiting for groups");
+    if (workers_present) {
+      if (Status st = workers_present(); !st.ok()) {
+        return Status(st.code(),
+                      absl::StrCat("trainer at version ", v, " (", have, " of ",
+                                   options_.groups_per_step, " groups ready): ", st.message()));
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return DeadlineExceededError(absl::StrCat(
+          "trainer at version ", v, ": ", have, " of ", options_.groups_per_step,
+          " groups ready after ", options_.group_wait_ms, " ms; are the rollout workers running?"));
+    }
+    store_->wait_for_ready(want, min_version, std::min(deadline, now + kRecheck), stop);
+  }
+}
+
+StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& stop,
+                                                 const std::function<Status()>& workers_present) {
+  const int64_t v = trainer_->version();
+  const int64_t min_version = v - options_.max_staleness;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + std::chrono::milliseconds(options_.group_wait_ms);
+  // Groups that fell out of the bound when the version moved give their
+  // place back now; new submissions are checked against the bound on arrival.
+  RELAY_ASSIGN_OR_RETURN(int64_t expired_now, store_->expire_stale(min_version, v));
+  const int64_t rejected_before = rejected_;
+  int64_t expired = 0;
+  std::vector<store::StoredGroup> taken;
+  for (;;) {
+    // Fill the batch: wait for enough READY groups, take them, quarantine
+    // the ones no step could train on, and take more in their place.
+    while (static_cast<int64_t>(taken.size()) < options_.groups_per_step) {
+      const int64_t want = options_.groups_per_step - static_cast<int64_t>(taken.size());
+      RELAY_RETURN_IF_ERROR(wait_for_ready(want, static_cast<int64_t>(taken.size()), min_version,
+                                           deadline, stop, workers_present));
+      int64_t expired_take = 0;
+      const uint64_t rejected_in_store = store_->rejected_total();
+      RELAY_ASSIGN_OR_RETURN(std::vector<store::StoredGroup> got,
+                             store_->take_ready(want, min_version, v, &expired_take));
+      expired += expired_take;
+      if (const uint64_t n = store_->rejected_total() - rejected_in_store; n > 0) {
+        rejected_ += static_cast<int64_t>(n);
+        spdlog::warn(
+            "trainer at version {}: {} stored group(s) failed their checks on the way out and "
+            "were quarantined (relay store inspect lists them)",
+            v, n);
+      }
+      for (store::StoredGroup& g : got) {
+        if (Status st = screen(g, v); !st.ok()) {
+          RELAY_RETURN_IF_ERROR(quarantine(g, std::string(st.message()), v));
+          continue;
+        }
+        taken.push_back(std::move(g));
+      }
+    }
+    std::vector<rollout::TrajectoryGroup> groups;
+    for (const store::StoredGroup& g : taken) groups.push_back(g.group);
+    StatusOr<trainer::StepMetrics> m = trainer_->step(groups);
+    if (m.ok()) {
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double wait_versions = 0;
+      for (const store::StoredGroup& g : taken) {
+        wait_versions += static_cast<double>(v - g.arrival_version);
+      }
+      m->insert_or_assign("store/wait_s", waited);
+      m->insert_or_assign("store/expired", static_cast<double>(expired + expired_now));
+      m->insert_or_assign("store/rejected", static_cast<double>(rejected_ - rejected_before));
+      m->insert_or_assign("store/rejected_total", static_cast<double>(store_->rejected_total()));
+      m->insert_or_assign("store/wait_versions_mean",
+                          taken.empty() ? 0.0 : wait_versions / static_cast<double>(taken.size()));
+      RELAY_RETURN_IF_ERROR(publish_current());
+      last_groups_ = std::move(groups);
+      ++steps_;
+      if (options_.compact_every > 0 && steps_ % options_.compact_every == 0) {
+        RELAY_ASSIGN_OR_RETURN(int64_t compacted,
+                               store_->compact(trainer_->version(), compact_floor_));
+        m->insert_or_assign("store/compacted", static_cast<double>(compacted));
+      }
+      return m;
+    }
+    // A step that blames groups changed nothing: quarantine them and step
+    // again without them (after taking others in their place). Any other
+    // failure is the trainer's, not the data's, and ends here.
+    const std::vector<trainer::Trainer::StepFault>& faults = trainer_->step_faults();
+    if (faults.empty() || trainer_->version() != v) return m.status();
+    size_t before = taken.size();
+    for (const trainer::Trainer::StepFault& f : faults) {
+      for (auto it = taken.begin(); it != taken.end();) {
+        if (it->group.group_id != f.group_id) {
+          ++it;
+          continue;
+        }
+        RELAY_RETURN_IF_ERROR(quarantine(*it, f.reason, v));
+        it = taken.erase(it);
+      }
+    }
+    if (taken.size() == before) return m.status();  // blamed a group it was not given
+  }
+}
+
+}  // namespace relay::comm

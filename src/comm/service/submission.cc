@@ -1,0 +1,199 @@
+#include "relay/comm/service/submission.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace relay::comm {
+namespace {
+
+Status bad(const std::string& where, const std::string& what) {
+  return InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+Status check_logprobs(const std::vector<float>& values, const std::string& where, const char* field,
+                      const SubmissionLimits& l, bool required) {
+  const double tolerance = l.logprob_tolerance;
+  for (size_t j = 0; j < values.size(); ++j) {
+    const float lp = values[j];
+    if (std::isnan(lp)) {
+      if (!required) continue;
+      return bad(absl::StrCat(where, ".", field, "[", j, "]"),
+                 "NaN (missing), but trainer.allow_missing_logprobs is off: every sampled "
+                 "token needs the log-prob it was sampled with (DESIGN.md invariant 5)");
+    }
+    if (std::isinf(lp)) {
+      return bad(
+          absl::StrCat(where, ".", field, "[", j, "]"),
+          absl::StrCat(lp > 0 ? "+inf" : "-inf", " is not a log-prob (send NaN if missing)"));
+    }
+    if (lp > tolerance) {
+      return bad(absl::StrCat(where, ".", field, "[", j, "]"),
+                 absl::StrCat(lp, " > 0 is not a log-prob"));
+    }
+    if (lp < l.min_logprob) {
+      return bad(absl::StrCat(where, ".", field, "[", j, "]"),
+                 absl::StrCat(lp, " is below ", l.min_logprob,
+                              ": not the log-prob of a token anyone sampled"));
+    }
+  }
+  return OkStatus();
+}
+
+Status check_versions(const std::vector<int64_t>& versions, const std::string& where,
+                      const char* field, const SubmissionContext& c, bool allow_missing) {
+  for (size_t j = 0; j < versions.size(); ++j) {
+    const int64_t v = versions[j];
+    if (allow_missing && v == -1) continue;
+    if (v < 0) {
+      return bad(absl::StrCat(where, ".", field, "[", j, "]"),
+                 absl::StrCat("version ", v, " is negative; versions count from 0",
+                              allow_missing ? " (-1 = missing)" : ""));
+    }
+    if (v > c.trainer_version) {
+      return bad(
+          absl::StrCat(where, ".", field, "[", j, "]"),
+          absl::StrCat("version ", v, " is in the future (trainer at ", c.trainer_version, ")"));
+    }
+    if (v < c.oldest_version) {
+      // Stale, not malformed: the trainer moved on while it was generated.
+      return FailedPreconditionError(absl::StrCat(where, ".", field, "[", j, "]: version ", v,
+                                                  " is older than the staleness bound (",
+                                                  c.oldest_version, ")"));
+    }
+  }
+  return OkStatus();
+}
+
+Status check_trajectory_submission(const rollout::Trajectory& t, const std::string& where,
+                                   const std::vector<int64_t>& prompt, const SubmissionContext& c,
+                                   const SubmissionLimits& l, bool sampled) {
+  if (t.prompt_tokens.empty()) return bad(where, "prompt_tokens: empty");
+  if (t.response_tokens.empty()) return bad(where, "response_tokens: empty");
+  if (t.prompt_tokens != prompt) {
+    return bad(where, "prompt_tokens: differ from trajectories[0]'s; a group shares one prompt");
+  }
+  const auto total = static_cast<int64_t>(t.prompt_tokens.size() + t.response_tokens.size());
+  if (total > l.max_tokens) {
+    return bad(where,
+               absl::StrCat(total, " prompt + response tokens exceed the limit of ", l.max_tokens));
+  }
+  if (l.max_context > 0 && total > l.max_context) {
+    return bad(where, absl::StrCat(t.prompt_tokens.size(), " prompt + ", t.response_tokens.size(),
+                                   " response tokens exceed the model's context of ", l.max_context,
+                                   " (max_position_embeddings)"));
+  }
+  if (l.max_response_tokens > 0 &&
+      static_cast<int64_t>(t.response_tokens.size()) > l.max_response_tokens) {
+    return bad(absl::StrCat(where, ".response_tokens"),
+               absl::StrCat(t.response_tokens.size(),
+                            " tokens exceed rollout.max_new_tokens = ", l.max_response_tokens));
+  }
+  if (l.vocab_size > 0) {
+    for (const auto* field : {&t.prompt_tokens, &t.response_tokens}) {
+      for (size_t j = 0; j < field->size(); ++j) {
+        const int64_t id = (*field)[j];
+        if (id < 0 || id >= l.vocab_size) {
+          return bad(
+              absl::StrCat(where, ".",
+                           field == &t.prompt_tokens ? "prompt_tokens" : "response_tokens", "[", j,
+                           "]"),
+              absl::StrCat("token id ", id, " is outside the vocabulary [0, ", l.vocab_size, ")"));
+        }
+      }
+    }
+  }
+  RELAY_RETURN_IF_ERROR(check_logprobs(t.behavior_logprobs, where, "behavior_logprobs", l,
+                                       sampled && l.require_behavior_logprobs));
+  RELAY_RETURN_IF_ERROR(check_logprobs(t.proximal_logprobs, where, "proximal_logprobs", l, false));
+  RELAY_RETURN_IF_ERROR(check_logprobs(t.raw_logprobs, where, "raw_logprobs", l, false));
+  // check_trajectory wants behavior log-probs <= 0: test a clamped copy, so
+  // rounding within the tolerance is not refused here.
+  rollout::Trajectory clamped = t;
+  for (float& lp : clamped.behavior_logprobs) {
+    if (lp > 0) lp = 0;
+  }
+  if (Status s = rollout::check_trajectory(clamped); !s.ok()) {
+    return bad(where, std::string(s.message()));
+  }
+  if (l.moe_layers >= 0 && !t.routed_experts.empty()) {
+    if (l.moe_layers == 0) {
+      return bad(absl::StrCat(where, ".routed_experts"), "the model has no MoE layers");
+    }
+    if (t.routing_layers != l.moe_layers || t.routing_top_k != l.moe_top_k) {
+      return bad(
+          absl::StrCat(where, ".routing_layers"),
+          absl::StrCat(t.routing_layers, " layers x ", t.routing_top_k,
+                       " experts; the model routes ", l.moe_layers, " layers x ", l.moe_top_k));
+    }
+    for (size_t i = 0; i < t.routed_experts.size(); ++i) {
+      if (t.routed_experts[i] >= l.num_experts) {
+        return bad(
+            absl::StrCat(where, ".routed_experts[", i, "]"),
+            absl::StrCat("expert ", t.routed_experts[i], " outside [0, ", l.num_experts, ")"));
+      }
+    }
+  }
+  RELAY_RETURN_IF_ERROR(check_versions(t.token_versions, where, "token_versions", c, false));
+  RELAY_RETURN_IF_ERROR(check_versions(t.proximal_versions, where, "proximal_versions", c, true));
+  if (!std::isfinite(t.reward)) {
+    return bad(absl::StrCat(where, ".reward"),
+               absl::StrCat(t.reward, ": the trajectory was not scored"));
+  }
+  // Stored and trained as float: 1e300 is finite here and inf there.
+  if (std::fabs(t.reward) > std::numeric_limits<float>::max() ||
+      std::fabs(t.reward) > l.max_abs_reward) {
+    return bad(absl::StrCat(where, ".reward"),
+               absl::StrCat(t.reward, ": |reward| above ", l.max_abs_reward,
+                            " (a reward function's bug, not a learning signal)"));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status validate_submission(const rollout::TrajectoryGroup& group, const SubmissionContext& c,
+                           const SubmissionLimits& l) {
+  const std::string g = absl::StrCat("group '", group.group_id, "'");
+  if (group.group_id.empty()) return bad("group", "group_id: empty");
+  if (group.trajectories.empty()) return bad(g, "no trajectories");
+  if (c.k > 0 && static_cast<int>(group.trajectories.size()) != c.k) {
+    return bad(g,
+               absl::StrCat(group.trajectories.size(), " trajectories for a lease of k = ", c.k));
+  }
+  const std::vector<int64_t>& prompt = group.trajectories.front().prompt_tokens;
+  for (size_t i = 0; i < group.trajectories.size(); ++i) {
+    RELAY_RETURN_IF_ERROR(check_trajectory_submission(
+        group.trajectories[i], absl::StrCat(g, " trajectories[", i, "]"), prompt, c, l, true));
+  }
+  if (group.baseline) {
+    RELAY_RETURN_IF_ERROR(check_trajectory_submission(*group.baseline, absl::StrCat(g, " baseline"),
+                                                      prompt, c, l,
+                                                      /*sampled=*/false));
+  }
+  return OkStatus();
+}
+
+int64_t normalize_submission(rollout::TrajectoryGroup& group, const SubmissionLimits& l) {
+  int64_t n = 0;
+  auto clamp = [&](std::vector<float>& v) {
+    for (float& lp : v) {
+      if (lp > 0 && lp <= l.logprob_tolerance) {
+        lp = 0;
+        ++n;
+      }
+    }
+  };
+  auto fix = [&](rollout::Trajectory& t) {
+    clamp(t.behavior_logprobs);
+    clamp(t.proximal_logprobs);
+    clamp(t.raw_logprobs);
+  };
+  for (rollout::Trajectory& t : group.trajectories) fix(t);
+  if (group.baseline) fix(*group.baseline);
+  return n;
+}
+
+}  // namespace relay::comm

@@ -1,0 +1,316 @@
+#include "relay/comm/worker/rollout_worker.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "relay/model/weight_manifest.h"
+#include "relay/v1/worker.pb.h"
+
+namespace relay::comm {
+namespace {
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+RolloutWorker::RolloutWorker(std::unique_ptr<TrainerClient> client, model::Policy policy,
+                             rollout::EngineOptions engine_options,
+                             std::shared_ptr<const rollout::Task> task,
+                             std::shared_ptr<const model::Tokenizer> tokenizer,
+                             std::chrono::milliseconds verifier_timeout,
+                             RolloutWorkerOptions options)
+    : client_(std::move(client)),
+      policy_(std::move(policy)),
+      engine_options_(std::move(engine_options)),
+      task_(std::move(task)),
+      tokenizer_(std::move(tokenizer)),
+      verifier_(task_, verifier_timeout),
+      options_(std::move(options)) {}
+
+RolloutWorker::~RolloutWorker() = default;
+
+int64_t RolloutWorker::version() const { return engine_ ? engine_->version() : -1; }
+
+Status RolloutWorker::start() {
+  // Also a restart after the trainer went away: leases of the old
+  // registration cannot be submitted any more.
+  engine_.reset();
+  receiver_.reset();
+  waiting_for_ = -1;
+  in_flight_.clear();
+  wait_for_version_ = -1;
+  retry_lease_at_ms_ = 0;
+  last_heartbeat_ms_ = 0;
+  v1::WorkerCapabilities caps;
+  caps.set_device(policy_->parameters().front().device().str());
+  caps.set_num_slots(static_cast<int32_t>(engine_options_.num_slots));
+  caps.set_weight_sync_group(options_.weight_sync != "fetch");
+  RELAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse reg,
+                         client_->register_worker(options_.name, caps));
+  worker_id_ = reg.worker_id();
+  // The trainer's interval keeps this worker inside its liveness timeout.
+  if (reg.heartbeat_interval_ms() > 0) {
+    options_.heartbeat_ms = std::min(options_.heartbeat_ms, reg.heartbeat_interval_ms());
+  }
+  // The trainer's weights, verified against the published digest. A worker
+  // that loaded the same model directory as the trainer already holds
+  // version 0 (or any version whose bytes it has): only the manifest
+  // travels, not the model (2 GB for a 0.5B-parameter fp32 model).
+  const auto t0 = std::chrono::steady_clock::now();
+  RELAY_ASSIGN_OR_RETURN(const model::WeightManifest held, model::weight_manifest(*policy_, 0));
+  RELAY_ASSIGN_OR_RETURN(FetchedWeights w,
+                         client_->fetch_weights(worker_id_, -1, options_.fetch_chunk_bytes, &held));
+  spdlog::info("worker {}: version {}: {} in {:.1f} s", worker_id_, w.manifest.version,
+               w.already_held ? "already held (loaded from the same model directory)"
+                              : "fetched from the trainer",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  RELAY_RETURN_IF_ERROR(load_weights(w));
+  RELAY_ASSIGN_OR_RETURN(engine_, rollout::Engine::create(policy_, engine_options_,
+                                                          w.manifest.version, w.manifest.digest));
+  latest_known_ = staged_version_ = w.manifest.version;
+  running_digest_ = w.manifest.digest;
+  RELAY_RETURN_IF_ERROR(join_weight_sync(reg.weight_sync_endpoint()));
+  spdlog::info("worker {}: registered, running version {} (digest {:x})", worker_id_,
+               w.manifest.version, w.manifest.digest);
+  return OkStatus();
+}
+
+// The trainer's tensors into this worker's policy, each checked by name and
+// shape.
+Status RolloutWorker::load_weights(const FetchedWeights& w) {
+  torch::NoGradGuard no_grad;
+  auto params = policy_->named_parameters();
+  for (const auto& [name, t] : w.tensors) {
+    at::Tensor* p = params.find(name);
+    if (p == nullptr || p->sizes() != t.sizes()) {
+      return FailedPreconditionError(absl::StrCat(
+          "worker: the trainer's weights name '", name,
+          "', which this model does not have with that shape; start the worker with the "
+          "trainer's model directory"));
+    }
+    p->copy_(t);
+  }
+  return OkStatus();
+}
+
+// With services.weight_sync broadcast or auto, joins the trainer's c10d group
+// at `endpoint` (empty: the trainer offers none).
+Status RolloutWorker::join_weight_sync(const std::string& endpoint) {
+  if (options_.weight_sync == "fetch") return OkStatus();
+  if (endpoint.empty()) {
+    if (options_.weight_sync == "broadcast") {
+      return FailedPreconditionError(
+          "worker: services.weight_sync is broadcast, but the trainer offers no weight-sync "
+          "group (its services.weight_sync is fetch)");
+    }
+    return OkStatus();
+  }
+  WeightSyncClientOptions so;
+  so.endpoint = endpoint;
+  so.member_name = worker_id_;
+  so.timeout = std::chrono::milliseconds(options_.weight_sync_timeout_ms);
+  so.device = policy_->parameters().front().device().str();
+  StatusOr<std::unique_ptr<WeightReceiver>> r = WeightReceiver::start(so);
+  if (r.ok()) {
+    receiver_ = *std::move(r);
+  } else if (options_.weight_sync == "broadcast") {
+    return r.status();
+  } else {
+    spdlog::warn("worker {}: cannot join the weight-sync group at {} ({}); fetching instead",
+                 worker_id_, endpoint, std::string(r.status().message()));
+  }
+  return OkStatus();
+}
+
+Status RolloutWorker::fill_leases() {
+  const int want = options_.max_groups_in_flight - static_cast<int>(in_flight_.size());
+  if (want <= 0) return OkStatus();
+  // After an empty answer, ask again when the version the trainer named
+  // arrives, or after idle_wait_ms anyway: capacity also comes back within a
+  // version (a refused group's lease is given back), and waiting only for the
+  // next version could then wait forever.
+  if (wait_for_version_ >= 0 && latest_known_ < wait_for_version_ &&
+      now_ms() < retry_lease_at_ms_) {
+    return OkStatus();
+  }
+  RELAY_ASSIGN_OR_RETURN(v1::LeasePromptsResponse resp, client_->lease_prompts(worker_id_, want));
+  wait_for_version_ = resp.leases_size() == 0 ? resp.wait_for_version() : -1;
+  retry_lease_at_ms_ = now_ms() + options_.idle_wait_ms;
+  // Stage a newer version before admitting the new groups, so they start on it.
+  latest_known_ = std::max(latest_known_, resp.latest_version());
+  RELAY_RETURN_IF_ERROR(maybe_update_weights(latest_known_));
+  for (const v1::PromptLease& l : resp.leases()) {
+    RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt prompt, task_->prompt(l.prompt_index()));
+    rollout::PromptGroup g;
+    g.group_id = l.group_id();
+    g.prompt.assign(l.prompt_tokens().begin(), l.prompt_tokens().end());
+    g.target.assign(l.target_tokens().begin(), l.target_tokens().end());
+    g.k = l.k();
+    g.seed = l.seed();
+    g.greedy_baseline = l.greedy_baseline();
+    RELAY_RETURN_IF_ERROR(engine_->submit(std::move(g)));
+    in_flight_[l.group_id()] = Leased{l.lease_id(), std::move(prompt)};
+  }
+  return OkStatus();
+}
+
+Status RolloutWorker::maybe_update_weights(int64_t latest) {
+  // A version that came by broadcast is staged first, whatever `latest` says.
+  if (receiver_) {
+    if (std::optional<ReceivedVersion> r = receiver_->take(staged_version_)) {
+      RELAY_RETURN_IF_ERROR(
+          engine_->update_weights(r->version, r->manifest.digest, std::move(r->tensors)));
+      running_digest_ = r->manifest.digest;
+      staged_version_ = r->version;
+      latest_known_ = std::max(latest_known_, r->version);
+      ++stats_.versions_applied;
+      ++stats_.versions_broadcast;
+    }
+  }
+  // The engine applies a staged version at its next step: compare with the
+  // newest version handed to it, not the one it samples with now.
+  if (latest <= staged_version_) return OkStatus();
+  if (receiver_ && receiver_->healthy()) {
+    // The broadcast is on its way; fetch only if it is late.
+    const int64_t now = now_ms();
+    if (latest != waiting_for_) {
+      waiting_for_ = latest;
+      waiting_since_ms_ = now;
+    }
+    if (now - waiting_since_ms_ < options_.broadcast_grace_ms) return OkStatus();
+  }
+  // A version that fails its digest is fetched once more, then it is an error.
+  StatusOr<FetchedWeights> w =
+      client_->fetch_weights(worker_id_, latest, options_.fetch_chunk_bytes);
+  if (!w.ok() && w.status().code() == absl::StatusCode::kDataLoss) {
+    spdlog::warn("worker {}: {}; fetching again", worker_id_, std::string(w.status().message()));
+    w = client_->fetch_weights(worker_id_, latest, options_.fetch_chunk_bytes);
+  }
+  if (!w.ok() && w.status().code() == absl::StatusCode::kNotFound) {
+    return OkStatus();  // superseded while we asked; the next heartbeat names the newer one
+  }
+  if (!w.ok()) return w.status();
+  RELAY_RETURN_IF_ERROR(
+      engine_->update_weights(w->manifest.version, w->manifest.digest, std::move(w->tensors)));
+  running_digest_ = w->manifest.digest;
+  staged_version_ = w->manifest.version;
+  latest_known_ = std::max(latest_known_, w->manifest.version);
+  ++stats_.versions_applied;
+  return OkStatus();
+}
+
+Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> groups) {
+  if (groups.empty()) return OkStatus();
+  std::vector<std::pair<uint64_t, rollout::TrajectoryGroup>> batch;
+  for (rollout::TrajectoryGroup& g : groups) {
+    auto it = in_flight_.find(g.group_id);
+    if (it == in_flight_.end()) {
+      return InternalError(
+          absl::StrCat("worker: finished group '", g.group_id, "' was not leased"));
+    }
+    auto score = [&](rollout::Trajectory& t) -> Status {
+      StatusOr<std::string> text = tokenizer_->decode(t.response_tokens);
+      if (!text.ok()) {
+        // A model whose vocabulary is padded past the tokenizer's can sample
+        // an id with no text: that response earns nothing, and is counted.
+        ++stats_.decode_errors;
+        spdlog::warn("worker {}: group '{}': {}; reward 0", worker_id_, g.group_id,
+                     std::string(text.status().message()));
+        t.reward = 0.0;
+        return OkStatus();
+      }
+      rollout::Score s = verifier_.score(it->second.prompt, *text);
+      t.reward = s.reward;
+      t.sub_scores = s.sub_scores;
+      return OkStatus();
+    };
+    for (rollout::Trajectory& t : g.trajectories) RELAY_RETURN_IF_ERROR(score(t));
+    if (g.baseline) RELAY_RETURN_IF_ERROR(score(*g.baseline));
+    batch.emplace_back(it->second.lease_id, std::move(g));
+    in_flight_.erase(it);
+  }
+  RELAY_ASSIGN_OR_RETURN(std::vector<v1::SubmitGroupAck> acks,
+                         client_->submit_groups(worker_id_, batch));
+  std::vector<uint64_t> give_back;
+  for (const v1::SubmitGroupAck& ack : acks) {
+    ++stats_.groups_submitted;
+    if (ack.accepted()) {
+      ++stats_.groups_accepted;
+    } else {
+      ++stats_.groups_refused;
+      spdlog::warn("worker {}: lease {} refused: {}", worker_id_, ack.lease_id(),
+                   ack.error_message());
+      // A malformed group keeps its lease for a corrected resubmission; this
+      // worker has nothing better to send, so it gives the lease back and the
+      // prompt is leased again now instead of at the deadline.
+      if (ack.error_code() == static_cast<int32_t>(absl::StatusCode::kInvalidArgument)) {
+        give_back.push_back(ack.lease_id());
+      }
+    }
+  }
+  if (!give_back.empty()) {
+    RELAY_RETURN_IF_ERROR(client_->release_leases(worker_id_, give_back).status());
+  }
+  return OkStatus();
+}
+
+Status RolloutWorker::heartbeat_if_due() {
+  const int64_t now = now_ms();
+  if (now - last_heartbeat_ms_ < options_.heartbeat_ms && wait_for_version_ < 0) {
+    return OkStatus();
+  }
+  last_heartbeat_ms_ = now;
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(worker_id_);
+  hb.set_running_version(engine_->version());
+  hb.set_running_digest(running_digest_);
+  hb.set_in_flight(static_cast<int32_t>(in_flight_.size()));
+  RELAY_ASSIGN_OR_RETURN(v1::HeartbeatResponse resp, client_->heartbeat(hb));
+  if (resp.reregister()) {
+    return UnavailableError("worker: the trainer no longer knows this worker (restarted?)");
+  }
+  latest_known_ = std::max(latest_known_, resp.latest_version());
+  return maybe_update_weights(resp.latest_version());
+}
+
+StatusOr<int32_t> RolloutWorker::drain() {
+  if (engine_) engine_->abort();
+  receiver_.reset();  // leaves the weight-sync group
+  std::vector<uint64_t> ids;
+  for (const auto& [group_id, leased] : in_flight_) ids.push_back(leased.lease_id);
+  in_flight_.clear();
+  if (ids.empty()) return 0;
+  return client_->release_leases(worker_id_, ids);
+}
+
+Status RolloutWorker::run(const std::function<bool()>& stop) {
+  if (!engine_) return FailedPreconditionError("worker: run() before start()");
+  while (!stop()) {
+    RELAY_RETURN_IF_ERROR(heartbeat_if_due());
+    RELAY_RETURN_IF_ERROR(fill_leases());
+    if (engine_->idle()) {
+      // Nothing to do until the trainer publishes: wait on its version stream.
+      RELAY_ASSIGN_OR_RETURN(
+          std::optional<v1::VersionAnnouncement> next,
+          client_->next_version(worker_id_, latest_known_, options_.idle_wait_ms));
+      if (next) {
+        latest_known_ = std::max(latest_known_, next->version());
+        RELAY_RETURN_IF_ERROR(maybe_update_weights(next->version()));
+      }
+      continue;
+    }
+    RELAY_ASSIGN_OR_RETURN(std::vector<rollout::TrajectoryGroup> done, engine_->step());
+    ++stats_.engine_steps;
+    RELAY_RETURN_IF_ERROR(submit_finished(std::move(done)));
+  }
+  return OkStatus();
+}
+
+}  // namespace relay::comm

@@ -1,0 +1,261 @@
+// RolloutWorker against an in-memory trainer (testing/fake_trainer_client.h):
+// what it submits for each lease, how it follows a new version, and what it
+// does with a refused group, a trainer that is gone, and a stop request.
+
+#include "relay/comm/worker/rollout_worker.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "relay/model/policy.h"
+#include "relay/model/tokenizer.h"
+#include "relay/model/weight_manifest.h"
+#include "relay/rollout/options.h"
+#include "relay/rollout/task.h"
+#include "testing/fake_trainer_client.h"
+#include "testing/tensor_testing.h"
+
+namespace relay::comm {
+namespace {
+
+using testing::FakeTrainer;
+using testing::FakeTrainerClient;
+
+// The trainer's weights as version `v`: the fake serves them as published.
+FetchedWeights as_version(const model::Policy& policy, int64_t v) {
+  FetchedWeights w;
+  w.manifest = model::weight_manifest(*policy, v).value();
+  w.tensors = model::parameter_tensors(*policy);
+  for (auto& [name, t] : w.tensors) t = t.detach().clone();
+  return w;
+}
+
+// A worker on the arithmetic task with the char tokenizer and a tiny model
+// whose weights are the trainer's version 0, and a trainer that has `leases`
+// prompts to hand out (k = 3 each).
+struct Rig {
+  explicit Rig(int leases)
+      : tokenizer(
+            std::make_shared<const model::CharTokenizer>(model::CharTokenizer::create().value())),
+        task(rollout::make_task(TaskConfig{}, /*seed=*/3).value().release()),
+        cfg(testing::TinyConfig()) {
+    cfg.vocab_size = tokenizer->vocab_size();
+    trainer_policy = model::Policy(cfg);
+    model::init_weights(*trainer_policy, 11, 0.3);
+    trainer.versions[0] = as_version(trainer_policy, 0);
+    for (int i = 0; i < leases; ++i) trainer.to_lease.push_back(lease(i));
+  }
+
+  v1::PromptLease lease(int i) const {
+    const rollout::TaskPrompt p = task->prompt(i).value();
+    const std::vector<int64_t> ids = tokenizer->encode(p.prompt).value();
+    v1::PromptLease l;
+    l.set_lease_id(100 + i);
+    l.set_group_id(p.id + "#0");
+    l.set_prompt_index(i);
+    l.mutable_prompt_tokens()->Add(ids.begin(), ids.end());
+    l.set_k(3);
+    l.set_seed(7 + i);
+    return l;
+  }
+
+  // Publishes version v: the trainer's weights scaled, so versions differ.
+  void publish(int64_t v) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : trainer_policy->parameters()) p.mul_(0.9);
+    trainer.versions[v] = as_version(trainer_policy, v);
+    trainer.version = v;
+  }
+
+  std::unique_ptr<RolloutWorker> make_worker(RolloutWorkerOptions wo = {}) {
+    rollout::EngineOptions eo;
+    eo.num_slots = 8;
+    eo.max_new_tokens = 6;
+    eo.stop_tokens = {tokenizer->eos_id(), *tokenizer->token_id("#")};
+    wo.heartbeat_ms = 0;  // every loop: the fake answers at once
+    wo.idle_wait_ms = 1;
+    worker_policy = model::Policy(cfg);
+    model::init_weights(*worker_policy, 11, 0.3);  // the trainer's version 0
+    return std::make_unique<RolloutWorker>(std::make_unique<FakeTrainerClient>(&trainer),
+                                           worker_policy, eo, task, tokenizer,
+                                           std::chrono::milliseconds(1000), wo);
+  }
+
+  // Runs `worker` until `done` holds, or 20000 loop turns have passed.
+  static Status run_until(RolloutWorker& worker, const std::function<bool()>& done) {
+    int turns = 0;
+    return worker.run([&] { return done() || ++turns > 20000; });
+  }
+
+  std::shared_ptr<const model::CharTokenizer> tokenizer;
+  std::shared_ptr<const rollout::Task> task;
+  model::PolicyConfig cfg;
+  model::Policy trainer_policy{nullptr};
+  model::Policy worker_policy{nullptr};
+  FakeTrainer trainer;
+};
+
+// Each response token's log-prob under `weights` at temperature 1, as the
+// engine's sampler records it.
+void expect_logprobs_under(const rollout::Trajectory& t, const FetchedWeights& weights,
+                           const model::PolicyConfig& cfg) {
+  model::Policy scorer(cfg);
+  {
+    torch::NoGradGuard no_grad;
+    auto params = scorer->named_parameters();
+    for (const auto& [name, w] : weights.tensors) params.find(name)->copy_(w);
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> ids = t.prompt_tokens;
+  ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+  at::Tensor logits = scorer->forward(torch::tensor(ids).view({1, -1}))[0];
+  const size_t P = t.prompt_tokens.size();
+  for (size_t j = 0; j < t.response_tokens.size(); ++j) {
+    const double want = torch::log_softmax(logits[P - 1 + j].to(torch::kFloat64), -1)
+                            [t.response_tokens[j]]
+                                .item<double>();
+    EXPECT_NEAR(t.behavior_logprobs[j], want, 1e-4) << "token " << j;
+  }
+}
+
+TEST(RolloutWorkerTest, SubmitsEachLeaseWithItsPromptVersionAndLogProbs) {
+  Rig rig(2);
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  ASSERT_TRUE(worker->start().ok());
+  EXPECT_EQ(rig.trainer.registrations, 1);
+  EXPECT_EQ(rig.trainer.fetched, std::vector<int64_t>({-1}));
+  EXPECT_EQ(worker->version(), 0);
+
+  Status st = Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 2; });
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(rig.trainer.submitted.size(), 2u);
+  const uint64_t digest0 = rig.trainer.versions[0].manifest.digest;
+  for (const auto& [lease_id, g] : rig.trainer.submitted) {
+    const v1::PromptLease l = rig.lease(static_cast<int>(lease_id) - 100);
+    EXPECT_EQ(g.group_id, l.group_id());
+    ASSERT_EQ(g.trajectories.size(), 3u) << g.group_id;
+    for (const rollout::Trajectory& t : g.trajectories) {
+      EXPECT_EQ(t.prompt_tokens,
+                std::vector<int64_t>(l.prompt_tokens().begin(), l.prompt_tokens().end()));
+      ASSERT_FALSE(t.response_tokens.empty());
+      ASSERT_EQ(t.behavior_logprobs.size(), t.response_tokens.size());
+      EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 0));
+      EXPECT_EQ(t.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{0, digest0}}));
+      EXPECT_TRUE(t.reward == 0.0 || t.reward == 1.0);
+      expect_logprobs_under(t, rig.trainer.versions[0], rig.cfg);
+    }
+  }
+  EXPECT_EQ(worker->stats().groups_submitted, 2);
+  EXPECT_EQ(worker->stats().groups_accepted, 2);
+  EXPECT_EQ(worker->stats().groups_refused, 0);
+  EXPECT_TRUE(rig.trainer.released.empty());
+}
+
+TEST(RolloutWorkerTest, FetchesANewVersionAndSamplesTheNextLeasesWithIt) {
+  Rig rig(1);
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  ASSERT_TRUE(worker->start().ok());
+  ASSERT_TRUE(Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 1; }).ok());
+  rig.publish(1);
+  rig.trainer.to_lease.push_back(rig.lease(1));
+  Status st = Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 2; });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(worker->version(), 1);
+  EXPECT_EQ(worker->stats().versions_applied, 1);
+  EXPECT_EQ(rig.trainer.fetched.back(), 1);
+  ASSERT_EQ(rig.trainer.submitted.size(), 2u);
+  const uint64_t digest1 = rig.trainer.versions[1].manifest.digest;
+  for (const rollout::Trajectory& t : rig.trainer.submitted[1].second.trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 1));
+    EXPECT_EQ(t.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{1, digest1}}));
+    expect_logprobs_under(t, rig.trainer.versions[1], rig.cfg);
+  }
+}
+
+// A malformed group (InvalidArgument) keeps its lease on the trainer: the
+// worker gives it back. A stale one (FailedPrecondition) was released by the
+// trainer already.
+TEST(RolloutWorkerTest, RefusedGroupsAreCountedAndMalformedOnesGiveTheirLeaseBack) {
+  Rig rig(2);
+  rig.trainer.judge = [](uint64_t lease_id, const rollout::TrajectoryGroup&) {
+    v1::SubmitGroupAck ack;
+    ack.set_accepted(false);
+    const absl::StatusCode code = lease_id == 100 ? absl::StatusCode::kInvalidArgument
+                                                  : absl::StatusCode::kFailedPrecondition;
+    ack.set_error_code(static_cast<int32_t>(code));
+    ack.set_error_message("refused by the test");
+    return ack;
+  };
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  ASSERT_TRUE(worker->start().ok());
+  Status st = Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 2; });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(worker->stats().groups_submitted, 2);
+  EXPECT_EQ(worker->stats().groups_accepted, 0);
+  EXPECT_EQ(worker->stats().groups_refused, 2);
+  EXPECT_EQ(rig.trainer.released, std::vector<uint64_t>({100}));
+}
+
+TEST(RolloutWorkerTest, ATrainerThatIsGoneEndsRunWithItsError) {
+  Rig rig(1);
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  ASSERT_TRUE(worker->start().ok());
+  rig.trainer.down = UnavailableError("LeasePrompts: connection refused");
+  Status st = Rig::run_until(*worker, [] { return false; });
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(std::string(st.message()), "LeasePrompts: connection refused");
+  EXPECT_TRUE(rig.trainer.submitted.empty());
+
+  // Nor can a worker start against it.
+  Rig down(1);
+  down.trainer.down = UnavailableError("RegisterWorker: connection refused");
+  EXPECT_EQ(down.make_worker()->start().code(), absl::StatusCode::kUnavailable);
+}
+
+// A trainer that restarted answers heartbeats with "register again": run()
+// returns Unavailable so that relay-rollout calls start() anew.
+TEST(RolloutWorkerTest, ATrainerThatForgotTheWorkerEndsRun) {
+  Rig rig(1);
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  ASSERT_TRUE(worker->start().ok());
+  rig.trainer.forgot_worker = true;
+  Status st = Rig::run_until(*worker, [] { return false; });
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_NE(std::string(st.message()).find("no longer knows this worker"), std::string::npos) << st;
+  rig.trainer.forgot_worker = false;
+  ASSERT_TRUE(worker->start().ok());
+  EXPECT_EQ(rig.trainer.registrations, 2);
+}
+
+TEST(RolloutWorkerTest, StopIsHonouredAndDrainGivesOpenLeasesBack) {
+  Rig rig(3);
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  EXPECT_EQ(worker->run([] { return false; }).code(), absl::StatusCode::kFailedPrecondition)
+      << "run() before start()";
+  ASSERT_TRUE(worker->start().ok());
+  // Stopped before the first turn: nothing is leased.
+  ASSERT_TRUE(worker->run([] { return true; }).ok());
+  EXPECT_EQ(rig.trainer.to_lease.size(), 3u);
+  // Stopped after one turn (one engine step): the leases are open, and drain
+  // gives back every one whose group was not submitted.
+  int turns = 0;
+  ASSERT_TRUE(worker->run([&] { return ++turns > 1; }).ok());
+  EXPECT_TRUE(rig.trainer.to_lease.empty());
+  StatusOr<int32_t> drained = worker->drain();
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(*drained + rig.trainer.submitted.size(), 3u);
+  std::vector<uint64_t> ids = rig.trainer.released;
+  for (const auto& [lease_id, g] : rig.trainer.submitted) ids.push_back(lease_id);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, std::vector<uint64_t>({100, 101, 102}));
+}
+
+}  // namespace
+}  // namespace relay::comm
