@@ -12,14 +12,6 @@
 
 namespace relay::cli {
 
-// Makes std::terminate print an exception that escaped (from main or any
-// thread) as one line, "<program>: uncaught exception: <message>", without
-// the C++ stack trace a c10::Error's what() carries, and then abort as it
-// would have. A last resort: errors are Status values, and this only
-// catches what was missed. Call first thing in main. (Defined in setup.cc,
-// which every binary links.)
-void report_uncaught_exceptions(const char* program);
-
 struct ConfigCheckArgs {
   std::string file;
   std::vector<std::string> overrides;  // key.path=value

@@ -35,7 +35,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "bin/setup.h"
+#include "relay/app/endpoint_sink.h"
+#include "relay/app/run_directory.h"
+#include "relay/app/setup.h"
 #include "bin/trainer_ranks.h"
 #include "relay/comm/metrics_endpoint.h"
 #include "relay/comm/rpc.h"
@@ -48,7 +50,7 @@
 #include "relay/common/logging.h"
 #include "relay/common/number_format.h"
 #include "relay/common/progress.h"
-#include "relay/common/tensorboard.h"
+#include "relay/common/metrics.h"
 #include "relay/model/checkpoint.h"
 #include "relay/store/dispenser.h"
 #include "relay/trainer/options.h"
@@ -69,72 +71,6 @@ int fail(const Status& s) {
 
 int64_t ms(double seconds) { return static_cast<int64_t>(std::ceil(seconds * 1000)); }
 
-// Drops the records of RL steps after `rl_step` (and their evaluations)
-// from metrics.jsonl or samples.jsonl: a run resumed from the checkpoint of
-// step `rl_step` does those steps again, and each step should appear once.
-// Warm-start records stay. The file is rewritten atomically; a missing one
-// is fine.
-Status truncate_records_after(const std::string& path, int64_t rl_step) {
-  StatusOr<std::string> text = read_file(path);
-  if (!text.ok()) return OkStatus();
-  std::string kept;
-  int64_t dropped = 0;
-  size_t begin = 0;
-  while (begin < text->size()) {
-    size_t end = text->find('\n', begin);
-    if (end == std::string::npos) end = text->size();
-    const std::string line = text->substr(begin, end - begin);
-    begin = end + 1;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    // A torn last line (the process died mid-write) is dropped too.
-    const bool later =
-        !j.is_object() || (j.value("phase", "") != "sft" && j.value("step", int64_t{0}) > rl_step);
-    if (later) {
-      ++dropped;
-      continue;
-    }
-    kept += line;
-    kept += '\n';
-  }
-  if (dropped == 0) return OkStatus();
-  std::printf("%s: dropped %lld records after step %lld (they will be redone)\n", path.c_str(),
-              static_cast<long long>(dropped), static_cast<long long>(rl_step));
-  return write_file_atomic(path, kept);
-}
-
-// Every record goes to metrics.jsonl (one JSON line, flushed, so the file is
-// complete up to the last step if the process dies) and to TensorBoard
-// event files: RL metrics under their own names, evaluations as
-// eval/<name>, warm-start steps as sft/<name>.
-class MetricsLog {
- public:
-  Status open(const std::string& path, const std::string& tensorboard_dir) {
-    out_.open(path, std::ios::app);
-    if (!out_) return InternalError(absl::StrCat("cannot open ", path, " for appending"));
-    RELAY_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::open(tensorboard_dir));
-    return OkStatus();
-  }
-  void record(const std::string& phase, int64_t step, const trainer::StepMetrics& m) {
-    nlohmann::json j = {{"phase", phase}, {"step", step}};
-    for (const auto& [k, v] : m) j[k] = v;
-    out_ << j.dump() << "\n";
-    out_.flush();
-    std::map<std::string, double> scalars;
-    for (const auto& [k, v] : m) scalars[phase == "rl" ? k : absl::StrCat(phase, "/", k)] = v;
-    if (Status s = tensorboard_->add_scalars(step, scalars); !s.ok()) {
-      spdlog::warn("tensorboard: {}", std::string(s.message()));
-    }
-    if (endpoint_ != nullptr) endpoint_->update(scalars);
-  }
-  // Also serve the latest values on the trainer's /metrics.
-  void attach(comm::MetricsEndpoint* endpoint) { endpoint_ = endpoint; }
-
- private:
-  std::ofstream out_;
-  std::unique_ptr<TensorBoardWriter> tensorboard_;
-  comm::MetricsEndpoint* endpoint_ = nullptr;
-};
-
 // The trainer, resumed from the newest checkpoint under `root` when there is
 // one, else freshly built over s.policy (after the warm start).
 struct Resumed {
@@ -146,9 +82,9 @@ struct Resumed {
 }  // namespace
 
 int main(int argc, char** argv) {
-  relay::cli::report_uncaught_exceptions("relay-trainer");
+  relay::app::report_uncaught_exceptions("relay-trainer");
   CLI::App app{"relay-trainer: the learner; serves rollout workers over gRPC"};
-  cli::RolloutArgs ra;
+  app::SetupArgs ra;
   std::string run_dir, store_dir, listen, port_file, metrics_out, save, token_flag,
       log_level = "warn";
   std::optional<int64_t> steps, groups_per_step, eval_prompts, eval_every;
@@ -188,13 +124,12 @@ int main(int argc, char** argv) {
   if (eval_every) ra.overrides.push_back(absl::StrCat("eval.every=", *eval_every));
   if (!listen.empty()) ra.overrides.push_back(absl::StrCat("services.listen=", listen));
 
-  ra.prompts = 1;
-  StatusOr<cli::RolloutSetup> setup = cli::setup_rollout(ra);
+  StatusOr<app::RolloutSetup> setup = app::setup_rollout(ra);
   if (!setup.ok()) return fail(setup.status());
-  cli::RolloutSetup& s = *setup;
+  app::RolloutSetup& s = *setup;
   const ExperimentSection& ex = s.config.experiment;
   const ServicesConfig& sv = s.config.services;
-  StatusOr<trainer::TrainerOptions> to = cli::trainer_options(s);
+  StatusOr<trainer::TrainerOptions> to = app::trainer_options(s);
   if (!to.ok()) return fail(to.status());
 
   // trainer.world_size > 1: every rank runs this program with the same
@@ -226,64 +161,31 @@ int main(int argc, char** argv) {
     return leader ? leader->data_parallel(bucket_bytes) : trainer::DataParallel{};
   };
 
-  StatusOr<std::string> token = cli::auth_token(sv, token_flag);
+  StatusOr<std::string> token = app::auth_token(sv, token_flag);
   if (!token.ok()) return fail(token.status());
 
   if (run_dir.empty()) run_dir = (fs::path(ex.output_dir) / ex.name).string();
-  if (store_dir.empty()) store_dir = run_dir + "/store";
-  if (metrics_out.empty()) metrics_out = run_dir + "/metrics.jsonl";
-  const std::string checkpoints = run_dir + "/checkpoints";
-  std::error_code ec;
-  fs::create_directories(run_dir, ec);
-  if (ec) return fail(InternalError(absl::StrCat("cannot create ", run_dir, ": ", ec.message())));
-  // config.yaml is the config of the latest start; a resumed run with a
-  // changed config keeps the previous one beside it, so the history of what
-  // a run was trained with is not lost.
-  const std::string config_file = run_dir + "/config.yaml";
-  const std::string resolved = to_yaml(s.config);
-  if (StatusOr<std::string> previous = read_file(config_file);
-      previous.ok() && *previous != resolved) {
-    const std::string kept = absl::StrCat(run_dir, "/config.before-",
-                                          std::chrono::duration_cast<std::chrono::seconds>(
-                                              std::chrono::system_clock::now().time_since_epoch())
-                                              .count(),
-                                          ".yaml");
-    if (Status st = write_file_atomic(kept, *previous); !st.ok()) return fail(st);
-    std::printf("config differs from this run directory's previous start; that one is kept as %s\n",
-                kept.c_str());
-  }
-  if (Status st = write_file_atomic(config_file, resolved); !st.ok()) return fail(st);
-  // A step directory missing a file (emptied, or cut short outside relay's
-  // staged writes) is passed over for the one before it, out loud: the run
-  // goes back further than its newest directory suggests.
-  std::vector<std::string> skipped;
-  StatusOr<std::optional<trainer::CheckpointInfo>> latest =
-      trainer::latest_checkpoint(checkpoints, &skipped);
-  if (!latest.ok()) return fail(latest.status());
-  if (resume && !*latest) {
-    if (!skipped.empty()) {
-      return fail(FailedPreconditionError(absl::StrCat("--resume: ", checkpoints,
-                                                       " holds no usable checkpoint; tried ",
-                                                       absl::StrJoin(skipped, "; "))));
-    }
-    return fail(FailedPreconditionError(
-        absl::StrCat("--resume: ", checkpoints, " holds no checkpoint to resume from")));
-  }
-  const std::string instead = *latest ? absl::StrCat("resuming from ", (*latest)->dir)
-                                      : std::string("no complete checkpoint before it");
-  for (const std::string& why : skipped) {
-    std::fprintf(stderr, "warning: skipping checkpoint %s; %s\n", why.c_str(), instead.c_str());
-  }
+  const app::RunLayout run = app::run_layout(run_dir, metrics_out, store_dir);
+  metrics_out = run.metrics;
+  store_dir = run.store;
+  const std::string& checkpoints = run.checkpoints;
+  StatusOr<app::ResumePoint> start = app::prepare_run_directory(run, to_yaml(s.config), resume);
+  if (!start.ok()) return fail(start.status());
+  const std::optional<trainer::CheckpointInfo>& latest = start->checkpoint;
   // samples.jsonl: a few responses of every RL step, for the dashboard.
   RunFiles run_data = run_files(run_dir);
   run_data.metrics = metrics_out;
-  if (*latest) {
-    for (const std::string& f : {metrics_out, run_data.samples}) {
-      if (Status st = truncate_records_after(f, (*latest)->rl_step); !st.ok()) return fail(st);
-    }
-  }
-  MetricsLog metrics;
-  if (Status st = metrics.open(metrics_out, run_dir + "/tensorboard"); !st.ok()) return fail(st);
+  // Every record goes to metrics.jsonl, to TensorBoard event files and, when
+  // the trainer serves one, to /metrics.
+  FanOutMetricsSink metrics;
+  StatusOr<std::unique_ptr<JsonlMetricsSink>> jsonl =
+      JsonlMetricsSink::open(metrics_out, JsonlMetricsSink::Mode::kAppend);
+  if (!jsonl.ok()) return fail(jsonl.status());
+  metrics.add(*std::move(jsonl));
+  StatusOr<std::unique_ptr<TensorBoardMetricsSink>> tensorboard =
+      TensorBoardMetricsSink::open(run_dir + "/tensorboard");
+  if (!tensorboard.ok()) return fail(tensorboard.status());
+  metrics.add(*std::move(tensorboard));
   std::ofstream samples_out(run_data.samples, std::ios::app);
   if (!samples_out) {
     return fail(InternalError("cannot open " + run_data.samples + " for appending"));
@@ -295,7 +197,7 @@ int main(int argc, char** argv) {
         sv.http_listen.substr(0, colon), std::atoi(sv.http_listen.c_str() + colon + 1), run_data);
     if (!e.ok()) return fail(e.status());
     endpoint = *std::move(e);
-    metrics.attach(endpoint.get());
+    metrics.add(std::make_unique<app::EndpointMetricsSink>(endpoint.get()));
     std::printf("metrics at http://%s:%d/metrics\n", sv.http_listen.substr(0, colon).c_str(),
                 endpoint->port());
     std::printf("dashboard at http://%s:%d/\n", sv.http_listen.substr(0, colon).c_str(),
@@ -303,11 +205,11 @@ int main(int argc, char** argv) {
   }
 
   const EvalConfig& ev = s.config.eval;
-  cli::PromptSplit split{s.task->size(), ev.prompts};
+  app::PromptSplit split{s.task->size(), ev.prompts};
   if (split.size >= 0 && split.size - split.eval < 1) {
     return fail(InvalidArgumentError("eval.prompts: leaves no prompt to train on"));
   }
-  StatusOr<model::SaveOptions> save_options = cli::model_save_options(s);
+  StatusOr<model::SaveOptions> save_options = app::model_save_options(s);
   if (!save_options.ok()) return fail(save_options.status());
   rollout::SafeVerifier verifier(s.task,
                                  std::chrono::milliseconds(ms(s.config.task.verifier_timeout_s)));
@@ -315,12 +217,12 @@ int main(int argc, char** argv) {
   int64_t last_eval_step = -1;
   auto eval = [&](int64_t step, const std::string& label, const model::Policy& policy) -> Status {
     if (split.eval == 0) return OkStatus();
-    cli::EvalOptions eo;
+    app::EvalOptions eo;
     eo.n = ev.n;
     eo.temperature = ev.temperature;
     eo.progress = absl::StrCat("eval ", label);
-    RELAY_ASSIGN_OR_RETURN(cli::EvalResult r,
-                           cli::evaluate_held_out(s, policy, split, verifier, eo));
+    RELAY_ASSIGN_OR_RETURN(app::EvalResult r,
+                           app::evaluate_held_out(s, policy, split, verifier, eo));
     std::string passes;
     for (const auto& [k, v] : r.pass_at_k) passes += absl::StrFormat("  pass@%d %.3f", k, v);
     std::printf("eval %s: accuracy %.3f on %lld held-out prompts%s\n", label.c_str(), r.accuracy,
@@ -373,7 +275,7 @@ int main(int argc, char** argv) {
   model::Policy reference{nullptr};
   if (to->needs_reference()) {
     const std::string dir = !s.config.trainer.reference.empty() ? s.config.trainer.reference
-                            : *latest                           ? reference_dir
+                            : latest                           ? reference_dir
                                                                 : "";
     if (!dir.empty()) {
       StatusOr<model::Policy> ref =
@@ -382,8 +284,8 @@ int main(int argc, char** argv) {
       reference = *ref;
     }
   }
-  if (*latest) {
-    const trainer::CheckpointInfo& info = **latest;
+  if (latest) {
+    const trainer::CheckpointInfo& info = *latest;
     if (info.seed != s.config.run.seed) {
       std::printf("note: run.seed is %llu; the checkpoint was written with %llu\n",
                   static_cast<unsigned long long>(s.config.run.seed),
@@ -427,14 +329,14 @@ int main(int argc, char** argv) {
     if (Status st = eval(0, "before", s.policy); !st.ok()) return fail(st);
     int64_t version = 0;
     if (ex.warm_start.sft_steps > 0) {
-      cli::WarmStart ws{ex.warm_start.sft_steps, ex.warm_start.sft_lr, ex.warm_start.batch};
+      app::WarmStart ws{ex.warm_start.sft_steps, ex.warm_start.sft_lr, ex.warm_start.batch};
       if (leader) {
         if (Status st = leader->start("sft", *s.policy, version, nullptr, ""); !st.ok()) {
           return fail(st);
         }
       }
       Progress progress("warm start", ws.steps);
-      StatusOr<int64_t> after = cli::warm_start(
+      StatusOr<int64_t> after = app::warm_start(
           s, *to, split, version, ws,
           [&](int64_t k, const trainer::StepMetrics& m) {
             metrics.record("sft", k, m);
@@ -562,7 +464,7 @@ int main(int argc, char** argv) {
         const int64_t epoch = dopt.num_prompts > 0 ? lease.occurrence / dopt.num_prompts : 0;
         RELAY_ASSIGN_OR_RETURN(
             rollout::PromptGroup g,
-            cli::prompt_group(s, p, absl::StrCat(p.id, "#", lease.occurrence, "@e", epoch),
+            app::prompt_group(s, p, absl::StrCat(p.id, "#", lease.occurrence, "@e", epoch),
                               rollout::sequence_seed(s.config.run.seed,
                                                      static_cast<uint64_t>(lease.occurrence))));
         comm::PromptContent c;

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "bin/setup.h"
+#include "relay/app/setup.h"
 #include "relay/comm/trainer_group.h"
 #include "relay/common/status.h"
 #include "relay/trainer/data_parallel.h"
@@ -28,7 +28,7 @@ StatusOr<std::shared_ptr<trainer::Collectives>> join_trainer_ranks(const Experim
 // A rank > 0: makes rank 0's trainer calls on its own shard of each batch
 // until rank 0 stops it. `rl_options` is the RL trainer's options (the warm
 // start's are derived from them as on rank 0). Returns the exit code.
-int run_follower_rank(const RolloutSetup& s, const trainer::TrainerOptions& rl_options,
+int run_follower_rank(const app::RolloutSetup& s, const trainer::TrainerOptions& rl_options,
                       const comm::TrainerRank& rank, std::shared_ptr<trainer::Collectives> group);
 
 // "trainer rank R: weights digest D": the XXH3 digest of the policy's

@@ -1,9 +1,9 @@
 #pragma once
 
-// What the command-line tools share: loading a config, model, tokenizer and
-// task for rollouts; prompts as engine groups; scoring responses; held-out
-// evaluation. Used by relay (rollout, train-local), relay-trainer and
-// relay-rollout.
+// What the programs share: loading a config, model, tokenizer and task for
+// rollouts; prompts as engine groups; scoring responses; held-out
+// evaluation; the warm start. Used by relay (rollout, train-local, eval),
+// relay-trainer and relay-rollout, and compiled once into relay_app.
 
 #include <cstdint>
 #include <functional>
@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "bin/commands.h"
 #include "relay/common/status.h"
 #include "relay/config/config.h"
 #include "relay/model/checkpoint.h"
@@ -22,7 +21,25 @@
 #include "relay/rollout/task.h"
 #include "relay/trainer/trainer.h"
 
-namespace relay::cli {
+namespace relay::app {
+
+// Makes std::terminate print an exception that escaped (from main or any
+// thread) as one line, "<program>: uncaught exception: <message>", without
+// the C++ stack trace a c10::Error's what() carries, and then abort as it
+// would have. A last resort: errors are Status values, and this only
+// catches what was missed. Call first thing in main.
+void report_uncaught_exceptions(const char* program);
+
+// What setup_rollout loads.
+struct SetupArgs {
+  std::string config_file;
+  std::vector<std::string> overrides;  // key.path=value
+  std::string model_dir;               // default: model.path
+  // The task prompts the caller samples, [start, start + prompts): checked
+  // against a finite task's size.
+  int64_t prompts = 1;
+  int64_t start = 0;
+};
 
 struct RolloutSetup {
   ExperimentConfig config;
@@ -62,7 +79,7 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
 // Config, model (args.model_dir or model.path; when both are empty, a fresh
 // model from model.init seeded by run.seed), tokenizer, task and engine
 // options with every stop token resolved. Errors name the flag or field.
-StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args);
+StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args);
 
 // The trainer's options for this setup: config.trainer with share_ppo_settings,
 // the sampling temperature, run.seed, run.autocast, the
@@ -148,4 +165,4 @@ trainer::TrainerOptions warm_start_options(const trainer::TrainerOptions& option
 // first line, else $RELAY_TOKEN, else none (empty). Errors name the field.
 StatusOr<std::string> auth_token(const ServicesConfig& services, const std::string& flag);
 
-}  // namespace relay::cli
+}  // namespace relay::app

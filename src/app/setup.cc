@@ -1,4 +1,4 @@
-#include "bin/setup.h"
+#include "relay/app/setup.h"
 
 #include <torch/torch.h>
 
@@ -26,7 +26,7 @@
 #include "relay/rollout/generate.h"
 #include "relay/trainer/options.h"
 
-namespace relay::cli {
+namespace relay::app {
 namespace {
 
 const char* g_program = "relay";
@@ -98,7 +98,7 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
   return pc;
 }
 
-StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
+StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   RolloutSetup s;
   RELAY_ASSIGN_OR_RETURN(s.config, load_config(args.config_file, args.overrides));
   if (args.prompts < 1) {
@@ -456,4 +456,4 @@ StatusOr<std::string> auth_token(const ServicesConfig& services, const std::stri
   return std::string(env != nullptr ? env : "");
 }
 
-}  // namespace relay::cli
+}  // namespace relay::app
