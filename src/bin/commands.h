@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "relay/app/train_local.h"
+
 namespace relay::cli {
 
 struct ConfigCheckArgs {
@@ -113,23 +115,9 @@ struct StoreInspectArgs {
 // Counts, staleness and a sample trajectory of a rollout store (read-only).
 int store_inspect(const StoreInspectArgs& args);
 
-struct TrainLocalArgs {
-  std::string config_file;
-  std::vector<std::string> overrides;
-  std::string model_dir;        // starting weights; default: model.path
-  int64_t steps = 20;           // RL steps
-  int64_t groups_per_step = 8;  // task prompts per RL step (rollout.n samples each)
-  int64_t sft_steps = 0;        // warm-start steps on task targets before RL
-  double sft_lr = 0;            // warm-start learning rate (its own optimizer); 0 = trainer.lr
-  int64_t eval_prompts = 64;    // held-out prompts scored greedily before and after
-  int64_t eval_every = 0;       // also evaluate every N RL steps; 0 = only before/after
-  std::string metrics_out;      // JSONL, one line per step; empty = none
-  std::string save;             // write the trained model here (HF layout); empty = no
-};
-// The whole loop in one process: the rollout engine samples, the verifier
-// scores, the trainer steps, the new weights go back to the engine. Evaluates
-// greedy accuracy on held-out task prompts before and after.
-int train_local(const TrainLocalArgs& args);
+// relay train-local (app/train_local.h).
+using app::train_local;
+using app::TrainLocalArgs;
 
 struct TokenizeArgs {
   std::string tokenizer;  // a tokenizer file, or a model directory holding one

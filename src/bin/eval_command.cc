@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bin/commands.h"
+#include "relay/app/evaluation.h"
 #include "relay/app/setup.h"
 
 namespace relay::cli {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "relay/app/warm_start.h"
 #include "relay/comm/trainer_ranks.h"
 #include "relay/model/weight_manifest.h"
 
