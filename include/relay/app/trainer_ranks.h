@@ -12,7 +12,7 @@
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/trainer.h"
 
-namespace relay::cli {
+namespace relay::app {
 
 // This process's rank from the config and the environment (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
@@ -28,11 +28,11 @@ StatusOr<std::shared_ptr<trainer::Collectives>> join_trainer_ranks(const Experim
 // A rank > 0: makes rank 0's trainer calls on its own shard of each batch
 // until rank 0 stops it. `rl_options` is the RL trainer's options (the warm
 // start's are derived from them as on rank 0). Returns the exit code.
-int run_follower_rank(const app::RolloutSetup& s, const trainer::TrainerOptions& rl_options,
+int run_follower_rank(const RolloutSetup& s, const trainer::TrainerOptions& rl_options,
                       const comm::TrainerRank& rank, std::shared_ptr<trainer::Collectives> group);
 
 // "trainer rank R: weights digest D": the XXH3 digest of the policy's
 // weights, equal on every rank of a data-parallel trainer.
 void print_weights_digest(const model::PolicyImpl& policy, int rank);
 
-}  // namespace relay::cli
+}  // namespace relay::app

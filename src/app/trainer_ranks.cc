@@ -1,4 +1,4 @@
-#include "bin/trainer_ranks.h"
+#include "relay/app/trainer_ranks.h"
 
 #include <csignal>
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include "relay/comm/trainer_ranks.h"
 #include "relay/model/weight_manifest.h"
 
-namespace relay::cli {
+namespace relay::app {
 namespace {
 
 std::optional<std::string> process_env(const std::string& name) {
@@ -50,19 +50,19 @@ StatusOr<std::shared_ptr<trainer::Collectives>> join_trainer_ranks(const Experim
   return comm::join_trainer_group(o);
 }
 
-int run_follower_rank(const app::RolloutSetup& s, const trainer::TrainerOptions& rl_options,
+int run_follower_rank(const RolloutSetup& s, const trainer::TrainerOptions& rl_options,
                       const comm::TrainerRank& rank, std::shared_ptr<trainer::Collectives> group) {
   // Rank 0 decides when the run ends (it drains and checkpoints on SIGTERM,
   // then stops the others); a signal here must not cut a collective short.
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
-  const app::WarmStart ws{s.config.experiment.warm_start.sft_steps,
+  const WarmStart ws{s.config.experiment.warm_start.sft_steps,
                      s.config.experiment.warm_start.sft_lr, s.config.experiment.warm_start.batch};
   comm::FollowerOptions fo;
   fo.bucket_bytes = int64_t{s.config.trainer.data_parallel.allreduce_bucket_mb} << 20;
   fo.options = [&](const std::string& role) -> StatusOr<trainer::TrainerOptions> {
     if (role == "rl") return rl_options;
-    if (role == "sft") return app::warm_start_options(rl_options, ws);
+    if (role == "sft") return warm_start_options(rl_options, ws);
     return InvalidArgumentError(
         absl::StrCat("rank 0 asked for a trainer of unknown role '", role, "'"));
   };
@@ -87,4 +87,4 @@ int run_follower_rank(const app::RolloutSetup& s, const trainer::TrainerOptions&
   return 0;
 }
 
-}  // namespace relay::cli
+}  // namespace relay::app
