@@ -11,8 +11,7 @@
 
 namespace relay::app {
 
-RunLayout run_layout(const std::string& dir, const std::string& metrics,
-                     const std::string& store) {
+RunLayout run_layout(const std::string& dir, const std::string& metrics, const std::string& store) {
   RunLayout r;
   r.dir = dir;
   r.config = dir + "/config.yaml";

@@ -16,14 +16,13 @@ StoreGroupSource::StoreGroupSource(comm::TrainerHost* host, comm::TrainerService
       t0_(std::chrono::steady_clock::now()) {}
 
 StatusOr<std::optional<trainer::StepMetrics>> StoreGroupSource::train_step(trainer::Trainer&,
-                                                                          int64_t) {
+                                                                           int64_t) {
   const auto step_start = std::chrono::steady_clock::now();
-  RELAY_ASSIGN_OR_RETURN(trainer::StepMetrics m,
-                         host_->step(stop_, [this]() -> Status {
-                           Status st = service_->check_workers_present();
-                           workers_gone_ = !st.ok();
-                           return st;
-                         }));
+  RELAY_ASSIGN_OR_RETURN(trainer::StepMetrics m, host_->step(stop_, [this]() -> Status {
+    Status st = service_->check_workers_present();
+    workers_gone_ = !st.ok();
+    return st;
+  }));
   const auto now = std::chrono::steady_clock::now();
   const double step_s = std::chrono::duration<double>(now - step_start).count();
   m["time/elapsed_s"] = std::chrono::duration<double>(now - t0_).count();

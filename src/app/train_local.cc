@@ -26,19 +26,19 @@ int fail(const Status& status) {
 
 Status check_args(const TrainLocalArgs& args, const RolloutSetup& s, const PromptSplit& split) {
   if (s.config.trainer.data_parallel.world_size != 1) {
-    return InvalidArgumentError(absl::StrCat(
-        "trainer.world_size is ", s.config.trainer.data_parallel.world_size,
-        ": train-local is one process; data-parallel training runs under relay run "
-        "or relay-trainer"));
+    return InvalidArgumentError(
+        absl::StrCat("trainer.world_size is ", s.config.trainer.data_parallel.world_size,
+                     ": train-local is one process; data-parallel training runs under relay run "
+                     "or relay-trainer"));
   }
   if (args.steps < 0 || args.groups_per_step < 1 || args.sft_steps < 0 || args.eval_prompts < 0) {
     return InvalidArgumentError(
         "--steps, --sft-steps and --eval-prompts must be >= 0 and --groups-per-step >= 1");
   }
   if (split.size >= 0 && split.size - split.eval < args.groups_per_step) {
-    return InvalidArgumentError(absl::StrCat(
-        "--eval-prompts: task '", s.task->name(), "' has ", split.size, " prompts; keeping ",
-        split.eval, " for evaluation leaves too few to train"));
+    return InvalidArgumentError(absl::StrCat("--eval-prompts: task '", s.task->name(), "' has ",
+                                             split.size, " prompts; keeping ", split.eval,
+                                             " for evaluation leaves too few to train"));
   }
   return OkStatus();
 }
@@ -46,8 +46,8 @@ Status check_args(const TrainLocalArgs& args, const RolloutSetup& s, const Promp
 // The warm start has its own optimizer (and learning rate): Adam's moments
 // from supervised steps are no guide for the RL objective.
 StatusOr<int64_t> local_warm_start(const TrainLocalArgs& args, const RolloutSetup& s,
-                                   const trainer::TrainerOptions& options,
-                                   const PromptSplit& split, MetricsSink& metrics) {
+                                   const trainer::TrainerOptions& options, const PromptSplit& split,
+                                   MetricsSink& metrics) {
   WarmStart ws;
   ws.steps = args.sft_steps;
   ws.lr = args.sft_lr > 0 ? args.sft_lr : options.optimizer.lr;

@@ -49,8 +49,8 @@ Status open_metrics(TrainerContext& c) {
   files.metrics = c.run.metrics;
   const size_t colon = listen.rfind(':');
   const std::string host = listen.substr(0, colon);
-  RELAY_ASSIGN_OR_RETURN(c.endpoint, comm::MetricsEndpoint::start(
-                                         host, std::atoi(listen.c_str() + colon + 1), files));
+  RELAY_ASSIGN_OR_RETURN(
+      c.endpoint, comm::MetricsEndpoint::start(host, std::atoi(listen.c_str() + colon + 1), files));
   c.metrics.add(std::make_unique<EndpointMetricsSink>(c.endpoint.get()));
   std::printf("metrics at http://%s:%d/metrics\n", host.c_str(), c.endpoint->port());
   std::printf("dashboard at http://%s:%d/\n", host.c_str(), c.endpoint->port());
@@ -189,9 +189,9 @@ comm::PromptSource prompt_source(const TrainerContext& c) {
     const int64_t epoch = num_prompts > 0 ? lease.occurrence / num_prompts : 0;
     RELAY_ASSIGN_OR_RETURN(
         rollout::PromptGroup g,
-        prompt_group(c.s, p, absl::StrCat(p.id, "#", lease.occurrence, "@e", epoch),
-                     rollout::sequence_seed(c.s.config.run.seed,
-                                            static_cast<uint64_t>(lease.occurrence))));
+        prompt_group(
+            c.s, p, absl::StrCat(p.id, "#", lease.occurrence, "@e", epoch),
+            rollout::sequence_seed(c.s.config.run.seed, static_cast<uint64_t>(lease.occurrence))));
     comm::PromptContent content;
     content.group_id = g.group_id;
     content.prompt_tokens = std::move(g.prompt);
@@ -201,8 +201,7 @@ comm::PromptSource prompt_source(const TrainerContext& c) {
   };
 }
 
-StatusOr<std::unique_ptr<comm::TrainerService>> make_service(const TrainerContext& c,
-                                                             Services& v,
+StatusOr<std::unique_ptr<comm::TrainerService>> make_service(const TrainerContext& c, Services& v,
                                                              const std::string& token) {
   const ServicesConfig& sv = c.s.config.services;
   comm::TrainerServiceOptions sopt;
@@ -246,9 +245,8 @@ StatusOr<std::unique_ptr<Services>> start_services(const TrainerContext& c,
   so.tls.cert_file = config.services.tls.cert;
   so.tls.key_file = config.services.tls.key;
   if (config.services.tls.mutual) so.tls.client_ca_file = config.services.tls.ca;
-  RELAY_ASSIGN_OR_RETURN(v->server,
-                         comm::RpcServer::start(
-                             so, {v->service->worker_service(), v->service->admin_service()}));
+  RELAY_ASSIGN_OR_RETURN(v->server, comm::RpcServer::start(so, {v->service->worker_service(),
+                                                                v->service->admin_service()}));
   if (!port_file.empty()) {
     RELAY_RETURN_IF_ERROR(write_file_atomic(port_file, std::to_string(v->server->port()) + "\n"));
   }
@@ -368,8 +366,8 @@ int run_trainer(const TrainerRunArgs& args, const std::function<void()>& on_serv
   if (!token.ok()) return fail(token.status());
   StatusOr<internal::Started> started = prepare(c, args);
   if (!started.ok()) return fail(started.status());
-  StatusOr<std::unique_ptr<Services>> services = start_services(
-      c, *started->trainer, started->rl_start_version, *token, args.port_file);
+  StatusOr<std::unique_ptr<Services>> services =
+      start_services(c, *started->trainer, started->rl_start_version, *token, args.port_file);
   if (!services.ok()) return fail(services.status());
   if (on_serving) on_serving();
   return train(c, *started, **services, args, stop);

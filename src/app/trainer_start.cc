@@ -98,9 +98,9 @@ StatusOr<Started> start_fresh(TrainerContext& c, const model::Policy& reference)
   std::function<StatusOr<int64_t>()> warm;
   if (c.s.config.experiment.warm_start.sft_steps > 0) warm = [&c] { return run_warm_start(c); };
   RELAY_ASSIGN_OR_RETURN(r.rl_start_version, before_rl(*c.evaluator, c.s.policy, warm, r.state));
-  RELAY_ASSIGN_OR_RETURN(r.trainer, trainer::Trainer::create(c.s.policy, c.options,
-                                                             r.rl_start_version, reference,
-                                                             c.data_parallel()));
+  RELAY_ASSIGN_OR_RETURN(
+      r.trainer, trainer::Trainer::create(c.s.policy, c.options, r.rl_start_version, reference,
+                                          c.data_parallel()));
   RELAY_RETURN_IF_ERROR(start_followers(c, *r.trainer, reference));
   if (c.options.needs_reference() && c.s.config.trainer.reference.empty()) {
     // The KL reference is the policy RL starts from; a resumed run needs it.

@@ -56,7 +56,8 @@ bool TrainingLoop::step(trainer::Trainer& trainer, LoopState& state, LoopEnd& en
       parts_.source->train_step(trainer, state.rl_step + 1);
   if (!m.ok()) {
     // A stop asked for while waiting for groups is a clean stop, not a failure.
-    if (!(stop_asked() && m.status().code() == absl::StatusCode::kCancelled)) end.status = m.status();
+    if (!(stop_asked() && m.status().code() == absl::StatusCode::kCancelled))
+      end.status = m.status();
     return false;
   }
   ++state.rl_step;
@@ -73,8 +74,8 @@ bool TrainingLoop::step(trainer::Trainer& trainer, LoopState& state, LoopEnd& en
     if (new_best) state.best_accuracy = state.last_accuracy;
   }
   if (parts_.on_step) {
-    parts_.on_step({state.rl_step, &trainer, &metrics, &parts_.source->last_groups(),
-                    state.last_accuracy});
+    parts_.on_step(
+        {state.rl_step, &trainer, &metrics, &parts_.source->last_groups(), state.last_accuracy});
   }
   // Periodic checkpoints, and the step of a new best eval accuracy (so that
   // the best model is kept); the last step's is the final checkpoint.
@@ -82,7 +83,8 @@ bool TrainingLoop::step(trainer::Trainer& trainer, LoopState& state, LoopEnd& en
       options_.checkpoint_every > 0 && state.rl_step % options_.checkpoint_every == 0;
   if (parts_.checkpointer != nullptr && (periodic || (new_best && options_.checkpoint_best)) &&
       !last) {
-    end.status = parts_.checkpointer->write(trainer, state.rl_step, state.accuracy_at(state.rl_step));
+    end.status =
+        parts_.checkpointer->write(trainer, state.rl_step, state.accuracy_at(state.rl_step));
     if (!end.status.ok()) return false;
   }
   return true;
@@ -98,9 +100,11 @@ void TrainingLoop::wind_up(trainer::Trainer& trainer, LoopState& state, LoopEnd&
   // A drained stop (SIGTERM) checkpoints too, so a restart loses nothing;
   // so does a source whose failure left the trainer sound. A failed step
   // does not: its trainer may be half-updated.
-  const bool sound = end.status.ok() || end.stopped || parts_.source->trainer_sound_after(end.status);
+  const bool sound =
+      end.status.ok() || end.stopped || parts_.source->trainer_sound_after(end.status);
   if (parts_.checkpointer != nullptr && sound) {
-    Status st = parts_.checkpointer->write(trainer, state.rl_step, state.accuracy_at(state.rl_step));
+    Status st =
+        parts_.checkpointer->write(trainer, state.rl_step, state.accuracy_at(state.rl_step));
     if (!st.ok() && end.status.ok()) end.status = st;
   }
   if (end.status.ok() && end.finished && parts_.final_save) end.status = parts_.final_save(trainer);

@@ -57,8 +57,7 @@ void TensorBoardMetricsSink::record(const std::string& phase, int64_t step,
   }
 }
 
-void FanOutMetricsSink::record(const std::string& phase, int64_t step,
-                               const MetricValues& values) {
+void FanOutMetricsSink::record(const std::string& phase, int64_t step, const MetricValues& values) {
   for (const std::unique_ptr<MetricsSink>& sink : sinks_) sink->record(phase, step, values);
 }
 

@@ -39,7 +39,7 @@ class InProcessGroupSource : public GroupSource {
   // Prints one line per step: its main metrics, or that it was skipped
   // because no generation batch held a group with a learning signal.
   StatusOr<std::optional<trainer::StepMetrics>> train_step(trainer::Trainer& trainer,
-                                                          int64_t rl_step) override;
+                                                           int64_t rl_step) override;
   const std::vector<rollout::TrajectoryGroup>& last_groups() const override { return last_; }
 
  private:

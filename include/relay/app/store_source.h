@@ -21,12 +21,11 @@ class StoreGroupSource : public GroupSource {
  public:
   // Everything must outlive the source; `broadcaster` may be null (workers
   // fetch weights). `stop` is asked while waiting for groups.
-  StoreGroupSource(comm::TrainerHost* host, comm::TrainerService* service,
-                   comm::RpcServer* server, comm::WeightBroadcaster* broadcaster,
-                   std::function<bool()> stop);
+  StoreGroupSource(comm::TrainerHost* host, comm::TrainerService* service, comm::RpcServer* server,
+                   comm::WeightBroadcaster* broadcaster, std::function<bool()> stop);
 
   StatusOr<std::optional<trainer::StepMetrics>> train_step(trainer::Trainer& trainer,
-                                                          int64_t rl_step) override;
+                                                           int64_t rl_step) override;
   const std::vector<rollout::TrajectoryGroup>& last_groups() const override {
     return host_->last_groups();
   }

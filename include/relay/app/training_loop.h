@@ -35,7 +35,7 @@ class GroupSource {
   // (it says why; the step still counts). Cancelled when the loop's stop
   // asked it to give up while waiting.
   virtual StatusOr<std::optional<trainer::StepMetrics>> train_step(trainer::Trainer& trainer,
-                                                                  int64_t rl_step) = 0;
+                                                                   int64_t rl_step) = 0;
   // The groups of the last step trained (for samples.jsonl).
   virtual const std::vector<rollout::TrajectoryGroup>& last_groups() const = 0;
   // The loop generates no more; `finished`: every step was trained (a store
@@ -97,12 +97,12 @@ struct StepReport {
 };
 
 struct LoopParts {
-  GroupSource* source = nullptr;              // required
-  Evaluator* evaluator = nullptr;             // required
-  MetricsSink* metrics = nullptr;             // required
-  Checkpointer* checkpointer = nullptr;       // none: no checkpoints
+  GroupSource* source = nullptr;                   // required
+  Evaluator* evaluator = nullptr;                  // required
+  MetricsSink* metrics = nullptr;                  // required
+  Checkpointer* checkpointer = nullptr;            // none: no checkpoints
   std::function<void(const StepReport&)> on_step;  // after each trained step; may be empty
-  std::function<bool()> stop;                 // a clean stop asked for (SIGTERM); may be empty
+  std::function<bool()> stop;                      // a clean stop asked for (SIGTERM); may be empty
   // Writes the trained model when the loop finished (--save); may be empty.
   std::function<Status(const trainer::Trainer&)> final_save;
 };
@@ -112,8 +112,7 @@ struct LoopParts {
 // again ("after warm start"). Returns the version RL starts from; the
 // state's accuracy is the latest evaluation's and counts as the best so far.
 StatusOr<int64_t> before_rl(Evaluator& evaluator, const model::Policy& policy,
-                            const std::function<StatusOr<int64_t>()>& warm_start,
-                            LoopState& state);
+                            const std::function<StatusOr<int64_t>()>& warm_start, LoopState& state);
 
 struct LoopEnd {
   Status status;          // the first error, or OK

@@ -25,7 +25,7 @@ class FakeSource : public GroupSource {
   bool finished = false;
 
   StatusOr<std::optional<trainer::StepMetrics>> train_step(trainer::Trainer&,
-                                                          int64_t rl_step) override {
+                                                           int64_t rl_step) override {
     steps.push_back(rl_step);
     if (auto it = fail_at.find(rl_step); it != fail_at.end()) return it->second;
     if (std::find(skip.begin(), skip.end(), rl_step) != skip.end()) {
@@ -50,8 +50,7 @@ class FakeEvaluator : public Evaluator {
  public:
   std::map<std::string, double> accuracy;
   std::vector<std::string> calls;
-  StatusOr<double> evaluate(int64_t step, const std::string& label,
-                            const model::Policy&) override {
+  StatusOr<double> evaluate(int64_t step, const std::string& label, const model::Policy&) override {
     calls.push_back(std::to_string(step) + ":" + label);
     auto it = accuracy.find(label);
     return it == accuracy.end() ? 0.0 : it->second;
@@ -63,7 +62,8 @@ class FakeCheckpointer : public Checkpointer {
  public:
   std::vector<std::string> writes;
   Status write(const trainer::Trainer&, int64_t rl_step, std::optional<double> acc) override {
-    writes.push_back(std::to_string(rl_step) + (acc ? "@" + std::to_string(*acc).substr(0, 4) : ""));
+    writes.push_back(std::to_string(rl_step) +
+                     (acc ? "@" + std::to_string(*acc).substr(0, 4) : ""));
     return OkStatus();
   }
 };
@@ -237,12 +237,13 @@ TEST_F(TrainingLoopTest, BeforeRlEvaluatesAroundTheWarmStart) {
   evaluator_.accuracy = {{"before", 0.1}, {"after warm start", 0.4}};
   LoopState state;
   int warm_starts = 0;
-  StatusOr<int64_t> version = before_rl(evaluator_, trainer_->policy(),
-                                        [&]() -> StatusOr<int64_t> {
-                                          ++warm_starts;
-                                          return 7;
-                                        },
-                                        state);
+  StatusOr<int64_t> version = before_rl(
+      evaluator_, trainer_->policy(),
+      [&]() -> StatusOr<int64_t> {
+        ++warm_starts;
+        return 7;
+      },
+      state);
   ASSERT_TRUE(version.ok()) << version.status();
   EXPECT_EQ(*version, 7);
   EXPECT_EQ(warm_starts, 1);

@@ -57,8 +57,9 @@ TEST(MetricsTest, JsonlSinkAppendsOrReplacesAndFlushesEachLine) {
     // Flushed at once: a reader sees the line while the sink is open.
     StatusOr<std::string> text = read_file(path);
     ASSERT_TRUE(text.ok());
-    EXPECT_EQ(*text, "{\"phase\":\"sft\",\"step\":1}\n"
-                     "{\"phase\":\"rl\",\"reward/mean\":0.5,\"step\":1}\n");
+    EXPECT_EQ(*text,
+              "{\"phase\":\"sft\",\"step\":1}\n"
+              "{\"phase\":\"rl\",\"reward/mean\":0.5,\"step\":1}\n");
   }
   {
     auto sink = JsonlMetricsSink::open(path, JsonlMetricsSink::Mode::kReplace);
@@ -72,8 +73,8 @@ TEST(MetricsTest, JsonlSinkAppendsOrReplacesAndFlushesEachLine) {
 }
 
 TEST(MetricsTest, JsonlSinkOpenNamesAPathItCannotWrite) {
-  auto sink = JsonlMetricsSink::open("/nonexistent-dir/metrics.jsonl",
-                                     JsonlMetricsSink::Mode::kAppend);
+  auto sink =
+      JsonlMetricsSink::open("/nonexistent-dir/metrics.jsonl", JsonlMetricsSink::Mode::kAppend);
   ASSERT_FALSE(sink.ok());
   EXPECT_NE(sink.status().message().find("/nonexistent-dir/metrics.jsonl"), std::string::npos);
 }
