@@ -1,5 +1,5 @@
 #include "bin/commands.h"
-#include "bin/setup.h"
+#include "relay/app/setup.h"
 
 #include <torch/torch.h>
 
@@ -161,7 +161,7 @@ int init_model(const InitArgs& args) {
     tokenizer = *std::move(loaded);
   }
   StatusOr<model::PolicyConfig> pc = args.hf_config.empty()
-                                         ? policy_config_from_init(*config, *tokenizer)
+                                         ? app::policy_config_from_init(*config, *tokenizer)
                                          : model::read_hf_config(args.hf_config);
   if (!pc.ok()) return fail("init", pc.status());
   if (pc->vocab_size < tokenizer->vocab_size()) {
@@ -446,11 +446,12 @@ nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& 
 }  // namespace
 
 int rollout(const RolloutArgs& args) {
-  StatusOr<RolloutSetup> setup = setup_rollout(args);
+  StatusOr<app::RolloutSetup> setup = app::setup_rollout(
+      {args.config_file, args.overrides, args.model_dir, args.prompts, args.start});
   if (!setup.ok()) return fail("rollout", setup.status());
-  RolloutSetup& s = *setup;
+  app::RolloutSetup& s = *setup;
   // Trajectories name the weights that sampled them by their manifest digest.
-  StatusOr<uint64_t> digest = weights_digest(*s.policy);
+  StatusOr<uint64_t> digest = app::weights_digest(*s.policy);
   if (!digest.ok()) return fail("rollout", digest.status());
   StatusOr<std::unique_ptr<rollout::Engine>> engine =
       rollout::Engine::create(s.policy, s.engine, /*version=*/0, *digest);
@@ -461,7 +462,7 @@ int rollout(const RolloutArgs& args) {
     StatusOr<rollout::TaskPrompt> p = s.task->prompt(i);
     if (!p.ok()) return fail("rollout", p.status());
     StatusOr<rollout::PromptGroup> g =
-        prompt_group(s, *p, p->id, rollout::sequence_seed(s.config.run.seed, i));
+        app::prompt_group(s, *p, p->id, rollout::sequence_seed(s.config.run.seed, i));
     if (!g.ok()) return fail("rollout", g.status());
     if (Status st = (*engine)->submit(*std::move(g)); !st.ok()) return fail("rollout", st);
     prompts.emplace(p->id, std::move(*p));
@@ -486,7 +487,7 @@ int rollout(const RolloutArgs& args) {
                           {"prompt_tokens", g.trajectories.at(0).prompt_tokens}};
     nlohmann::json list = nlohmann::json::array();
     Status st =
-        score_group(s, verifier, p, g,
+        app::score_group(s, verifier, p, g,
                     [&](int64_t index, const rollout::Trajectory& t, const std::string& text,
                         const rollout::Score& score, const std::string& error) {
                       if (index < 0) {
@@ -530,203 +531,6 @@ int rollout(const RolloutArgs& args) {
       trajectories > 0 ? reward_sum / trajectories : 0.0, static_cast<long long>(verifier.errors()),
       static_cast<long long>(verifier.timeouts()), static_cast<long long>(stats.shared_prefills));
   if (!args.out.empty()) std::printf("wrote %s\n", args.out.c_str());
-  return 0;
-}
-
-namespace {
-
-std::string format_metrics(const trainer::StepMetrics& m, const std::vector<std::string>& keys) {
-  std::string out;
-  for (const std::string& k : keys) {
-    auto it = m.find(k);
-    if (it != m.end()) absl::StrAppend(&out, " ", k, "=", absl::StrFormat("%.4g", it->second));
-  }
-  return out;
-}
-
-}  // namespace
-
-int train_local(const TrainLocalArgs& args) {
-  RolloutArgs ra;
-  ra.config_file = args.config_file;
-  ra.overrides = args.overrides;
-  ra.model_dir = args.model_dir;
-  ra.prompts = 1;
-  StatusOr<RolloutSetup> setup = setup_rollout(ra);
-  if (!setup.ok()) return fail("train-local", setup.status());
-  RolloutSetup& s = *setup;
-  if (s.config.trainer.data_parallel.world_size != 1) {
-    return fail("train-local",
-                InvalidArgumentError(absl::StrCat(
-                    "trainer.world_size is ", s.config.trainer.data_parallel.world_size,
-                    ": train-local is one process; data-parallel training runs under relay run "
-                    "or relay-trainer")));
-  }
-  if (args.steps < 0 || args.groups_per_step < 1 || args.sft_steps < 0 || args.eval_prompts < 0) {
-    return fail("train-local",
-                InvalidArgumentError("--steps, --sft-steps and --eval-prompts must be >= 0 and "
-                                     "--groups-per-step >= 1"));
-  }
-  PromptSplit split{s.task->size(), args.eval_prompts};
-  if (split.size >= 0 && split.size - split.eval < args.groups_per_step) {
-    return fail("train-local",
-                InvalidArgumentError(absl::StrCat(
-                    "--eval-prompts: task '", s.task->name(), "' has ", split.size,
-                    " prompts; keeping ", split.eval, " for evaluation leaves too few to train")));
-  }
-  StatusOr<trainer::TrainerOptions> to = cli::trainer_options(s);
-  if (!to.ok()) return fail("train-local", to.status());
-  rollout::SafeVerifier verifier(s.task, std::chrono::milliseconds(static_cast<int64_t>(
-                                             std::ceil(s.config.task.verifier_timeout_s * 1000))));
-  std::string metrics_lines;
-  auto record = [&](const std::string& phase, int64_t step, trainer::StepMetrics m) {
-    nlohmann::json j = {{"phase", phase}, {"step", step}};
-    for (const auto& [k, v] : m) j[k] = v;
-    absl::StrAppend(&metrics_lines, j.dump(), "\n");
-  };
-
-  StatusOr<double> acc = evaluate(s, s.policy, split, verifier);
-  if (!acc.ok()) return fail("train-local", acc.status());
-  std::printf("eval before: accuracy %.3f on %lld held-out prompts\n", *acc,
-              static_cast<long long>(split.eval));
-  record("eval", 0, {{"accuracy", *acc}});
-
-  // The warm start has its own optimizer (and learning rate): Adam's moments
-  // from supervised steps are no guide for the RL objective.
-  int64_t version = 0;
-  if (args.sft_steps > 0) {
-    WarmStart ws;
-    ws.steps = args.sft_steps;
-    ws.lr = args.sft_lr > 0 ? args.sft_lr : to->optimizer.lr;
-    ws.batch = args.groups_per_step * s.config.rollout.n;
-    StatusOr<int64_t> after =
-        warm_start(s, *to, split, version, ws, [&](int64_t k, const trainer::StepMetrics& m) {
-          std::printf("sft %lld:%s\n", static_cast<long long>(k),
-                      format_metrics(m, {"sft_loss", "grad_norm"}).c_str());
-          record("sft", k, m);
-        });
-    if (!after.ok()) return fail("train-local", after.status());
-    acc = evaluate(s, s.policy, split, verifier);
-    if (!acc.ok()) return fail("train-local", acc.status());
-    std::printf("eval after warm start: accuracy %.3f\n", *acc);
-    record("eval", 0, {{"accuracy", *acc}});
-    version = *after;
-  }
-  model::Policy reference{nullptr};
-  if (!s.config.trainer.reference.empty() && to->needs_reference()) {
-    StatusOr<model::Policy> ref = model::load_policy(s.config.trainer.reference);
-    if (!ref.ok()) {
-      return fail("train-local",
-                  Status(ref.status().code(),
-                         absl::StrCat("trainer.reference: ", std::string(ref.status().message()))));
-    }
-    reference = *ref;
-  }
-  StatusOr<std::unique_ptr<trainer::Trainer>> tr =
-      trainer::Trainer::create(s.policy, *to, version, reference);
-  if (!tr.ok()) return fail("train-local", tr.status());
-  trainer::Trainer& trainer = **tr;
-
-  // The engine holds its own copy of the weights, as a worker would.
-  StatusOr<uint64_t> digest = weights_digest(*trainer.policy());
-  if (!digest.ok()) return fail("train-local", digest.status());
-  StatusOr<std::unique_ptr<rollout::Engine>> engine = rollout::Engine::create(
-      model::clone_policy(*trainer.policy()), s.engine, trainer.version(), *digest);
-  if (!engine.ok()) return fail("train-local", engine.status());
-  // With DAPO dynamic sampling, extra generation batches refill the groups
-  // dropped for equal rewards (trainer.max_extra_batches).
-  trainer::BatchFillerOptions fo;
-  fo.groups_per_batch = args.groups_per_step;
-  fo.drop_equal_reward_groups = to->drop_equal_reward_groups;
-  fo.max_extra_batches = s.config.trainer.max_extra_batches;
-  trainer::BatchFiller filler(fo);
-  int64_t generated = 0;  // generation batches so far: prompts and seeds move on
-  for (int64_t step = 0; step < args.steps; ++step) {
-    do {
-      std::map<std::string, rollout::TaskPrompt> prompts;
-      for (int64_t i = 0; i < args.groups_per_step; ++i) {
-        const int64_t index = split.train_index(generated * args.groups_per_step + i);
-        StatusOr<rollout::TaskPrompt> p = s.task->prompt(index);
-        if (!p.ok()) return fail("train-local", p.status());
-        const std::string id = absl::StrCat(p->id, "@", generated);
-        StatusOr<rollout::PromptGroup> g =
-            prompt_group(s, *p, id,
-                         rollout::sequence_seed(s.config.run.seed,
-                                                static_cast<uint64_t>(generated * 1000003 + i)));
-        if (!g.ok()) return fail("train-local", g.status());
-        if (Status st = (*engine)->submit(*std::move(g)); !st.ok()) return fail("train-local", st);
-        prompts.emplace(id, std::move(*p));
-      }
-      ++generated;
-      StatusOr<std::vector<rollout::TrajectoryGroup>> groups = (*engine)->run();
-      if (!groups.ok()) return fail("train-local", groups.status());
-      for (rollout::TrajectoryGroup& g : *groups) {
-        if (Status st = score_group(s, verifier, prompts.at(g.group_id), g); !st.ok()) {
-          return fail("train-local", st);
-        }
-      }
-      filler.add(*std::move(groups));
-    } while (filler.wants_more());
-    trainer::BatchFillerStats fill;
-    std::vector<rollout::TrajectoryGroup> batch = filler.take(&fill);
-    if (batch.empty()) {
-      std::printf(
-          "step %lld: skipped: no group with a learning signal in %lld generation "
-          "batches\n",
-          static_cast<long long>(step + 1), static_cast<long long>(fill.generated_batches));
-      continue;
-    }
-    StatusOr<trainer::StepMetrics> m = trainer.step(batch);
-    if (m.ok()) {
-      (*m)["batch/generated_batches"] = static_cast<double>(fill.generated_batches);
-      (*m)["batch/filled_fraction"] =
-          static_cast<double>(batch.size()) / static_cast<double>(args.groups_per_step);
-    }
-    if (!m.ok()) return fail("train-local", m.status());
-    std::unordered_map<std::string, at::Tensor> weights =
-        model::parameter_tensors(*trainer.policy());
-    StatusOr<model::WeightManifest> manifest = model::weight_manifest(weights, trainer.version());
-    if (!manifest.ok()) return fail("train-local", manifest.status());
-    if (Status st = (*engine)->update_weights(trainer.version(), manifest->digest, weights);
-        !st.ok()) {
-      return fail("train-local", st);
-    }
-    std::printf("step %lld:%s\n", static_cast<long long>(step + 1),
-                format_metrics(*m, {"reward/mean", "response_length/mean", "clip_fraction",
-                                    "mismatch/k3", "pg_loss", "grad_norm"})
-                    .c_str());
-    record("rl", step + 1, *m);
-    if (args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < args.steps) {
-      acc = evaluate(s, trainer.policy(), split, verifier);
-      if (!acc.ok()) return fail("train-local", acc.status());
-      std::printf("eval at step %lld: accuracy %.3f\n", static_cast<long long>(step + 1), *acc);
-      record("eval", step + 1, {{"accuracy", *acc}});
-    }
-  }
-  acc = evaluate(s, trainer.policy(), split, verifier);
-  if (!acc.ok()) return fail("train-local", acc.status());
-  std::printf("eval after: accuracy %.3f; verifier errors %lld, timeouts %lld\n", *acc,
-              static_cast<long long>(verifier.errors()),
-              static_cast<long long>(verifier.timeouts()));
-  record("eval", args.steps, {{"accuracy", *acc}});
-  if (!args.metrics_out.empty()) {
-    if (Status st = write_file_atomic(args.metrics_out, metrics_lines); !st.ok()) {
-      return fail("train-local", st);
-    }
-  }
-  if (!args.save.empty()) {
-    model::SaveOptions save;
-    save.overwrite = true;
-    if (s.tokenizer) {
-      if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
-        save.extra_files[model::kCharTokenizerFile] = ct->to_json();
-      }
-    }
-    if (Status st = model::save_policy(*trainer.policy(), args.save, save); !st.ok()) {
-      return fail("train-local", st);
-    }
-    std::printf("wrote %s\n", args.save.c_str());
-  }
   return 0;
 }
 

@@ -10,15 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace relay::cli {
+#include "relay/app/train_local.h"
 
-// Makes std::terminate print an exception that escaped (from main or any
-// thread) as one line, "<program>: uncaught exception: <message>", without
-// the C++ stack trace a c10::Error's what() carries, and then abort as it
-// would have. A last resort: errors are Status values, and this only
-// catches what was missed. Call first thing in main. (Defined in setup.cc,
-// which every binary links.)
-void report_uncaught_exceptions(const char* program);
+namespace relay::cli {
 
 struct ConfigCheckArgs {
   std::string file;
@@ -121,23 +115,9 @@ struct StoreInspectArgs {
 // Counts, staleness and a sample trajectory of a rollout store (read-only).
 int store_inspect(const StoreInspectArgs& args);
 
-struct TrainLocalArgs {
-  std::string config_file;
-  std::vector<std::string> overrides;
-  std::string model_dir;        // starting weights; default: model.path
-  int64_t steps = 20;           // RL steps
-  int64_t groups_per_step = 8;  // task prompts per RL step (rollout.n samples each)
-  int64_t sft_steps = 0;        // warm-start steps on task targets before RL
-  double sft_lr = 0;            // warm-start learning rate (its own optimizer); 0 = trainer.lr
-  int64_t eval_prompts = 64;    // held-out prompts scored greedily before and after
-  int64_t eval_every = 0;       // also evaluate every N RL steps; 0 = only before/after
-  std::string metrics_out;      // JSONL, one line per step; empty = none
-  std::string save;             // write the trained model here (HF layout); empty = no
-};
-// The whole loop in one process: the rollout engine samples, the verifier
-// scores, the trainer steps, the new weights go back to the engine. Evaluates
-// greedy accuracy on held-out task prompts before and after.
-int train_local(const TrainLocalArgs& args);
+// relay train-local (app/train_local.h).
+using app::train_local;
+using app::TrainLocalArgs;
 
 struct TokenizeArgs {
   std::string tokenizer;  // a tokenizer file, or a model directory holding one

@@ -10,7 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bin/commands.h"
-#include "bin/setup.h"
+#include "relay/app/evaluation.h"
+#include "relay/app/setup.h"
 
 namespace relay::cli {
 namespace {
@@ -23,7 +24,7 @@ int fail(const Status& s) {
 }  // namespace
 
 int eval_model(const EvalArgs& args) {
-  RolloutArgs ra;
+  app::SetupArgs ra;
   ra.config_file = args.config_file;
   ra.overrides = args.overrides;
   if (args.n) ra.overrides.push_back(absl::StrCat("eval.n=", *args.n));
@@ -32,8 +33,7 @@ int eval_model(const EvalArgs& args) {
     ra.overrides.push_back(absl::StrCat("eval.temperature=", *args.temperature));
   }
   ra.model_dir = args.model_dir;
-  ra.prompts = 1;
-  StatusOr<RolloutSetup> s = setup_rollout(ra);
+  StatusOr<app::RolloutSetup> s = app::setup_rollout(ra);
   if (!s.ok()) return fail(s.status());
   const EvalConfig& ev = s->config.eval;
   if (ev.prompts < 1) {
@@ -41,7 +41,7 @@ int eval_model(const EvalArgs& args) {
         "eval.prompts: ", args.config_file,
         " holds out no prompts (eval.prompts is 0); set it there or pass --prompts N")));
   }
-  PromptSplit split{s->task->size(), ev.prompts};
+  app::PromptSplit split{s->task->size(), ev.prompts};
   if (split.size >= 0 && split.eval > split.size) {
     return fail(InvalidArgumentError(absl::StrCat("eval.prompts: task '", s->task->name(), "' has ",
                                                   split.size, " prompts, asked for ", split.eval)));
@@ -49,11 +49,11 @@ int eval_model(const EvalArgs& args) {
   rollout::SafeVerifier verifier(
       s->task,
       std::chrono::milliseconds(static_cast<int64_t>(s->config.task.verifier_timeout_s * 1000)));
-  EvalOptions o;
+  app::EvalOptions o;
   o.n = ev.n;
   o.temperature = ev.temperature;
   if (!args.json) o.progress = "eval";
-  StatusOr<EvalResult> r = evaluate_held_out(*s, s->policy, split, verifier, o);
+  StatusOr<app::EvalResult> r = app::evaluate_held_out(*s, s->policy, split, verifier, o);
   if (!r.ok()) return fail(r.status());
   if (args.json) {
     nlohmann::json j = {

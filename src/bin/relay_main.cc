@@ -7,10 +7,11 @@
 #include <string>
 
 #include "bin/commands.h"
+#include "relay/app/setup.h"
 #include "relay/common/logging.h"
 
 int main(int argc, char** argv) {
-  relay::cli::report_uncaught_exceptions("relay");
+  relay::app::report_uncaught_exceptions("relay");
   CLI::App app{"relay: asynchronous RL post-training for LLMs"};
   app.require_subcommand(1);
   std::string log_level = "warn";

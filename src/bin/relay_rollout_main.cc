@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 
-#include "bin/setup.h"
+#include "relay/app/setup.h"
 #include "relay/comm/rpc/grpc_trainer_client.h"
 #include "relay/comm/worker/rollout_worker.h"
 #include "relay/common/logging.h"
@@ -35,10 +35,10 @@ void on_signal(int) { g_stop = true; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  relay::cli::report_uncaught_exceptions("relay-rollout");
+  relay::app::report_uncaught_exceptions("relay-rollout");
   using namespace relay;
   CLI::App app{"relay-rollout: a rollout worker for relay-trainer"};
-  cli::RolloutArgs ra;
+  app::SetupArgs ra;
   comm::ClientOptions co;
   comm::RolloutWorkerOptions wo;
   std::string log_level = "warn", token_flag;
@@ -71,12 +71,11 @@ int main(int argc, char** argv) {
   if (groups_in_flight) {
     ra.overrides.push_back("rollout.groups_in_flight=" + std::to_string(*groups_in_flight));
   }
-  ra.prompts = 1;
-  StatusOr<cli::RolloutSetup> setup = cli::setup_rollout(ra);
+  StatusOr<app::RolloutSetup> setup = app::setup_rollout(ra);
   if (!setup.ok()) return fail(setup.status());
-  cli::RolloutSetup& s = *setup;
+  app::RolloutSetup& s = *setup;
   const ServicesConfig& sv = s.config.services;
-  StatusOr<std::string> token = cli::auth_token(sv, token_flag);
+  StatusOr<std::string> token = app::auth_token(sv, token_flag);
   if (!token.ok()) return fail(token.status());
   co.auth_token = *token;
   co.timeout_ms = static_cast<int64_t>(std::ceil(sv.rpc_timeout_s * 1000));

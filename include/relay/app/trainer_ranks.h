@@ -6,13 +6,13 @@
 
 #include <memory>
 
-#include "bin/setup.h"
+#include "relay/app/setup.h"
 #include "relay/comm/dist/trainer_group.h"
 #include "relay/common/status.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/trainer.h"
 
-namespace relay::cli {
+namespace relay::app {
 
 // This process's rank from the config and the environment (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
@@ -35,4 +35,4 @@ int run_follower_rank(const RolloutSetup& s, const trainer::TrainerOptions& rl_o
 // weights, equal on every rank of a data-parallel trainer.
 void print_weights_digest(const model::PolicyImpl& policy, int rank);
 
-}  // namespace relay::cli
+}  // namespace relay::app

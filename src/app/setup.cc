@@ -1,4 +1,4 @@
-#include "bin/setup.h"
+#include "relay/app/setup.h"
 
 #include <torch/torch.h>
 
@@ -26,7 +26,7 @@
 #include "relay/rollout/generate.h"
 #include "relay/trainer/options.h"
 
-namespace relay::cli {
+namespace relay::app {
 namespace {
 
 const char* g_program = "relay";
@@ -98,7 +98,7 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
   return pc;
 }
 
-StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args) {
+StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   RolloutSetup s;
   RELAY_ASSIGN_OR_RETURN(s.config, load_config(args.config_file, args.overrides));
   if (args.prompts < 1) {
@@ -283,160 +283,6 @@ Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
   return OkStatus();
 }
 
-std::map<std::string, double> EvalResult::metrics() const {
-  std::map<std::string, double> m = {{"accuracy", accuracy}, {"reward", reward}};
-  if (n > 0) {
-    for (const auto& [k, v] : pass_at_k) m[absl::StrCat("pass@", k)] = v;
-    m["sample_reward"] = sample_reward;
-  }
-  return m;
-}
-
-StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Policy& policy,
-                                       const PromptSplit& split, rollout::SafeVerifier& verifier,
-                                       const EvalOptions& o) {
-  if (o.n < 0) return InvalidArgumentError(absl::StrCat("eval.n: must be >= 0, got ", o.n));
-  std::vector<std::vector<int64_t>> prompts;
-  std::vector<rollout::TaskPrompt> task_prompts;
-  for (int64_t i = 0; i < split.eval; ++i) {
-    RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(split.eval_index(i)));
-    RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, s.tokenizer->encode(p.prompt));
-    prompts.push_back(std::move(ids));
-    task_prompts.push_back(std::move(p));
-  }
-  EvalResult r;
-  r.prompts = static_cast<int64_t>(prompts.size());
-  r.n = o.n;
-  if (prompts.empty()) return r;
-  // Work items: prompt i greedily, then its n samples.
-  const int64_t per_prompt = 1 + o.n;
-  const int64_t total = r.prompts * per_prompt;
-  const int64_t batch = std::max<int64_t>(1, o.batch) * per_prompt;
-  std::optional<Progress> progress;
-  if (!o.progress.empty()) progress.emplace(o.progress, total);
-  model::Policy scorer = model::clone_policy(*policy);
-  std::vector<int64_t> correct(prompts.size(), 0);
-  double greedy_correct = 0, greedy_reward = 0, sample_reward = 0;
-  int64_t greedy_seen = 0;
-  for (int64_t begin = 0; begin < total; begin += batch) {
-    const int64_t end = std::min(total, begin + batch);
-    std::vector<std::vector<int64_t>> greedy_in, sampled_in;
-    std::vector<int64_t> greedy_of, sampled_of;  // prompt index of each input
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t i = w / per_prompt;
-      if (w % per_prompt == 0) {
-        greedy_in.push_back(prompts[i]);
-        greedy_of.push_back(i);
-      } else {
-        sampled_in.push_back(prompts[i]);
-        sampled_of.push_back(i);
-      }
-    }
-    auto run = [&](const std::vector<std::vector<int64_t>>& in, const std::vector<int64_t>& of,
-                   bool greedy) -> Status {
-      if (in.empty()) return OkStatus();
-      rollout::GenerateOptions g;
-      g.max_new_tokens = s.engine.max_new_tokens;
-      g.stop_tokens = s.engine.stop_tokens;
-      g.sampling.greedy = greedy;
-      g.sampling.temperature = o.temperature;
-      // Distinct from the training stream's seeds, and fixed per batch.
-      g.seed =
-          rollout::sequence_seed(s.config.run.seed ^ 0x6576616cULL, static_cast<uint64_t>(begin));
-      RELAY_ASSIGN_OR_RETURN(std::vector<rollout::Generation> out,
-                             rollout::generate(scorer, in, g));
-      for (size_t k = 0; k < out.size(); ++k) {
-        RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(out[k].tokens));
-        const rollout::Score score = verifier.score(task_prompts[of[k]], text);
-        const bool ok = rollout::is_correct(score);
-        if (greedy) {
-          greedy_correct += ok ? 1 : 0;
-          greedy_reward += score.reward;
-        } else {
-          correct[of[k]] += ok ? 1 : 0;
-          sample_reward += score.reward;
-        }
-      }
-      return OkStatus();
-    };
-    RELAY_RETURN_IF_ERROR(run(greedy_in, greedy_of, true));
-    RELAY_RETURN_IF_ERROR(run(sampled_in, sampled_of, false));
-    if (progress) {
-      greedy_seen += static_cast<int64_t>(greedy_in.size());
-      progress->update(end, absl::StrFormat("accuracy %.3f", greedy_correct / greedy_seen));
-    }
-  }
-  r.accuracy = greedy_correct / static_cast<double>(r.prompts);
-  r.reward = greedy_reward / static_cast<double>(r.prompts);
-  if (o.n > 0) {
-    r.pass_at_k = rollout::mean_pass_at_k(correct, o.n);
-    r.sample_reward = sample_reward / static_cast<double>(r.prompts * o.n);
-  }
-  if (progress) progress->finish(absl::StrFormat("accuracy %.3f", r.accuracy));
-  return r;
-}
-
-StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
-                          const PromptSplit& split, rollout::SafeVerifier& verifier) {
-  RELAY_ASSIGN_OR_RETURN(EvalResult r, evaluate_held_out(s, policy, split, verifier, {}));
-  return r.accuracy;
-}
-
-// A demonstration: the task's target solution as the response.
-StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t index,
-                                                 int64_t version) {
-  RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(index));
-  if (!p.target) {
-    return FailedPreconditionError(absl::StrCat(p.id,
-                                                ": a warm start needs target solutions; task '",
-                                                s.task->name(), "' gave none for this prompt"));
-  }
-  rollout::Trajectory t;
-  RELAY_ASSIGN_OR_RETURN(t.prompt_tokens, s.tokenizer->encode(p.prompt));
-  RELAY_ASSIGN_OR_RETURN(t.response_tokens, s.tokenizer->encode(*p.target));
-  const size_t n = t.response_tokens.size();
-  t.behavior_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
-  t.token_versions.assign(n, version);
-  t.proximal_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
-  t.proximal_versions.assign(n, -1);
-  t.offpolicy_mask.assign(n, 1);
-  t.version_digests = {{version, 0}};
-  t.reward = 1.0;
-  rollout::TrajectoryGroup g;
-  g.group_id = p.id;
-  g.trajectories.push_back(std::move(t));
-  return g;
-}
-
-StatusOr<int64_t> warm_start(
-    const RolloutSetup& s, const trainer::TrainerOptions& options, const PromptSplit& split,
-    int64_t version, const WarmStart& ws,
-    const std::function<void(int64_t, const trainer::StepMetrics&)>& on_step,
-    const trainer::DataParallel& dp) {
-  RELAY_ASSIGN_OR_RETURN(
-      std::unique_ptr<trainer::Trainer> sft,
-      trainer::Trainer::create(s.policy, warm_start_options(options, ws), version, nullptr, dp));
-  for (int64_t k = 0; k < ws.steps; ++k) {
-    std::vector<rollout::TrajectoryGroup> demos;
-    for (int64_t i = 0; i < ws.batch; ++i) {
-      RELAY_ASSIGN_OR_RETURN(rollout::TrajectoryGroup d,
-                             demonstration(s, split.train_index(k * ws.batch + i), sft->version()));
-      d.group_id = absl::StrCat(d.group_id, "#", i);
-      demos.push_back(std::move(d));
-    }
-    RELAY_ASSIGN_OR_RETURN(trainer::StepMetrics m, sft->sft_step(demos));
-    if (on_step) on_step(k + 1, m);
-  }
-  return sft->version();
-}
-
-trainer::TrainerOptions warm_start_options(const trainer::TrainerOptions& options,
-                                           const WarmStart& ws) {
-  trainer::TrainerOptions sft = options;
-  sft.optimizer.lr = ws.lr;
-  return sft;
-}
-
 StatusOr<std::string> auth_token(const ServicesConfig& services, const std::string& flag) {
   if (!flag.empty()) return flag;
   if (!services.token_file.empty()) {
@@ -456,4 +302,4 @@ StatusOr<std::string> auth_token(const ServicesConfig& services, const std::stri
   return std::string(env != nullptr ? env : "");
 }
 
-}  // namespace relay::cli
+}  // namespace relay::app

@@ -1,4 +1,4 @@
-#include "bin/trainer_ranks.h"
+#include "relay/app/trainer_ranks.h"
 
 #include <csignal>
 #include <cstdio>
@@ -7,10 +7,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "relay/app/warm_start.h"
 #include "relay/comm/dist/trainer_ranks.h"
 #include "relay/model/weight_manifest.h"
 
-namespace relay::cli {
+namespace relay::app {
 namespace {
 
 std::optional<std::string> process_env(const std::string& name) {
@@ -86,4 +87,4 @@ int run_follower_rank(const RolloutSetup& s, const trainer::TrainerOptions& rl_o
   return 0;
 }
 
-}  // namespace relay::cli
+}  // namespace relay::app

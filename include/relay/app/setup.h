@@ -1,9 +1,9 @@
 #pragma once
 
-// What the command-line tools share: loading a config, model, tokenizer and
-// task for rollouts; prompts as engine groups; scoring responses; held-out
-// evaluation. Used by relay (rollout, train-local), relay-trainer and
-// relay-rollout.
+// What the programs share: loading a config, model, tokenizer and task for
+// rollouts; prompts as engine groups; scoring responses. Used by relay
+// (rollout, train-local, eval), relay-trainer and relay-rollout, compiled
+// once into relay_app (evaluation.h and warm_start.h build on it).
 
 #include <cstdint>
 #include <functional>
@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "bin/commands.h"
 #include "relay/common/status.h"
 #include "relay/config/config.h"
 #include "relay/model/checkpoint.h"
@@ -22,7 +21,25 @@
 #include "relay/rollout/task.h"
 #include "relay/trainer/trainer.h"
 
-namespace relay::cli {
+namespace relay::app {
+
+// Makes std::terminate print an exception that escaped (from main or any
+// thread) as one line, "<program>: uncaught exception: <message>", without
+// the C++ stack trace a c10::Error's what() carries, and then abort as it
+// would have. A last resort: errors are Status values, and this only
+// catches what was missed. Call first thing in main.
+void report_uncaught_exceptions(const char* program);
+
+// What setup_rollout loads.
+struct SetupArgs {
+  std::string config_file;
+  std::vector<std::string> overrides;  // key.path=value
+  std::string model_dir;               // default: model.path
+  // The task prompts the caller samples, [start, start + prompts): checked
+  // against a finite task's size.
+  int64_t prompts = 1;
+  int64_t start = 0;
+};
 
 struct RolloutSetup {
   ExperimentConfig config;
@@ -62,7 +79,7 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
 // Config, model (args.model_dir or model.path; when both are empty, a fresh
 // model from model.init seeded by run.seed), tokenizer, task and engine
 // options with every stop token resolved. Errors name the flag or field.
-StatusOr<RolloutSetup> setup_rollout(const RolloutArgs& args);
+StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args);
 
 // The trainer's options for this setup: config.trainer with share_ppo_settings,
 // the sampling temperature, run.seed, run.autocast, the
@@ -89,63 +106,8 @@ Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
                    const rollout::TaskPrompt& prompt, rollout::TrajectoryGroup& g,
                    const ScoredFn& on_scored = nullptr);
 
-struct EvalOptions {
-  // Samples per prompt for pass@k at `temperature`; 0 = greedy only.
-  int64_t n = 0;
-  double temperature = 1.0;
-  int64_t batch = 64;    // prompts generated together
-  std::string progress;  // label of a progress display; empty = none
-};
-
-struct EvalResult {
-  int64_t prompts = 0;
-  double accuracy = 0;                  // greedy responses that are correct (rollout::is_correct)
-  double reward = 0;                    // mean greedy reward
-  int64_t n = 0;                        // samples per prompt behind pass_at_k
-  std::map<int64_t, double> pass_at_k;  // k -> mean pass@k (k = 1, 2, 4, ..., n)
-  double sample_reward = 0;             // mean reward of the samples
-  // As metrics: accuracy, reward, and with samples pass@<k> and sample_reward.
-  std::map<std::string, double> metrics() const;
-};
-
-// Held-out evaluation with the rollout engine: each held-out prompt answered
-// greedily, and with o.n > 0 also sampled n times (seeds from run.seed and
-// the prompt's position, so the figures are reproducible).
-StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Policy& policy,
-                                       const PromptSplit& split, rollout::SafeVerifier& verifier,
-                                       const EvalOptions& o);
-
-// Greedy accuracy on the held-out prompts (evaluate_held_out's accuracy).
-StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
-                          const PromptSplit& split, rollout::SafeVerifier& verifier);
-
-// A demonstration for supervised steps: the task's target solution as the
-// response (FailedPrecondition naming the prompt when the task has none).
-StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t index,
-                                                 int64_t version);
-
-struct WarmStart {
-  int64_t steps = 0;
-  double lr = 1e-3;
-  int64_t batch = 32;  // demonstrations per step
-};
-// Supervised warm start of s.policy from `version`: `ws.steps` SFT steps on
-// the training prompts' targets, with an optimizer of its own (Adam's
-// moments from supervised steps are no guide for the RL objective). Returns
-// the version after it; `on_step(k, metrics)` sees each step. With `dp`
-// active, this is rank 0 of a data-parallel trainer (comm/trainer_ranks.h)
-// whose other ranks already run a trainer of warm_start_options().
-StatusOr<int64_t> warm_start(
-    const RolloutSetup& s, const trainer::TrainerOptions& options, const PromptSplit& split,
-    int64_t version, const WarmStart& ws,
-    const std::function<void(int64_t, const trainer::StepMetrics&)>& on_step,
-    const trainer::DataParallel& dp = {});
-// The warm start's trainer options: the RL trainer's with the SFT learning rate.
-trainer::TrainerOptions warm_start_options(const trainer::TrainerOptions& options,
-                                           const WarmStart& ws);
-
 // The shared bearer token: `flag` when given, else services.token_file's
 // first line, else $RELAY_TOKEN, else none (empty). Errors name the field.
 StatusOr<std::string> auth_token(const ServicesConfig& services, const std::string& flag);
 
-}  // namespace relay::cli
+}  // namespace relay::app

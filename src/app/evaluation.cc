@@ -1,0 +1,161 @@
+#include "relay/app/evaluation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "relay/common/progress.h"
+#include "relay/model/checkpoint.h"
+#include "relay/rollout/eval_metrics.h"
+#include "relay/rollout/generate.h"
+
+namespace relay::app {
+
+std::map<std::string, double> EvalResult::metrics() const {
+  std::map<std::string, double> m = {{"accuracy", accuracy}, {"reward", reward}};
+  if (n > 0) {
+    for (const auto& [k, v] : pass_at_k) m[absl::StrCat("pass@", k)] = v;
+    m["sample_reward"] = sample_reward;
+  }
+  return m;
+}
+
+StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Policy& policy,
+                                       const PromptSplit& split, rollout::SafeVerifier& verifier,
+                                       const EvalOptions& o) {
+  if (o.n < 0) return InvalidArgumentError(absl::StrCat("eval.n: must be >= 0, got ", o.n));
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<rollout::TaskPrompt> task_prompts;
+  for (int64_t i = 0; i < split.eval; ++i) {
+    RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(split.eval_index(i)));
+    RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, s.tokenizer->encode(p.prompt));
+    prompts.push_back(std::move(ids));
+    task_prompts.push_back(std::move(p));
+  }
+  EvalResult r;
+  r.prompts = static_cast<int64_t>(prompts.size());
+  r.n = o.n;
+  if (prompts.empty()) return r;
+  // Work items: prompt i greedily, then its n samples.
+  const int64_t per_prompt = 1 + o.n;
+  const int64_t total = r.prompts * per_prompt;
+  const int64_t batch = std::max<int64_t>(1, o.batch) * per_prompt;
+  std::optional<Progress> progress;
+  if (!o.progress.empty()) progress.emplace(o.progress, total);
+  model::Policy scorer = model::clone_policy(*policy);
+  std::vector<int64_t> correct(prompts.size(), 0);
+  double greedy_correct = 0, greedy_reward = 0, sample_reward = 0;
+  int64_t greedy_seen = 0;
+  for (int64_t begin = 0; begin < total; begin += batch) {
+    const int64_t end = std::min(total, begin + batch);
+    std::vector<std::vector<int64_t>> greedy_in, sampled_in;
+    std::vector<int64_t> greedy_of, sampled_of;  // prompt index of each input
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t i = w / per_prompt;
+      if (w % per_prompt == 0) {
+        greedy_in.push_back(prompts[i]);
+        greedy_of.push_back(i);
+      } else {
+        sampled_in.push_back(prompts[i]);
+        sampled_of.push_back(i);
+      }
+    }
+    auto run = [&](const std::vector<std::vector<int64_t>>& in, const std::vector<int64_t>& of,
+                   bool greedy) -> Status {
+      if (in.empty()) return OkStatus();
+      rollout::GenerateOptions g;
+      g.max_new_tokens = s.engine.max_new_tokens;
+      g.stop_tokens = s.engine.stop_tokens;
+      g.sampling.greedy = greedy;
+      g.sampling.temperature = o.temperature;
+      // Distinct from the training stream's seeds, and fixed per batch.
+      g.seed =
+          rollout::sequence_seed(s.config.run.seed ^ 0x6576616cULL, static_cast<uint64_t>(begin));
+      RELAY_ASSIGN_OR_RETURN(std::vector<rollout::Generation> out,
+                             rollout::generate(scorer, in, g));
+      for (size_t k = 0; k < out.size(); ++k) {
+        RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(out[k].tokens));
+        const rollout::Score score = verifier.score(task_prompts[of[k]], text);
+        const bool ok = rollout::is_correct(score);
+        if (greedy) {
+          greedy_correct += ok ? 1 : 0;
+          greedy_reward += score.reward;
+        } else {
+          correct[of[k]] += ok ? 1 : 0;
+          sample_reward += score.reward;
+        }
+      }
+      return OkStatus();
+    };
+    RELAY_RETURN_IF_ERROR(run(greedy_in, greedy_of, true));
+    RELAY_RETURN_IF_ERROR(run(sampled_in, sampled_of, false));
+    if (progress) {
+      greedy_seen += static_cast<int64_t>(greedy_in.size());
+      progress->update(end, absl::StrFormat("accuracy %.3f", greedy_correct / greedy_seen));
+    }
+  }
+  r.accuracy = greedy_correct / static_cast<double>(r.prompts);
+  r.reward = greedy_reward / static_cast<double>(r.prompts);
+  if (o.n > 0) {
+    r.pass_at_k = rollout::mean_pass_at_k(correct, o.n);
+    r.sample_reward = sample_reward / static_cast<double>(r.prompts * o.n);
+  }
+  if (progress) progress->finish(absl::StrFormat("accuracy %.3f", r.accuracy));
+  return r;
+}
+
+StatusOr<double> evaluate(const RolloutSetup& s, const model::Policy& policy,
+                          const PromptSplit& split, rollout::SafeVerifier& verifier) {
+  RELAY_ASSIGN_OR_RETURN(EvalResult r, evaluate_held_out(s, policy, split, verifier, {}));
+  return r.accuracy;
+}
+
+HeldOutEvaluator::HeldOutEvaluator(const RolloutSetup& s, const PromptSplit& split,
+                                   rollout::SafeVerifier* verifier, MetricsSink* metrics,
+                                   EvalReport report, const EvalOptions& options)
+    : s_(s),
+      split_(split),
+      verifier_(verifier),
+      metrics_(metrics),
+      report_(report),
+      options_(options) {}
+
+StatusOr<double> HeldOutEvaluator::evaluate(int64_t step, const std::string& label,
+                                            const model::Policy& policy) {
+  if (report_ == EvalReport::kLocal) return evaluate_local(step, label, policy);
+  if (split_.eval == 0) return std::nan("");
+  EvalOptions eo = options_;
+  eo.progress = absl::StrCat("eval ", label);
+  RELAY_ASSIGN_OR_RETURN(EvalResult r, evaluate_held_out(s_, policy, split_, *verifier_, eo));
+  std::string passes;
+  for (const auto& [k, v] : r.pass_at_k) passes += absl::StrFormat("  pass@%d %.3f", k, v);
+  std::printf("eval %s: accuracy %.3f on %lld held-out prompts%s\n", label.c_str(), r.accuracy,
+              static_cast<long long>(r.prompts), passes.c_str());
+  std::fflush(stdout);
+  metrics_->record("eval", step, r.metrics());
+  return r.accuracy;
+}
+
+StatusOr<double> HeldOutEvaluator::evaluate_local(int64_t step, const std::string& label,
+                                                  const model::Policy& policy) {
+  RELAY_ASSIGN_OR_RETURN(double accuracy, app::evaluate(s_, policy, split_, *verifier_));
+  if (label == "before") {
+    std::printf("eval before: accuracy %.3f on %lld held-out prompts\n", accuracy,
+                static_cast<long long>(split_.eval));
+  } else if (label == "after") {
+    std::printf("eval after: accuracy %.3f; verifier errors %lld, timeouts %lld\n", accuracy,
+                static_cast<long long>(verifier_->errors()),
+                static_cast<long long>(verifier_->timeouts()));
+  } else {
+    std::printf("eval %s: accuracy %.3f\n", label.c_str(), accuracy);
+  }
+  metrics_->record("eval", step, {{"accuracy", accuracy}});
+  return accuracy;
+}
+
+}  // namespace relay::app
