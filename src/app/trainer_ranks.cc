@@ -31,8 +31,8 @@ void print_weights_digest(const model::PolicyImpl& policy, int rank) {
 }
 
 StatusOr<comm::TrainerRank> trainer_rank(const ExperimentConfig& config) {
-  return comm::trainer_rank_from_env(config.trainer.data_parallel.world_size, config.trainer.data_parallel.rendezvous,
-                                     process_env);
+  return comm::trainer_rank_from_env(config.trainer.data_parallel.world_size,
+                                     config.trainer.data_parallel.rendezvous, process_env);
 }
 
 StatusOr<std::shared_ptr<trainer::Collectives>> join_trainer_ranks(const ExperimentConfig& config,
@@ -42,8 +42,8 @@ StatusOr<std::shared_ptr<trainer::Collectives>> join_trainer_ranks(const Experim
   comm::TrainerGroupOptions o;
   o.rank = rank;
   o.device = device;
-  o.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config.trainer.data_parallel.collective_timeout_s * 1000));
+  o.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(config.trainer.data_parallel.collective_timeout_s * 1000));
   std::printf("trainer rank %d of %d: joining the group at %s:%d\n", rank.rank, rank.world_size,
               rank.host.c_str(), rank.port);
   std::fflush(stdout);

@@ -488,17 +488,17 @@ int rollout(const RolloutArgs& args) {
     nlohmann::json list = nlohmann::json::array();
     Status st =
         app::score_group(s, verifier, p, g,
-                    [&](int64_t index, const rollout::Trajectory& t, const std::string& text,
-                        const rollout::Score& score, const std::string& error) {
-                      if (index < 0) {
-                        out["baseline"] = trajectory_json(t, text, score, error);
-                        return;
-                      }
-                      reward_sum += score.reward;
-                      ++trajectories;
-                      tokens += static_cast<int64_t>(t.response_tokens.size());
-                      list.push_back(trajectory_json(t, text, score, error));
-                    });
+                         [&](int64_t index, const rollout::Trajectory& t, const std::string& text,
+                             const rollout::Score& score, const std::string& error) {
+                           if (index < 0) {
+                             out["baseline"] = trajectory_json(t, text, score, error);
+                             return;
+                           }
+                           reward_sum += score.reward;
+                           ++trajectories;
+                           tokens += static_cast<int64_t>(t.response_tokens.size());
+                           list.push_back(trajectory_json(t, text, score, error));
+                         });
     if (!st.ok()) return fail("rollout", st);
     out["trajectories"] = std::move(list);
     // A byte-level BPE response can end inside a UTF-8 sequence (cut at

@@ -92,8 +92,7 @@ void check_model(const ExperimentConfig& config, Problems& p) {
   p.one_of("model.dtype", config.model.dtype, {"float32", "bfloat16", "float16"});
   // Whether the tokenizer has the format's special tokens is known only once
   // it is loaded (rollout setup checks it, naming model.chat_template).
-  p.one_of("model.chat_template", config.model.chat_template,
-         {"none", "chatml", "llama3", "auto"});
+  p.one_of("model.chat_template", config.model.chat_template, {"none", "chatml", "llama3", "auto"});
   if (config.model.chat_template == "none" && !config.model.system_prompt.empty()) {
     // A system message exists only in a chat format; ignoring it would
     // silently train on other prompts than the ones configured.

@@ -11,7 +11,7 @@ void check_prefix(const PrefixConfig& prefix, int n, Problems p) {
     p.add("n_prefix", absl::StrCat("must be <= rollout.n (", n, ")"), prefix.n_prefix);
   }
   p.one_of("strategy", prefix.strategy,
-         {"random", "linear", "linear_max", "reverse_linear", "fixed"});
+           {"random", "linear", "linear_max", "reverse_linear", "fixed"});
   p.in_range("min_ratio", prefix.min_ratio, 0, 1);
   if (!(prefix.max_ratio >= 0 && prefix.max_ratio <= 1)) {
     p.add("max_ratio", "must be in [0, 1]", prefix.max_ratio);

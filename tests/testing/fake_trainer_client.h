@@ -30,7 +30,7 @@ struct FakeTrainer {
   std::deque<v1::PromptLease> to_lease;              // handed out in order
   // The ack of a submitted group; null = accepted (store_seq = arrival).
   std::function<v1::SubmitGroupAck(uint64_t lease_id, const rollout::TrajectoryGroup&)> judge;
-  Status down;                // not OK: every call fails with it (a dead trainer)
+  Status down;                 // not OK: every call fails with it (a dead trainer)
   bool forgot_worker = false;  // heartbeats answer "register again"
 
   // ---- Read by the test.
@@ -46,8 +46,8 @@ class FakeTrainerClient final : public comm::TrainerClient {
  public:
   explicit FakeTrainerClient(FakeTrainer* trainer) : t_(trainer) {}
 
-  StatusOr<v1::RegisterWorkerResponse> register_worker(
-      const std::string& name, const v1::WorkerCapabilities&) override {
+  StatusOr<v1::RegisterWorkerResponse> register_worker(const std::string& name,
+                                                       const v1::WorkerCapabilities&) override {
     RELAY_RETURN_IF_ERROR(t_->down);
     ++t_->registrations;
     v1::RegisterWorkerResponse r;

@@ -10,8 +10,8 @@
 #include <functional>
 
 #include "relay/app/training_loop.h"
-#include "relay/comm/rpc/server.h"
 #include "relay/comm/host/trainer_host.h"
+#include "relay/comm/rpc/server.h"
 #include "relay/comm/service/trainer_service.h"
 #include "relay/comm/weight_sync/weight_broadcaster.h"
 

@@ -118,9 +118,9 @@ void expect_logprobs_under(const rollout::Trajectory& t, const FetchedWeights& w
   at::Tensor logits = scorer->forward(torch::tensor(ids).view({1, -1}))[0];
   const size_t P = t.prompt_tokens.size();
   for (size_t j = 0; j < t.response_tokens.size(); ++j) {
-    const double want = torch::log_softmax(logits[P - 1 + j].to(torch::kFloat64), -1)
-                            [t.response_tokens[j]]
-                                .item<double>();
+    const double want =
+        torch::log_softmax(logits[P - 1 + j].to(torch::kFloat64), -1)[t.response_tokens[j]]
+            .item<double>();
     EXPECT_NEAR(t.behavior_logprobs[j], want, 1e-4) << "token " << j;
   }
 }
