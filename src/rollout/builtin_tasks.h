@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "relay/rollout/options.h"
 #include "relay/common/status.h"
+#include "relay/rollout/options.h"
 #include "relay/rollout/task.h"
 
 namespace relay::rollout {

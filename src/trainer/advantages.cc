@@ -144,7 +144,8 @@ Status check_mask(const at::Tensor& mask) {
 
 Status require(const char* name, const at::Tensor& t, AdvantageEstimator e) {
   if (t.defined()) return OkStatus();
-  return InvalidArgumentError(absl::StrCat(name, ": required by ", kAdvantageEstimatorNames.name(e)));
+  return InvalidArgumentError(
+      absl::StrCat(name, ": required by ", kAdvantageEstimatorNames.name(e)));
 }
 
 bool uses_groups(AdvantageEstimator e) {

@@ -70,7 +70,8 @@ TEST(LossAggregationTest, MaskedNaNEmptyRowsAndEmptyMask) {
   at::Tensor empty = torch::zeros({3, 3});
   for (LossAggMode mode : {LossAggMode::kTokenMean, LossAggMode::kSeqMeanTokenSum,
                            LossAggMode::kSeqMeanTokenMean, LossAggMode::kSeqMeanTokenSumNorm}) {
-    EXPECT_EQ(aggregate_loss(loss, empty, mode).item<float>(), 0.0f) << kLossAggModeNames.name(mode);
+    EXPECT_EQ(aggregate_loss(loss, empty, mode).item<float>(), 0.0f)
+        << kLossAggModeNames.name(mode);
   }
 }
 
@@ -513,8 +514,7 @@ TEST(LuffyLossTest, OnPolicyShaping) {
   }
   LuffyOptions bad;
   bad.on_policy_pow_exponent = 0;
-  EXPECT_EQ(check_options(bad, "luffy").message(),
-            "luffy.on_reshape_pow_exp: must be > 0, got 0");
+  EXPECT_EQ(check_options(bad, "luffy").message(), "luffy.on_reshape_pow_exp: must be > 0, got 0");
 }
 
 TEST(LuffyLossTest, ShapingVariantsAndClips) {

@@ -359,7 +359,8 @@ TEST(RolloutCorrectionTest, PaddingHasZeroWeightAndFalseMask) {
     o.rs_threshold = 1;
     o.veto_threshold = 1e-4;
     RolloutCorrectionResult r = run(in, o);
-    EXPECT_TRUE(torch::equal(r.response_mask, in.response_mask)) << kCorrectionLevelNames.name(level);
+    EXPECT_TRUE(torch::equal(r.response_mask, in.response_mask))
+        << kCorrectionLevelNames.name(level);
     at::Tensor pad = in.response_mask.logical_not();
     EXPECT_EQ(r.weights.masked_select(pad).abs().sum().item<float>(), 0.0f);
     EXPECT_TRUE(r.weights.isfinite().all().item<bool>()) << kCorrectionLevelNames.name(level);
