@@ -32,6 +32,7 @@
 #include "relay/comm/rpc/grpc_trainer_client.h"
 #include "relay/model/checkpoint.h"
 #include "relay/store/rollout_store.h"
+#include "relay/trainer/run_checkpoint.h"
 #include "relay/v1/admin.pb.h"
 #include "relay/v1/store.pb.h"
 #include "testing/ports.h"
@@ -642,37 +643,43 @@ void poison_stored_group(const std::string& store_dir, uint64_t seq) {
 // finishes the run; a second resume from the same checkpoint does not meet
 // it again.
 TEST_F(ProcessTest, APoisonGroupReadyAtACheckpointDoesNotStopTheResumedRun) {
-  const int port = free_port();
-  {
+  const std::string checkpoints = run_dir() + "/checkpoints";
+  // The victim must be a group the rewind to step 2 makes READY again: one
+  // that had arrived when step 2's checkpoint was written (seq below its
+  // store_next_seq) and was trained on later or never. Whether the worker
+  // was that far ahead is timing (under load it may not have been), so the
+  // first run is repeated, in a fresh directory, until it was.
+  uint64_t victim = 0;
+  std::string victim_id;
+  for (int attempt = 0; attempt < 4 && victim == 0; ++attempt) {
+    fs::remove_all(run_dir());
+    const int port = free_port();
     auto trainer = start(trainer_args(port, 3), base_ + "/trainer1.log");
     auto worker = start(worker_args(port, "w"), base_ + "/w1.log");
     ASSERT_EQ(trainer->wait(180s), 0) << trainer->output();
     EXPECT_EQ(worker->wait(60s), 0) << worker->output();
-  }
-  // Resume from step 2 (drop step 3's checkpoint): step 3's four groups were
-  // consumed after it, so the rewind makes them READY again; poison the
-  // oldest, which the resumed step 3 takes first.
-  const std::string checkpoints = run_dir() + "/checkpoints";
-  fs::remove_all(checkpoints + "/" + step_dir(3));
-  ASSERT_TRUE(fs::exists(checkpoints + "/" + step_dir(2)));
-  uint64_t victim = 0;
-  std::string victim_id;
-  {
+    // Resume from step 2 (drop step 3's checkpoint).
+    fs::remove_all(checkpoints + "/" + step_dir(3));
+    ASSERT_TRUE(fs::exists(checkpoints + "/" + step_dir(2)));
+    auto info = trainer::read_checkpoint(checkpoints + "/" + step_dir(2));
+    ASSERT_TRUE(info.ok()) << info.status();
     store::StoreOptions o;
     o.path = run_dir() + "/store";
     o.read_only = true;
     auto st = store::RolloutStore::open(o).value();
     auto scanned = st->scan();
     ASSERT_TRUE(scanned.ok()) << scanned.status();
+    // The oldest such group, which the resumed step 3 takes first.
     for (const store::StoredGroup& g : *scanned) {
-      if (g.state == store::GroupState::kConsumed && g.consumed_version == 2 &&
-          (victim == 0 || g.seq < victim)) {
+      const bool restored = g.state == store::GroupState::kReady ||
+                            (g.state == store::GroupState::kConsumed && g.consumed_version >= 2);
+      if (restored && g.seq < info->store_next_seq && (victim == 0 || g.seq < victim)) {
         victim = g.seq;
         victim_id = g.group.group_id;
       }
     }
   }
-  ASSERT_GT(victim, 0u) << "step 3 consumed groups at version 2";
+  ASSERT_GT(victim, 0u) << "in four runs, no group had arrived by step 2's checkpoint";
   poison_stored_group(run_dir() + "/store", victim);
 
   auto resume = [&](int steps, const std::string& log) {
