@@ -3,9 +3,14 @@
 // so `relay eval --model runs/x/checkpoints/step_000060 --task x.yaml`
 // reproduces the trainer's eval/accuracy for that step.
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,12 +21,16 @@
 namespace relay::cli {
 namespace {
 
-int fail(const Status& s) {
-  std::fprintf(stderr, "relay eval: %s\n", std::string(s.message()).c_str());
-  return 1;
-}
+struct EvalArgs {
+  std::string model_dir;    // HF-layout model directory (weights and tokenizer)
+  std::string config_file;  // experiment config: its task and eval sections
+  std::vector<std::string> overrides;
+  std::optional<int64_t> n, prompts;  // eval.n, eval.prompts
+  std::optional<double> temperature;  // eval.temperature
+  bool json = false;
+};
 
-}  // namespace
+int fail(const Status& s) { return cli::fail("eval", s); }
 
 int eval_model(const EvalArgs& args) {
   app::SetupArgs ra;
@@ -72,6 +81,25 @@ int eval_model(const EvalArgs& args) {
   }
   if (r->n > 0) std::printf("  sample reward      %.4f\n", r->sample_reward);
   return 0;
+}
+
+}  // namespace
+
+Command add_eval_command(CLI::App& relay) {
+  auto args = std::make_shared<EvalArgs>();
+  CLI::App* eval = relay.add_subcommand(
+      "eval", "Held-out greedy accuracy and pass@k of a model on a task, with the rollout engine");
+  eval->add_option("--model", args->model_dir, "HF-layout model directory")->required();
+  eval->add_option("--task", args->config_file,
+                   "Experiment config whose task and eval sections to use")
+      ->required();
+  eval->add_option("overrides", args->overrides, "key.path=value overrides");
+  eval->add_option("--n", args->n, "Samples per prompt for pass@k (eval.n; 0 = greedy only)");
+  eval->add_option("--prompts", args->prompts, "Held-out prompts (eval.prompts)");
+  eval->add_option("--temperature", args->temperature,
+                   "Sampling temperature of the n samples (eval.temperature)");
+  eval->add_flag("--json", args->json, "Print one JSON object");
+  return {eval, [args] { return eval_model(*args); }};
 }
 
 }  // namespace relay::cli

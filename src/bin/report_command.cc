@@ -1,7 +1,10 @@
 // relay report RUN_DIR: the dashboard as one self-contained HTML file.
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +13,16 @@
 #include "relay/common/file_io.h"
 
 namespace relay::cli {
+namespace {
 
+struct ReportArgs {
+  std::string run_dir;       // holds metrics.jsonl; samples.jsonl and config.yaml if present
+  std::string out;           // default: <run_dir>/report.html
+  int64_t sample_steps = 4;  // the last N steps of samples.jsonl are shown
+};
+
+// Writes the run dashboard as one self-contained HTML file (docs/dashboard.md)
+// and prints its path.
 int report(const ReportArgs& args) {
   auto fail = [](const std::string& message) {
     std::fprintf(stderr, "relay report: %s\n", message.c_str());
@@ -35,6 +47,19 @@ int report(const ReportArgs& args) {
   }
   std::printf("%s\n", out.c_str());
   return 0;
+}
+
+}  // namespace
+
+Command add_report_command(CLI::App& relay) {
+  auto args = std::make_shared<ReportArgs>();
+  CLI::App* report = relay.add_subcommand(
+      "report", "Write a run's dashboard (charts, latest samples) as one self-contained HTML file");
+  report->add_option("run_dir", args->run_dir, "Run directory (holds metrics.jsonl)")->required();
+  report->add_option("--out", args->out, "HTML file to write (default RUN_DIR/report.html)");
+  report->add_option("--sample-steps", args->sample_steps,
+                     "Show the sampled responses of the last N steps");
+  return {report, [args] { return cli::report(*args); }};
 }
 
 }  // namespace relay::cli
