@@ -1,6 +1,5 @@
 #include "relay/app/store_source.h"
 
-#include <thread>
 #include <utility>
 
 namespace relay::app {
@@ -41,12 +40,9 @@ StatusOr<std::optional<trainer::StepMetrics>> StoreGroupSource::train_step(train
 void StoreGroupSource::finish(bool finished) {
   if (finished) {
     service_->finish();
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    // TrainerService has no event for "every worker told"; a short poll
-    // bounded by the 10 s is what there is.
-    while (!service_->all_workers_told() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    // Workers hear "the run is finished" on their next call (a heartbeat
+    // interval at most); serving stops once each has, or after 10 s.
+    service_->wait_for_workers_told(std::chrono::seconds(10));
   }
   server_->shutdown(2000);
 }

@@ -1,5 +1,7 @@
 #include "relay/comm/service/trainer_handlers.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -164,6 +166,7 @@ Status TrainerHandlers::finished(const std::string& worker_id) {
     std::lock_guard<std::mutex> lock(mu_);
     told_.insert(worker_id);
   }
+  told_cv_.notify_all();
   return OutOfRangeError("the run is finished");
 }
 
@@ -292,12 +295,29 @@ StatusOr<v1::StatsResponse> TrainerHandlers::stats() const {
 }
 
 bool TrainerHandlers::all_workers_told() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return all_told_locked();
+}
+
+bool TrainerHandlers::all_told_locked() const {
   // A worker silent for two heartbeat intervals is probably gone: not
   // waited for.
   const int64_t quiet_ms = options_.now_ms() - 2 * options_.heartbeat_interval_ms - 1000;
-  std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, w] : workers_) {
     if (told_.count(id) == 0 && w.last_heartbeat_unix_ms > quiet_ms) return false;
+  }
+  return true;
+}
+
+bool TrainerHandlers::wait_for_workers_told(std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto look_again =
+      std::chrono::milliseconds(std::max<int64_t>(1, options_.heartbeat_interval_ms));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!all_told_locked()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    told_cv_.wait_until(lock, std::min(deadline, now + look_again));
   }
   return true;
 }

@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "relay/model/policy.h"
@@ -231,6 +233,36 @@ TEST_F(TrainerHandlersTest, AfterFinishWorkersAreToldTheRunIsOver) {
   EXPECT_FALSE(handlers().all_workers_told());
   EXPECT_EQ(lease(id, 1).status(), OutOfRangeError("the run is finished"));
   EXPECT_TRUE(handlers().all_workers_told());
+}
+
+// The trainer's wait before it stops serving ends when the last worker is
+// told, not at its deadline; a worker that never calls again holds it to the
+// deadline until it has been silent for two heartbeat intervals.
+TEST_F(TrainerHandlersTest, WaitingForWorkersToldEndsWhenTheLastOneCalls) {
+  const std::string a = register_worker("a");
+  const std::string b = register_worker("b");
+  handlers().finish();
+  EXPECT_EQ(lease(a, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(handlers().wait_for_workers_told(std::chrono::milliseconds(50)));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(lease(b, 1).status().code(), absl::StatusCode::kOutOfRange);
+  });
+  EXPECT_TRUE(handlers().wait_for_workers_told(std::chrono::seconds(60)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30))
+      << "woken by the call, not by the deadline";
+  late.join();
+}
+
+TEST_F(TrainerHandlersTest, WaitingForWorkersToldSkipsASilentWorker) {
+  register_worker("silent");
+  handlers().finish();
+  EXPECT_FALSE(handlers().wait_for_workers_told(std::chrono::milliseconds(20)));
+  // Two heartbeat intervals (100 ms each) and a second of silence, on the
+  // handlers' clock.
+  now_ms_ += 2 * 100 + 1001;
+  EXPECT_TRUE(handlers().wait_for_workers_told(std::chrono::milliseconds(0)));
 }
 
 }  // namespace

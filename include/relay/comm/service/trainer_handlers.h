@@ -10,6 +10,8 @@
 // Thread-safe: gRPC calls it from many threads at once.
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -125,8 +127,14 @@ class TrainerHandlers {
   // as their cue to exit instead of waiting for the trainer to come back.
   void finish() { finished_ = true; }
   // After finish(): whether every registered worker has been told (made a
-  // call since). The trainer waits for this, bounded, before it stops serving.
+  // call since), or has been silent for two heartbeat intervals (probably
+  // gone: not waited for).
   bool all_workers_told() const;
+  // After finish(): waits until all_workers_told() or `timeout` passes, and
+  // says which. The trainer calls it before it stops serving. Woken by each
+  // worker told; a worker falling silent is noticed at the next look, a
+  // heartbeat interval later at most.
+  bool wait_for_workers_told(std::chrono::milliseconds timeout) const;
   // Forgets workers silent for options.worker_timeout_ms and releases their
   // leases; how many workers. Called on every LeasePrompts and Heartbeat.
   int reap_silent_workers();
@@ -141,6 +149,7 @@ class TrainerHandlers {
 
  private:
   Status finished(const std::string& worker_id);
+  bool all_told_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status known(const std::string& worker_id);
   Status accept(const v1::SubmitGroupRequest& req, v1::SubmitGroupAck* ack);
   Status check_leased(const store::Lease& lease, const rollout::TrajectoryGroup& group) const;
@@ -155,6 +164,7 @@ class TrainerHandlers {
   std::atomic<bool> finished_{false};
   mutable std::mutex mu_;
   std::set<std::string> told_ ABSL_GUARDED_BY(mu_);  // workers that heard "finished"
+  mutable std::condition_variable told_cv_;          // notified when told_ grows
   std::map<std::string, WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);
   WorkerPresence presence_ ABSL_GUARDED_BY(mu_);
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;

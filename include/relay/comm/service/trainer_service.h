@@ -7,6 +7,7 @@
 // transport-bound: version announcements and chunked weight downloads from
 // the publisher. TLS is the server's (comm/rpc/server.h).
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,8 +36,11 @@ class TrainerService {
   // exit instead of waiting for the trainer to come back.
   void finish() { handlers_.finish(); }
   // After finish(): whether every registered worker has been told (made a
-  // call since). The trainer waits for this, bounded, before it stops serving.
+  // call since), and waiting for that, bounded (TrainerHandlers).
   bool all_workers_told() const { return handlers_.all_workers_told(); }
+  bool wait_for_workers_told(std::chrono::milliseconds timeout) const {
+    return handlers_.wait_for_workers_told(timeout);
+  }
   // Forgets workers silent for options.worker_timeout_ms and releases their
   // leases; how many workers. Called on every LeasePrompts and Heartbeat.
   int reap_silent_workers() { return handlers_.reap_silent_workers(); }
