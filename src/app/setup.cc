@@ -98,19 +98,12 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
   return pc;
 }
 
-StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
-  RolloutSetup s;
-  RELAY_ASSIGN_OR_RETURN(s.config, load_config(args.config_file, args.overrides));
-  if (args.prompts < 1) {
-    return InvalidArgumentError(absl::StrCat("--prompts: must be >= 1, got ", args.prompts));
-  }
-  if (args.start < 0) {
-    return InvalidArgumentError(absl::StrCat("--start: must be >= 0, got ", args.start));
-  }
-  const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
-  model::configure_threads(s.config.run.threads);
-  model::return_freed_memory();
-  s.model_dir = dir;
+namespace {
+
+// The policy and tokenizer of `dir`, or with no directory a fresh model from
+// model.init and run.seed: exactly what `relay init` would write, so every
+// process of a run builds the same one.
+Status load_or_build_model(const std::string& dir, RolloutSetup& s) {
   if (!dir.empty()) {
     // model.dtype applies to loaded models too: a bf16 checkpoint trained in
     // bf16 must not silently become fp32 (or the reverse).
@@ -118,26 +111,28 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
     RELAY_ASSIGN_OR_RETURN(lo.dtype, model::parse_torch_dtype(s.config.model.dtype));
     RELAY_ASSIGN_OR_RETURN(s.policy, model::load_policy(dir, lo));
     RELAY_ASSIGN_OR_RETURN(s.tokenizer, model::load_tokenizer(dir));
-  } else {
-    // No checkpoint: a fresh model from model.init and run.seed, exactly what
-    // `relay init` would write, so every process of a run builds the same one.
-    if (s.config.model.tokenizer != "char") {
-      return InvalidArgumentError(absl::StrCat(
-          "model.path: empty; a fresh model (model.init) needs model.tokenizer: char, got '",
-          s.config.model.tokenizer, "'; give a model directory with --model or model.path"));
-    }
-    RELAY_ASSIGN_OR_RETURN(model::CharTokenizer tokenizer, model::CharTokenizer::create());
-    RELAY_ASSIGN_OR_RETURN(model::PolicyConfig pc, policy_config_from_init(s.config, tokenizer));
-    RELAY_ASSIGN_OR_RETURN(c10::ScalarType dtype, model::parse_torch_dtype(s.config.model.dtype));
-    s.policy = model::Policy(pc);
-    model::init_weights(*s.policy, s.config.run.seed);
-    s.policy->to(dtype);
-    s.tokenizer = std::make_shared<model::CharTokenizer>(std::move(tokenizer));
+    return OkStatus();
   }
-  // run.device: the model moves there once; everything that runs it follows
-  // its weights. "cuda" is the GPU of this process's $LOCAL_RANK, so that
-  // one process per GPU on a node (trainer ranks, workers) needs no
-  // per-process config.
+  if (s.config.model.tokenizer != "char") {
+    return InvalidArgumentError(absl::StrCat(
+        "model.path: empty; a fresh model (model.init) needs model.tokenizer: char, got '",
+        s.config.model.tokenizer, "'; give a model directory with --model or model.path"));
+  }
+  RELAY_ASSIGN_OR_RETURN(model::CharTokenizer tokenizer, model::CharTokenizer::create());
+  RELAY_ASSIGN_OR_RETURN(model::PolicyConfig pc, policy_config_from_init(s.config, tokenizer));
+  RELAY_ASSIGN_OR_RETURN(c10::ScalarType dtype, model::parse_torch_dtype(s.config.model.dtype));
+  s.policy = model::Policy(pc);
+  model::init_weights(*s.policy, s.config.run.seed);
+  s.policy->to(dtype);
+  s.tokenizer = std::make_shared<model::CharTokenizer>(std::move(tokenizer));
+  return OkStatus();
+}
+
+// run.device: the model moves there once; everything that runs it follows
+// its weights. "cuda" is the GPU of this process's $LOCAL_RANK, so that one
+// process per GPU on a node (trainer ranks, workers) needs no per-process
+// config.
+Status place_on_device(RolloutSetup& s) {
   int local_rank = 0;
   if (const char* lr = std::getenv("LOCAL_RANK"); lr != nullptr && *lr != '\0') {
     if (!absl::SimpleAtoi(lr, &local_rank) || local_rank < 0) {
@@ -147,9 +142,12 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   RELAY_ASSIGN_OR_RETURN(const c10::Device device,
                          model::parse_device(s.config.run.device, local_rank));
   if (!device.is_cpu()) s.policy->to(device);
-  // The chat template needs the tokenizer (its special tokens, for auto);
-  // with one, the task renders prompts and targets and adds its end-of-turn
-  // token to the stop strings below.
+  return OkStatus();
+}
+
+// The task, rendering prompts and targets with the chat template, which
+// needs the tokenizer (its special tokens, for auto).
+Status make_task(const SetupArgs& args, RolloutSetup& s) {
   model::ChatOptions chat;
   RELAY_ASSIGN_OR_RETURN(chat.chat_template,
                          model::resolve_chat_template(s.config.model.chat_template, *s.tokenizer));
@@ -162,9 +160,15 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
                                              s.task->size(), " prompts; asked for [", args.start,
                                              ", ", args.start + args.prompts, ")"));
   }
-  // Generation stops at any end-of-sequence id the model directory names:
-  // the tokenizer's eos (tokenizer_config.json), config.json's eos_token_id
-  // list and generation_config.json's.
+  return OkStatus();
+}
+
+// The ids generation stops at: any end-of-sequence id the model directory
+// names (the tokenizer's eos from tokenizer_config.json, config.json's
+// eos_token_id list, generation_config.json's) within the tokenizer's
+// vocabulary, then rollout.stop and the task's stop strings (its chat
+// template's end-of-turn token among them).
+StatusOr<std::vector<int64_t>> stop_tokens(const std::string& dir, const RolloutSetup& s) {
   std::vector<int64_t> stops;
   auto add_stop = [&](int64_t id) {
     if (id >= 0 && std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
@@ -191,8 +195,32 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
         int64_t id, stop_token(*s.tokenizer, text, absl::StrCat("task '", s.task->name(), "'")));
     add_stop(id);
   }
+  return stops;
+}
+
+}  // namespace
+
+StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
+  RolloutSetup s;
+  RELAY_ASSIGN_OR_RETURN(s.config, load_config(args.config_file, args.overrides));
+  if (args.prompts < 1) {
+    return InvalidArgumentError(absl::StrCat("--prompts: must be >= 1, got ", args.prompts));
+  }
+  if (args.start < 0) {
+    return InvalidArgumentError(absl::StrCat("--start: must be >= 0, got ", args.start));
+  }
+  const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
+  model::configure_threads(s.config.run.threads);
+  model::return_freed_memory();
+  s.model_dir = dir;
+  RELAY_RETURN_IF_ERROR(load_or_build_model(dir, s));
+  RELAY_RETURN_IF_ERROR(place_on_device(s));
+  RELAY_RETURN_IF_ERROR(make_task(args, s));
+  RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> stops, stop_tokens(dir, s));
   RELAY_ASSIGN_OR_RETURN(s.engine, rollout::engine_options(s.config.rollout, stops));
   RELAY_ASSIGN_OR_RETURN(s.engine.autocast, model::parse_autocast(s.config.run.autocast));
+  // Ids past the tokenizer's vocabulary are never sampled.
+  const int64_t support = std::min(s.tokenizer->vocab_size(), s.policy->config().vocab_size);
   if (support < s.policy->config().vocab_size) s.engine.vocab_limit = support;
   return s;
 }
