@@ -480,7 +480,8 @@ Status check_normalizer(const json& normalizer, const std::string& source) {
   std::string type;
   RELAY_RETURN_IF_ERROR(n.get_string("type", &type));
   if (type != "NFC") {
-    return n.error("type", absl::StrCat(shown(n.at("type")), " is not supported (null or NFC only)"));
+    return n.error("type",
+                   absl::StrCat(shown(n.at("type")), " is not supported (null or NFC only)"));
   }
   return OkStatus();
 }
@@ -781,8 +782,7 @@ Status BpeTokenizer::Impl::read_merges(const Fields& m) {
     }
     const uint64_t key =
         (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second);
-    merges.emplace(key,
-                   std::make_pair(static_cast<int32_t>(i), static_cast<int32_t>(iab->second)));
+    merges.emplace(key, std::make_pair(static_cast<int32_t>(i), static_cast<int32_t>(iab->second)));
   }
   return OkStatus();
 }
@@ -816,8 +816,8 @@ Status BpeTokenizer::Impl::index_ids(const Fields& top, const Fields& m,
   const int64_t id_limit = 2 * static_cast<int64_t>(tokens) + kIdSlack;
   const auto id_error = [&](const Fields& f, const std::string& key, int64_t id) {
     return f.error(key, absl::StrCat("id ", id, " is too large for the ", tokens,
-                                     " tokens defined (ids must be < ", id_limit,
-                                     ": 2 x tokens + ", kIdSlack, ")"));
+                                     " tokens defined (ids must be < ", id_limit, ": 2 x tokens + ",
+                                     kIdSlack, ")"));
   };
   int64_t max_id = -1;
   for (const auto& [token, id] : m.at("vocab").items()) {  // sorted by token
@@ -829,9 +829,9 @@ Status BpeTokenizer::Impl::index_ids(const Fields& top, const Fields& m,
   for (size_t i = 0; i < added.size(); ++i) {
     const AddedToken& a = added[i];
     if (a.id >= id_limit) {
-      return id_error(Fields(top.at("added_tokens")[i], absl::StrCat("added_tokens[", i, "]"),
-                             source),
-                      "id", a.id);
+      return id_error(
+          Fields(top.at("added_tokens")[i], absl::StrCat("added_tokens[", i, "]"), source), "id",
+          a.id);
     }
     max_id = std::max(max_id, a.id);
     added_by_id[a.id] = a.content;

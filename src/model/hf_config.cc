@@ -231,8 +231,7 @@ Status read_sizes(const ConfigFields& f, PolicyConfig& c) {
   return f.get_double("rms_norm_eps", &c.rms_norm_eps);
 }
 
-Status read_rope(const json& j, const ConfigFields& f, const std::string& source,
-                 PolicyConfig& c) {
+Status read_rope(const json& j, const ConfigFields& f, const std::string& source, PolicyConfig& c) {
   // transformers 5 writes rope_parameters (with rope_theta inside); earlier
   // versions rope_scaling beside rope_theta. The first present wins.
   const char* rope_key = f.has("rope_parameters") ? "rope_parameters" : "rope_scaling";

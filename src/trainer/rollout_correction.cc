@@ -184,8 +184,7 @@ Ratios log_ratios(const RolloutCorrectionInputs& in) {
   const at::Tensor behav = in.behavior_logprobs.detach().to(torch::kFloat64);
   r.log_r = torch::zeros_like(behav);
   if (in.old_logprobs.defined()) {
-    r.log_r =
-        torch::where(r.mask, in.old_logprobs.detach().to(torch::kFloat64) - behav, r.log_r);
+    r.log_r = torch::where(r.mask, in.old_logprobs.detach().to(torch::kFloat64) - behav, r.log_r);
   }
   r.n_tokens = r.mask.sum().item<double>();
   r.n_seqs = r.mask.any(-1).sum().item<double>();
@@ -217,15 +216,13 @@ void measure_mismatch(const RolloutCorrectionInputs& in, const RolloutCorrection
 
 // The tokens kept after rejection and veto ([B, L] bool). In bypass mode
 // pi_old is pi_behav: log r = 0, which passes every test, so they are skipped.
-at::Tensor reject(const RolloutCorrectionOptions& o, const Ratios& r,
-                  RolloutCorrectionMetrics& m) {
+at::Tensor reject(const RolloutCorrectionOptions& o, const Ratios& r, RolloutCorrectionMetrics& m) {
   at::Tensor keep = r.mask;
   if (!o.bypass && o.rs_level != CorrectionLevel::kNone) {
     keep = keep.logical_and(rejection_pass(r.log_r, r.mask, o));
     at::Tensor removed = r.mask.logical_and(keep.logical_not());
     m.rs_rejected_token_fraction = ratio_or_zero(removed.sum().item<double>(), r.n_tokens);
-    m.rs_rejected_sequence_fraction =
-        ratio_or_zero(removed.any(-1).sum().item<double>(), r.n_seqs);
+    m.rs_rejected_sequence_fraction = ratio_or_zero(removed.any(-1).sum().item<double>(), r.n_seqs);
   }
   if (!o.bypass && o.veto_threshold > 0) {
     at::Tensor catastrophic = r.log_r.lt(std::log(o.veto_threshold)).logical_and(r.mask);

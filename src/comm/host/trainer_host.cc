@@ -89,8 +89,8 @@ Status TrainerHost::fill(StepState& s, const std::function<bool()>& stop,
                          const std::function<Status()>& workers_present) {
   while (static_cast<int64_t>(s.taken.size()) < options_.groups_per_step) {
     const int64_t want = options_.groups_per_step - static_cast<int64_t>(s.taken.size());
-    RELAY_RETURN_IF_ERROR(wait_for_ready(want, static_cast<int64_t>(s.taken.size()),
-                                         s.min_version, s.deadline, stop, workers_present));
+    RELAY_RETURN_IF_ERROR(wait_for_ready(want, static_cast<int64_t>(s.taken.size()), s.min_version,
+                                         s.deadline, stop, workers_present));
     RELAY_RETURN_IF_ERROR(take(s, want));
   }
   return OkStatus();

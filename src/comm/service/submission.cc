@@ -141,9 +141,10 @@ Status check_routing(const rollout::Trajectory& t, const std::string& where,
     return bad(absl::StrCat(where, ".routed_experts"), "the model has no MoE layers");
   }
   if (t.routing_layers != l.moe_layers || t.routing_top_k != l.moe_top_k) {
-    return bad(absl::StrCat(where, ".routing_layers"),
-               absl::StrCat(t.routing_layers, " layers x ", t.routing_top_k,
-                            " experts; the model routes ", l.moe_layers, " layers x ", l.moe_top_k));
+    return bad(
+        absl::StrCat(where, ".routing_layers"),
+        absl::StrCat(t.routing_layers, " layers x ", t.routing_top_k, " experts; the model routes ",
+                     l.moe_layers, " layers x ", l.moe_top_k));
   }
   for (size_t i = 0; i < t.routed_experts.size(); ++i) {
     if (t.routed_experts[i] >= l.num_experts) {

@@ -183,8 +183,8 @@ StatusOr<WeightSyncClient::Impl::Receipt> WeightSyncClient::Impl::receive_manife
   at::Tensor meta = torch::empty({static_cast<int64_t>(h.manifest_bytes)}, torch::kUInt8);
   if (Status s = receive_into(meta, what + ": manifest"); !s.ok()) return detach(s);
   Receipt r;
-  StatusOr<model::WeightManifest> manifest = decode_manifest(
-      std::string(static_cast<const char*>(meta.data_ptr()), h.manifest_bytes), h);
+  StatusOr<model::WeightManifest> manifest =
+      decode_manifest(std::string(static_cast<const char*>(meta.data_ptr()), h.manifest_bytes), h);
   StatusOr<std::unique_ptr<VersionAssembler>> a =
       manifest.ok()
           ? VersionAssembler::create(*std::move(manifest), h.bucket_bytes, std::move(payload))
@@ -242,8 +242,8 @@ Status WeightSyncClient::Impl::receive_buckets(const SyncHeader& h, const std::s
   return OkStatus();
 }
 
-StatusOr<std::vector<uint64_t>> WeightSyncClient::Impl::receive_checksums(
-    const SyncHeader& h, const std::string& what) {
+StatusOr<std::vector<uint64_t>> WeightSyncClient::Impl::receive_checksums(const SyncHeader& h,
+                                                                          const std::string& what) {
   std::vector<uint64_t> checksums(h.bucket_count);
   if (h.bucket_count > 0) {
     at::Tensor sums = torch::empty({static_cast<int64_t>(h.bucket_count)}, torch::kInt64);
