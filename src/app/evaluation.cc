@@ -25,85 +25,128 @@ std::map<std::string, double> EvalResult::metrics() const {
   return m;
 }
 
+namespace {
+
+// The held-out prompts, encoded, beside what the verifier scores them against.
+struct EvalPrompts {
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<rollout::TaskPrompt> tasks;
+};
+
+StatusOr<EvalPrompts> encode_eval_prompts(const RolloutSetup& s, const PromptSplit& split) {
+  EvalPrompts p;
+  for (int64_t i = 0; i < split.eval; ++i) {
+    RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt t, s.task->prompt(split.eval_index(i)));
+    RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, s.tokenizer->encode(t.prompt));
+    p.ids.push_back(std::move(ids));
+    p.tasks.push_back(std::move(t));
+  }
+  return p;
+}
+
+// Work items begin .. end - 1, split by decoding: item w is prompt
+// w / per_prompt, greedy when it is the first of its prompt, sampled after.
+struct EvalBatch {
+  std::vector<std::vector<int64_t>> greedy_in, sampled_in;
+  std::vector<int64_t> greedy_of, sampled_of;  // prompt index of each input
+};
+
+EvalBatch slice_work(const EvalPrompts& p, int64_t begin, int64_t end, int64_t per_prompt) {
+  EvalBatch b;
+  for (int64_t w = begin; w < end; ++w) {
+    const int64_t i = w / per_prompt;
+    if (w % per_prompt == 0) {
+      b.greedy_in.push_back(p.ids[i]);
+      b.greedy_of.push_back(i);
+    } else {
+      b.sampled_in.push_back(p.ids[i]);
+      b.sampled_of.push_back(i);
+    }
+  }
+  return b;
+}
+
+// Sums over the work items scored so far.
+struct EvalTally {
+  std::vector<int64_t> correct;  // per prompt: its correct samples
+  double greedy_correct = 0, greedy_reward = 0, sample_reward = 0;
+  int64_t greedy_seen = 0;
+};
+
+// What every batch of one evaluation shares. The scorer is a clone, so
+// generating never touches the caller's policy.
+struct EvalRun {
+  const RolloutSetup& s;
+  model::Policy scorer;
+  const EvalPrompts& prompts;
+  rollout::SafeVerifier& verifier;
+  const EvalOptions& o;
+};
+
+// Generates for `in` (prompt indices `of`) and scores each output into `t`.
+Status generate_and_score(EvalRun& run, int64_t begin, const std::vector<std::vector<int64_t>>& in,
+                          const std::vector<int64_t>& of, bool greedy, EvalTally& t) {
+  if (in.empty()) return OkStatus();
+  rollout::GenerateOptions g;
+  g.max_new_tokens = run.s.engine.max_new_tokens;
+  g.stop_tokens = run.s.engine.stop_tokens;
+  g.sampling.greedy = greedy;
+  g.sampling.temperature = run.o.temperature;
+  // Distinct from the training stream's seeds, and fixed per batch.
+  g.seed =
+      rollout::sequence_seed(run.s.config.run.seed ^ 0x6576616cULL, static_cast<uint64_t>(begin));
+  RELAY_ASSIGN_OR_RETURN(std::vector<rollout::Generation> out,
+                         rollout::generate(run.scorer, in, g));
+  for (size_t k = 0; k < out.size(); ++k) {
+    RELAY_ASSIGN_OR_RETURN(std::string text, run.s.tokenizer->decode(out[k].tokens));
+    const rollout::Score score = run.verifier.score(run.prompts.tasks[of[k]], text);
+    const bool ok = rollout::is_correct(score);
+    if (greedy) {
+      t.greedy_correct += ok ? 1 : 0;
+      t.greedy_reward += score.reward;
+    } else {
+      t.correct[of[k]] += ok ? 1 : 0;
+      t.sample_reward += score.reward;
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Policy& policy,
                                        const PromptSplit& split, rollout::SafeVerifier& verifier,
                                        const EvalOptions& o) {
   if (o.n < 0) return InvalidArgumentError(absl::StrCat("eval.n: must be >= 0, got ", o.n));
-  std::vector<std::vector<int64_t>> prompts;
-  std::vector<rollout::TaskPrompt> task_prompts;
-  for (int64_t i = 0; i < split.eval; ++i) {
-    RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(split.eval_index(i)));
-    RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, s.tokenizer->encode(p.prompt));
-    prompts.push_back(std::move(ids));
-    task_prompts.push_back(std::move(p));
-  }
+  RELAY_ASSIGN_OR_RETURN(const EvalPrompts prompts, encode_eval_prompts(s, split));
   EvalResult r;
-  r.prompts = static_cast<int64_t>(prompts.size());
+  r.prompts = static_cast<int64_t>(prompts.ids.size());
   r.n = o.n;
-  if (prompts.empty()) return r;
+  if (prompts.ids.empty()) return r;
   // Work items: prompt i greedily, then its n samples.
   const int64_t per_prompt = 1 + o.n;
   const int64_t total = r.prompts * per_prompt;
   const int64_t batch = std::max<int64_t>(1, o.batch) * per_prompt;
   std::optional<Progress> progress;
   if (!o.progress.empty()) progress.emplace(o.progress, total);
-  model::Policy scorer = model::clone_policy(*policy);
-  std::vector<int64_t> correct(prompts.size(), 0);
-  double greedy_correct = 0, greedy_reward = 0, sample_reward = 0;
-  int64_t greedy_seen = 0;
+  EvalRun run{s, model::clone_policy(*policy), prompts, verifier, o};
+  EvalTally t;
+  t.correct.assign(prompts.ids.size(), 0);
   for (int64_t begin = 0; begin < total; begin += batch) {
     const int64_t end = std::min(total, begin + batch);
-    std::vector<std::vector<int64_t>> greedy_in, sampled_in;
-    std::vector<int64_t> greedy_of, sampled_of;  // prompt index of each input
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t i = w / per_prompt;
-      if (w % per_prompt == 0) {
-        greedy_in.push_back(prompts[i]);
-        greedy_of.push_back(i);
-      } else {
-        sampled_in.push_back(prompts[i]);
-        sampled_of.push_back(i);
-      }
-    }
-    auto run = [&](const std::vector<std::vector<int64_t>>& in, const std::vector<int64_t>& of,
-                   bool greedy) -> Status {
-      if (in.empty()) return OkStatus();
-      rollout::GenerateOptions g;
-      g.max_new_tokens = s.engine.max_new_tokens;
-      g.stop_tokens = s.engine.stop_tokens;
-      g.sampling.greedy = greedy;
-      g.sampling.temperature = o.temperature;
-      // Distinct from the training stream's seeds, and fixed per batch.
-      g.seed =
-          rollout::sequence_seed(s.config.run.seed ^ 0x6576616cULL, static_cast<uint64_t>(begin));
-      RELAY_ASSIGN_OR_RETURN(std::vector<rollout::Generation> out,
-                             rollout::generate(scorer, in, g));
-      for (size_t k = 0; k < out.size(); ++k) {
-        RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(out[k].tokens));
-        const rollout::Score score = verifier.score(task_prompts[of[k]], text);
-        const bool ok = rollout::is_correct(score);
-        if (greedy) {
-          greedy_correct += ok ? 1 : 0;
-          greedy_reward += score.reward;
-        } else {
-          correct[of[k]] += ok ? 1 : 0;
-          sample_reward += score.reward;
-        }
-      }
-      return OkStatus();
-    };
-    RELAY_RETURN_IF_ERROR(run(greedy_in, greedy_of, true));
-    RELAY_RETURN_IF_ERROR(run(sampled_in, sampled_of, false));
+    const EvalBatch b = slice_work(prompts, begin, end, per_prompt);
+    RELAY_RETURN_IF_ERROR(generate_and_score(run, begin, b.greedy_in, b.greedy_of, true, t));
+    RELAY_RETURN_IF_ERROR(generate_and_score(run, begin, b.sampled_in, b.sampled_of, false, t));
     if (progress) {
-      greedy_seen += static_cast<int64_t>(greedy_in.size());
-      progress->update(end, absl::StrFormat("accuracy %.3f", greedy_correct / greedy_seen));
+      t.greedy_seen += static_cast<int64_t>(b.greedy_in.size());
+      progress->update(end, absl::StrFormat("accuracy %.3f", t.greedy_correct / t.greedy_seen));
     }
   }
-  r.accuracy = greedy_correct / static_cast<double>(r.prompts);
-  r.reward = greedy_reward / static_cast<double>(r.prompts);
+  r.accuracy = t.greedy_correct / static_cast<double>(r.prompts);
+  r.reward = t.greedy_reward / static_cast<double>(r.prompts);
   if (o.n > 0) {
-    r.pass_at_k = rollout::mean_pass_at_k(correct, o.n);
-    r.sample_reward = sample_reward / static_cast<double>(r.prompts * o.n);
+    r.pass_at_k = rollout::mean_pass_at_k(t.correct, o.n);
+    r.sample_reward = t.sample_reward / static_cast<double>(r.prompts * o.n);
   }
   if (progress) progress->finish(absl::StrFormat("accuracy %.3f", r.accuracy));
   return r;

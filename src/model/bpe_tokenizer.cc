@@ -459,6 +459,72 @@ struct Segment {
   int64_t id = -1;  // added token id; -1 = text to pre-tokenize
 };
 
+// One symbol of a word during BPE, linked to its neighbours so that a merge
+// unlinks the right one without moving the others.
+struct Symbol {
+  int64_t id;
+  int prev, next;
+  bool alive;
+};
+
+// Normalizer: NFC is a no-op here. Byte-level vocabularies were trained on
+// NFC text and tokenize whatever bytes they get, so the only difference is
+// on non-NFC input (decomposed accents), which then encodes as its own
+// bytes rather than the composed form's.
+Status check_normalizer(const json& normalizer, const std::string& source) {
+  if (normalizer.is_null()) return OkStatus();
+  const Fields n(normalizer, "normalizer", source);
+  if (!normalizer.is_object()) {
+    return n.error("", absl::StrCat("must be null or an object, got ", shown(normalizer)));
+  }
+  std::string type;
+  RELAY_RETURN_IF_ERROR(n.get_string("type", &type));
+  if (type != "NFC") {
+    return n.error("type",
+                   absl::StrCat(shown(n.at("type")), " is not supported (null or NFC only)"));
+  }
+  return OkStatus();
+}
+
+Status check_decoder(const json& decoder, const std::string& source) {
+  if (decoder.is_null()) return OkStatus();
+  const Fields d(decoder, "decoder", source);
+  if (!decoder.is_object()) {
+    return d.error("", absl::StrCat("must be null or an object, got ", shown(decoder)));
+  }
+  std::string type;
+  RELAY_RETURN_IF_ERROR(d.get_string("type", &type));
+  if (type != "ByteLevel") {
+    return d.error("type", absl::StrCat(shown(d.at("type")), " is not supported (ByteLevel only)"));
+  }
+  return OkStatus();
+}
+
+// One of added_tokens.
+StatusOr<AddedToken> parse_added_token(const json& t, const Fields& f) {
+  if (!t.is_object()) return f.error("", absl::StrCat("must be an object, got ", shown(t)));
+  const json& id = f.at("id");
+  if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+    return f.error("id", absl::StrCat("must be an integer >= 0, got ", shown(id)));
+  }
+  const json& content = f.at("content");
+  if (!content.is_string() || content.get<std::string>().empty()) {
+    return f.error("content", absl::StrCat("must be a non-empty string, got ", shown(content)));
+  }
+  AddedToken a;
+  a.content = content.get<std::string>();
+  a.id = id.get<int64_t>();
+  bool single_word = false;
+  RELAY_RETURN_IF_ERROR(f.get_bool("single_word", &single_word));
+  if (single_word) return f.error("single_word", "true is not supported");
+  RELAY_RETURN_IF_ERROR(f.get_bool("special", &a.special));
+  a.normalized = !a.special;
+  RELAY_RETURN_IF_ERROR(f.get_bool("normalized", &a.normalized));
+  RELAY_RETURN_IF_ERROR(f.get_bool("lstrip", &a.lstrip));
+  RELAY_RETURN_IF_ERROR(f.get_bool("rstrip", &a.rstrip));
+  return a;
+}
+
 }  // namespace
 
 struct BpeTokenizer::Impl {
@@ -481,6 +547,18 @@ struct BpeTokenizer::Impl {
   std::vector<Segment> split_added(std::string_view text) const;
   void split_added_pass(std::vector<Segment>* segments, bool normalized) const;
   Status bpe(const std::string& word, size_t offset, std::vector<int64_t>* ids) const;
+  // bpe()'s steps: a word seen before, its characters as symbols, the merges.
+  bool append_cached(const std::string& word, std::vector<int64_t>* ids) const;
+  Status to_symbols(const std::string& word, size_t offset, std::vector<Symbol>* symbols) const;
+  void merge(std::vector<Symbol>& symbols) const;
+
+  // from_json's steps, in the order the file's sections are checked.
+  Status read_model(const Fields& m);
+  Status read_vocab(const Fields& m);
+  Status read_merges(const Fields& m);
+  Status read_added_tokens(const Fields& top, const std::string& source);
+  Status index_ids(const Fields& top, const Fields& m, const std::string& source);
+  void pick_special_ids();
 };
 
 // Leftmost match first, the longest at that position; lstrip/rstrip take the
@@ -546,44 +624,38 @@ std::vector<Segment> BpeTokenizer::Impl::split_added(std::string_view text) cons
   return segments;
 }
 
-// BPE on one byte-level word: start from its characters and repeatedly merge
-// the adjacent pair of lowest rank (leftmost on ties), as HF's BPE model does.
-Status BpeTokenizer::Impl::bpe(const std::string& word, size_t offset,
-                               std::vector<int64_t>* ids) const {
-  if (ignore_merges) {
-    if (auto it = vocab.find(word); it != vocab.end()) {
-      ids->push_back(it->second);
-      return OkStatus();
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    if (auto it = cache.find(word); it != cache.end()) {
-      ids->insert(ids->end(), it->second.begin(), it->second.end());
-      return OkStatus();
-    }
-  }
-  struct Symbol {
-    int64_t id;
-    int prev, next;
-    bool alive;
-  };
-  std::vector<Symbol> symbols;
+bool BpeTokenizer::Impl::append_cached(const std::string& word, std::vector<int64_t>* ids) const {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  auto it = cache.find(word);
+  if (it == cache.end()) return false;
+  ids->insert(ids->end(), it->second.begin(), it->second.end());
+  return true;
+}
+
+// The word's UTF-8 characters (each a byte-level symbol), linked in order.
+Status BpeTokenizer::Impl::to_symbols(const std::string& word, size_t offset,
+                                      std::vector<Symbol>* symbols) const {
   for (size_t i = 0; i < word.size();) {
     uint32_t cp;
     const size_t n = std::max<size_t>(1, utf8_next(word, i, &cp));
     auto it = vocab.find(word.substr(i, n));
     if (it == vocab.end()) {
       return InvalidArgumentError(absl::StrCat(
-          "bpe tokenizer: the byte at offset ", offset + symbols.size(), " maps to symbol \"",
+          "bpe tokenizer: the byte at offset ", offset + symbols->size(), " maps to symbol \"",
           word.substr(i, n), "\", which is not in the vocabulary"));
     }
-    const int k = static_cast<int>(symbols.size());
-    symbols.push_back({it->second, k - 1, k + 1, true});
+    const int k = static_cast<int>(symbols->size());
+    symbols->push_back({it->second, k - 1, k + 1, true});
     i += n;
   }
-  if (!symbols.empty()) symbols.back().next = -1;
+  if (!symbols->empty()) symbols->back().next = -1;
+  return OkStatus();
+}
 
+// Repeatedly merges the adjacent pair of lowest rank (leftmost on ties), as
+// HF's BPE model does. A queue holds the candidate pairs; a merge makes the
+// pairs around it stale, which are skipped when they come up.
+void BpeTokenizer::Impl::merge(std::vector<Symbol>& symbols) const {
   struct Candidate {
     int32_t rank;
     int left, right;
@@ -619,6 +691,22 @@ Status BpeTokenizer::Impl::bpe(const std::string& word, size_t offset,
     push(l.prev);
     push(c.left);
   }
+}
+
+// BPE on one byte-level word: start from its characters and merge. Words
+// repeat, so results are cached (bounded: cleared when full).
+Status BpeTokenizer::Impl::bpe(const std::string& word, size_t offset,
+                               std::vector<int64_t>* ids) const {
+  if (ignore_merges) {
+    if (auto it = vocab.find(word); it != vocab.end()) {
+      ids->push_back(it->second);
+      return OkStatus();
+    }
+  }
+  if (append_cached(word, ids)) return OkStatus();
+  std::vector<Symbol> symbols;
+  RELAY_RETURN_IF_ERROR(to_symbols(word, offset, &symbols));
+  merge(symbols);
   std::vector<int64_t> result;
   for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[i].next)
     result.push_back(symbols[i].id);
@@ -633,6 +721,146 @@ BpeTokenizer::BpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
 BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 BpeTokenizer::~BpeTokenizer() = default;
+
+// Model: a BPE without the options relay does not implement.
+Status BpeTokenizer::Impl::read_model(const Fields& m) {
+  if (m.at("type") != "BPE") {
+    return m.error("type", absl::StrCat("expected \"BPE\", got ", shown(m.at("type"))));
+  }
+  for (const char* field : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (!m.at(field).is_null()) return m.error(field, "not supported");
+  }
+  bool byte_fallback = false;
+  RELAY_RETURN_IF_ERROR(m.get_bool("byte_fallback", &byte_fallback));
+  if (byte_fallback) return m.error("byte_fallback", "not supported");
+  RELAY_RETURN_IF_ERROR(m.get_bool("ignore_merges", &ignore_merges));
+  RELAY_RETURN_IF_ERROR(read_vocab(m));
+  return read_merges(m);
+}
+
+Status BpeTokenizer::Impl::read_vocab(const Fields& m) {
+  const json& v = m.at("vocab");
+  if (!v.is_object()) return m.error("vocab", "expected an object of token -> id");
+  for (const auto& [token, id] : v.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1LL << 31)) {
+      return m.error(absl::StrCat("vocab[", shown(json(token)), "]"),
+                     absl::StrCat("expected an id in [0, 2^31), got ", shown(id)));
+    }
+    vocab[token] = id.get<int64_t>();
+  }
+  return OkStatus();
+}
+
+// Each merge "a b" (or ["a", "b"]) of rank i, keyed by the ids of a and b.
+Status BpeTokenizer::Impl::read_merges(const Fields& m) {
+  const json& list = m.at("merges");
+  if (!list.is_array()) return m.error("merges", "expected an array");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string path = absl::StrCat("merges[", i, "]");
+    std::string a, b;
+    if (list[i].is_string()) {
+      const std::string s = list[i];
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+        return m.error(path, absl::StrCat("expected \"a b\", got ", shown(list[i])));
+      }
+      a = s.substr(0, space), b = s.substr(space + 1);
+    } else if (list[i].is_array() && list[i].size() == 2 && list[i][0].is_string() &&
+               list[i][1].is_string()) {
+      a = list[i][0], b = list[i][1];
+    } else {
+      return m.error(path,
+                     absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ", shown(list[i])));
+    }
+    const auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
+    if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end()) {
+      return m.error(path, absl::StrCat("\"",
+                                        ia == vocab.end()   ? a
+                                        : ib == vocab.end() ? b
+                                                            : a + b,
+                                        "\" is not in model.vocab"));
+    }
+    const uint64_t key =
+        (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second);
+    merges.emplace(key, std::make_pair(static_cast<int32_t>(i), static_cast<int32_t>(iab->second)));
+  }
+  return OkStatus();
+}
+
+Status BpeTokenizer::Impl::read_added_tokens(const Fields& top, const std::string& source) {
+  const json& list = top.at("added_tokens");
+  if (!list.is_null() && !list.is_array()) return top.error("added_tokens", "expected an array");
+  for (size_t i = 0; list.is_array() && i < list.size(); ++i) {
+    const Fields f(list[i], absl::StrCat("added_tokens[", i, "]"), source);
+    RELAY_ASSIGN_OR_RETURN(AddedToken a, parse_added_token(list[i], f));
+    added.push_back(std::move(a));
+  }
+  return OkStatus();
+}
+
+// Ids index a table (id_to_token here, the embedding rows of a model built
+// for this tokenizer), so they are bounded by the tokens the file defines:
+// real files are dense (max id + 1 == tokens); the slack leaves room for a
+// vocabulary with tokens removed, while an id of 2^30 in a small file is
+// refused instead of allocating gigabytes. Then builds the id tables.
+Status BpeTokenizer::Impl::index_ids(const Fields& top, const Fields& m,
+                                     const std::string& source) {
+  size_t tokens = vocab.size();
+  {
+    std::unordered_set<std::string_view> extra;
+    for (const AddedToken& a : added) {
+      if (vocab.count(a.content) == 0) extra.insert(a.content);
+    }
+    tokens += extra.size();
+  }
+  const int64_t id_limit = 2 * static_cast<int64_t>(tokens) + kIdSlack;
+  const auto id_error = [&](const Fields& f, const std::string& key, int64_t id) {
+    return f.error(key, absl::StrCat("id ", id, " is too large for the ", tokens,
+                                     " tokens defined (ids must be < ", id_limit, ": 2 x tokens + ",
+                                     kIdSlack, ")"));
+  };
+  int64_t max_id = -1;
+  for (const auto& [token, id] : m.at("vocab").items()) {  // sorted by token
+    if (id.get<int64_t>() >= id_limit) {
+      return id_error(m, absl::StrCat("vocab[", shown(json(token)), "]"), id.get<int64_t>());
+    }
+    max_id = std::max(max_id, id.get<int64_t>());
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& a = added[i];
+    if (a.id >= id_limit) {
+      return id_error(
+          Fields(top.at("added_tokens")[i], absl::StrCat("added_tokens[", i, "]"), source), "id",
+          a.id);
+    }
+    max_id = std::max(max_id, a.id);
+    added_by_id[a.id] = a.content;
+    added_first_byte[static_cast<unsigned char>(a.content[0])] = true;
+  }
+  id_to_token.resize(static_cast<size_t>(max_id + 1));
+  for (const auto& [token, id] : vocab) id_to_token[static_cast<size_t>(id)] = token;
+  std::stable_sort(added.begin(), added.end(), [](const AddedToken& x, const AddedToken& y) {
+    return x.content.size() > y.content.size();
+  });
+  vocab_size = max_id + 1;
+  return OkStatus();
+}
+
+// Special ids by name: the first name present wins.
+void BpeTokenizer::Impl::pick_special_ids() {
+  const auto pick = [&](std::initializer_list<const char*> names) -> int64_t {
+    for (const char* name : names) {
+      for (const AddedToken& a : added) {
+        if (a.content == name) return a.id;
+      }
+    }
+    return -1;
+  };
+  eos = pick({"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>", "</s>",
+              "<｜end▁of▁sentence｜>"});
+  bos = pick({"<|begin_of_text|>", "<s>", "<｜begin▁of▁sentence｜>"});
+  pad = pick({"<|padding|>", "<pad>", "<|pad|>", "<|finetune_right_pad_id|>"});
+}
 
 StatusOr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text,
                                                const std::string& source) {
@@ -652,188 +880,20 @@ StatusOr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text,
   // line in case one is not.
   try {
     auto impl = std::make_unique<Impl>();
-
-    // Normalizer: NFC is a no-op here. Byte-level vocabularies were trained on
-    // NFC text and tokenize whatever bytes they get, so the only difference is
-    // on non-NFC input (decomposed accents), which then encodes as its own
-    // bytes rather than the composed form's.
-    const json& normalizer = top.at("normalizer");
-    if (!normalizer.is_null()) {
-      const Fields n(normalizer, "normalizer", source);
-      if (!normalizer.is_object()) {
-        return n.error("", absl::StrCat("must be null or an object, got ", shown(normalizer)));
-      }
-      std::string type;
-      RELAY_RETURN_IF_ERROR(n.get_string("type", &type));
-      if (type != "NFC") {
-        return n.error("type",
-                       absl::StrCat(shown(n.at("type")), " is not supported (null or NFC only)"));
-      }
-    }
-
-    // Model.
+    RELAY_RETURN_IF_ERROR(check_normalizer(top.at("normalizer"), source));
     const json& model = top.at("model");
     if (!model.is_object()) return top.error("model", "expected an object");
     const Fields m(model, "model", source);
-    if (m.at("type") != "BPE") {
-      return m.error("type", absl::StrCat("expected \"BPE\", got ", shown(m.at("type"))));
-    }
-    for (const char* field : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
-      if (!m.at(field).is_null()) return m.error(field, "not supported");
-    }
-    bool byte_fallback = false;
-    RELAY_RETURN_IF_ERROR(m.get_bool("byte_fallback", &byte_fallback));
-    if (byte_fallback) return m.error("byte_fallback", "not supported");
-    RELAY_RETURN_IF_ERROR(m.get_bool("ignore_merges", &impl->ignore_merges));
-    const json& vocab = m.at("vocab");
-    if (!vocab.is_object()) return m.error("vocab", "expected an object of token -> id");
-    for (const auto& [token, id] : vocab.items()) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1LL << 31)) {
-        return m.error(absl::StrCat("vocab[", shown(json(token)), "]"),
-                       absl::StrCat("expected an id in [0, 2^31), got ", shown(id)));
-      }
-      impl->vocab[token] = id.get<int64_t>();
-    }
-
-    const json& merges = m.at("merges");
-    if (!merges.is_array()) return m.error("merges", "expected an array");
-    for (size_t i = 0; i < merges.size(); ++i) {
-      const std::string path = absl::StrCat("merges[", i, "]");
-      std::string a, b;
-      if (merges[i].is_string()) {
-        const std::string s = merges[i];
-        const size_t space = s.find(' ');
-        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
-          return m.error(path, absl::StrCat("expected \"a b\", got ", shown(merges[i])));
-        }
-        a = s.substr(0, space), b = s.substr(space + 1);
-      } else if (merges[i].is_array() && merges[i].size() == 2 && merges[i][0].is_string() &&
-                 merges[i][1].is_string()) {
-        a = merges[i][0], b = merges[i][1];
-      } else {
-        return m.error(path,
-                       absl::StrCat("expected \"a b\" or [\"a\", \"b\"], got ", shown(merges[i])));
-      }
-      const auto ia = impl->vocab.find(a), ib = impl->vocab.find(b), iab = impl->vocab.find(a + b);
-      if (ia == impl->vocab.end() || ib == impl->vocab.end() || iab == impl->vocab.end()) {
-        return m.error(path, absl::StrCat("\"",
-                                          ia == impl->vocab.end()   ? a
-                                          : ib == impl->vocab.end() ? b
-                                                                    : a + b,
-                                          "\" is not in model.vocab"));
-      }
-      const uint64_t key =
-          (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second);
-      impl->merges.emplace(
-          key, std::make_pair(static_cast<int32_t>(i), static_cast<int32_t>(iab->second)));
-    }
-
-    // Added tokens.
-    const json& added = top.at("added_tokens");
-    if (!added.is_null() && !added.is_array())
-      return top.error("added_tokens", "expected an array");
-    for (size_t i = 0; added.is_array() && i < added.size(); ++i) {
-      const json& t = added[i];
-      const Fields f(t, absl::StrCat("added_tokens[", i, "]"), source);
-      if (!t.is_object()) return f.error("", absl::StrCat("must be an object, got ", shown(t)));
-      const json& id = f.at("id");
-      if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-        return f.error("id", absl::StrCat("must be an integer >= 0, got ", shown(id)));
-      }
-      const json& content = f.at("content");
-      if (!content.is_string() || content.get<std::string>().empty()) {
-        return f.error("content", absl::StrCat("must be a non-empty string, got ", shown(content)));
-      }
-      AddedToken a;
-      a.content = content.get<std::string>();
-      a.id = id.get<int64_t>();
-      bool single_word = false;
-      RELAY_RETURN_IF_ERROR(f.get_bool("single_word", &single_word));
-      if (single_word) return f.error("single_word", "true is not supported");
-      RELAY_RETURN_IF_ERROR(f.get_bool("special", &a.special));
-      a.normalized = !a.special;
-      RELAY_RETURN_IF_ERROR(f.get_bool("normalized", &a.normalized));
-      RELAY_RETURN_IF_ERROR(f.get_bool("lstrip", &a.lstrip));
-      RELAY_RETURN_IF_ERROR(f.get_bool("rstrip", &a.rstrip));
-      impl->added.push_back(std::move(a));
-    }
-
-    // Ids index a table (id_to_token here, the embedding rows of a model
-    // built for this tokenizer), so they are bounded by the tokens the file
-    // defines: real files are dense (max id + 1 == tokens); the slack leaves
-    // room for a vocabulary with tokens removed, while an id of 2^30 in a
-    // small file is refused instead of allocating gigabytes.
-    size_t tokens = impl->vocab.size();
-    {
-      std::unordered_set<std::string_view> extra;
-      for (const AddedToken& a : impl->added) {
-        if (impl->vocab.count(a.content) == 0) extra.insert(a.content);
-      }
-      tokens += extra.size();
-    }
-    const int64_t id_limit = 2 * static_cast<int64_t>(tokens) + kIdSlack;
-    const auto id_error = [&](const Fields& f, const std::string& key, int64_t id) {
-      return f.error(key, absl::StrCat("id ", id, " is too large for the ", tokens,
-                                       " tokens defined (ids must be < ", id_limit,
-                                       ": 2 x tokens + ", kIdSlack, ")"));
-    };
-    int64_t max_id = -1;
-    for (const auto& [token, id] : vocab.items()) {  // sorted by token
-      if (id.get<int64_t>() >= id_limit) {
-        return id_error(m, absl::StrCat("vocab[", shown(json(token)), "]"), id.get<int64_t>());
-      }
-      max_id = std::max(max_id, id.get<int64_t>());
-    }
-    for (size_t i = 0; i < impl->added.size(); ++i) {
-      const AddedToken& a = impl->added[i];
-      if (a.id >= id_limit) {
-        return id_error(Fields(added[i], absl::StrCat("added_tokens[", i, "]"), source), "id",
-                        a.id);
-      }
-      max_id = std::max(max_id, a.id);
-      impl->added_by_id[a.id] = a.content;
-      impl->added_first_byte[static_cast<unsigned char>(a.content[0])] = true;
-    }
-    impl->id_to_token.resize(static_cast<size_t>(max_id + 1));
-    for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<size_t>(id)] = token;
-    std::stable_sort(impl->added.begin(), impl->added.end(),
-                     [](const AddedToken& x, const AddedToken& y) {
-                       return x.content.size() > y.content.size();
-                     });
-    impl->vocab_size = max_id + 1;
-
+    RELAY_RETURN_IF_ERROR(impl->read_model(m));
+    RELAY_RETURN_IF_ERROR(impl->read_added_tokens(top, source));
+    RELAY_RETURN_IF_ERROR(impl->index_ids(top, m, source));
     // Pre-tokenizer and decoder; post_processor is not used (encode() adds
     // no BOS/EOS).
     RELAY_RETURN_IF_ERROR(
         parse_pre_tokenizer(top.at("pre_tokenizer"), "pre_tokenizer", source, &impl->steps));
     for (const Step& s : impl->steps) impl->maps_bytes |= s.byte_level;
-    const json& decoder = top.at("decoder");
-    if (!decoder.is_null()) {
-      const Fields d(decoder, "decoder", source);
-      if (!decoder.is_object()) {
-        return d.error("", absl::StrCat("must be null or an object, got ", shown(decoder)));
-      }
-      std::string type;
-      RELAY_RETURN_IF_ERROR(d.get_string("type", &type));
-      if (type != "ByteLevel") {
-        return d.error("type",
-                       absl::StrCat(shown(d.at("type")), " is not supported (ByteLevel only)"));
-      }
-    }
-
-    // Special ids by name: the first name present wins.
-    const auto pick = [&](std::initializer_list<const char*> names) -> int64_t {
-      for (const char* name : names) {
-        for (const AddedToken& a : impl->added) {
-          if (a.content == name) return a.id;
-        }
-      }
-      return -1;
-    };
-    impl->eos = pick({"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>", "</s>",
-                      "<｜end▁of▁sentence｜>"});
-    impl->bos = pick({"<|begin_of_text|>", "<s>", "<｜begin▁of▁sentence｜>"});
-    impl->pad = pick({"<|padding|>", "<pad>", "<|pad|>", "<|finetune_right_pad_id|>"});
+    RELAY_RETURN_IF_ERROR(check_decoder(top.at("decoder"), source));
+    impl->pick_special_ids();
     return BpeTokenizer(std::move(impl));
   } catch (const json::exception& e) {
     return InvalidArgumentError(absl::StrCat(source, ": ", e.what()));

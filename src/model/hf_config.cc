@@ -176,13 +176,7 @@ StatusOr<json> parse_object(const std::string& text, const std::string& source) 
   return j;
 }
 
-}  // namespace
-
-StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::string& source) {
-  RELAY_ASSIGN_OR_RETURN(const json j, parse_object(json_text, source));
-  const ConfigFields f(j, source);
-  PolicyConfig c;
-
+Status read_model_type(const ConfigFields& f, const std::string& source, PolicyConfig& c) {
   if (!f.has("model_type")) return f.missing("model_type");
   RELAY_RETURN_IF_ERROR(f.get_string("model_type", &c.model_type));
   if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
@@ -190,8 +184,11 @@ StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::
     return UnimplementedError(source + ": model_type '" + c.model_type +
                               "' is not supported (llama, qwen2, qwen3, qwen3_moe)");
   }
+  return OkStatus();
+}
 
-  // Keys that change the math: refuse rather than compute something else.
+// Keys that change the math: refuse rather than compute something else.
+Status refuse_unsupported(const json& j, const ConfigFields& f, const std::string& source) {
   std::string hidden_act = "silu";
   RELAY_RETURN_IF_ERROR(f.get_string("hidden_act", &hidden_act));
   if (hidden_act != "silu") {
@@ -217,7 +214,10 @@ StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::
   if (partial_rotary != 1.0) {
     return UnimplementedError(source + ": partial_rotary_factor: only 1 is supported");
   }
+  return OkStatus();
+}
 
+Status read_sizes(const ConfigFields& f, PolicyConfig& c) {
   RELAY_RETURN_IF_ERROR(f.get_int("vocab_size", true, &c.vocab_size));
   RELAY_RETURN_IF_ERROR(f.get_int("hidden_size", true, &c.hidden_size));
   RELAY_RETURN_IF_ERROR(
@@ -228,8 +228,10 @@ StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::
   RELAY_RETURN_IF_ERROR(f.get_int("num_key_value_heads", false, &c.num_key_value_heads));
   RELAY_RETURN_IF_ERROR(f.get_int("head_dim", false, &c.head_dim));
   RELAY_RETURN_IF_ERROR(f.get_int("max_position_embeddings", false, &c.max_position_embeddings));
-  RELAY_RETURN_IF_ERROR(f.get_double("rms_norm_eps", &c.rms_norm_eps));
+  return f.get_double("rms_norm_eps", &c.rms_norm_eps);
+}
 
+Status read_rope(const json& j, const ConfigFields& f, const std::string& source, PolicyConfig& c) {
   // transformers 5 writes rope_parameters (with rope_theta inside); earlier
   // versions rope_scaling beside rope_theta. The first present wins.
   const char* rope_key = f.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
@@ -247,42 +249,60 @@ StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::
     RELAY_RETURN_IF_ERROR(f.get_int("original_max_position_embeddings", false,
                                     &c.rope_scaling.original_max_position_embeddings));
   }
+  return OkStatus();
+}
 
+Status read_tokens_and_dtype(const ConfigFields& f, PolicyConfig& c) {
   RELAY_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
   RELAY_RETURN_IF_ERROR(f.get_bool("attention_bias", &c.attention_bias));
   if (c.model_type == "qwen2") c.attention_bias = true;  // Qwen2Attention: q/k/v bias always
   RELAY_RETURN_IF_ERROR(f.get_token_id("bos_token_id", &c.bos_token_id));
   RELAY_RETURN_IF_ERROR(f.get_token_ids("eos_token_id", &c.eos_token_ids));
   c.eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids[0];
-  if (f.has("torch_dtype")) {
-    RELAY_RETURN_IF_ERROR(f.get_string("torch_dtype", &c.torch_dtype));
-  } else {
-    RELAY_RETURN_IF_ERROR(f.get_string("dtype", &c.torch_dtype));
-  }
+  if (f.has("torch_dtype")) return f.get_string("torch_dtype", &c.torch_dtype);
+  return f.get_string("dtype", &c.torch_dtype);
+}
 
-  if (c.model_type == "qwen3_moe") {
-    // Qwen3MoeConfig's defaults for absent keys.
-    c.num_experts = 128;
-    c.num_experts_per_tok = 8;
-    c.moe_intermediate_size = 768;
-    RELAY_RETURN_IF_ERROR(f.get_int("num_experts", false, &c.num_experts));
-    RELAY_RETURN_IF_ERROR(f.get_int("num_experts_per_tok", false, &c.num_experts_per_tok));
-    RELAY_RETURN_IF_ERROR(f.get_int("moe_intermediate_size", false, &c.moe_intermediate_size));
-    RELAY_RETURN_IF_ERROR(f.get_bool("norm_topk_prob", &c.norm_topk_prob));
-    RELAY_RETURN_IF_ERROR(f.get_int("decoder_sparse_step", false, &c.decoder_sparse_step));
-    RELAY_RETURN_IF_ERROR(f.get_int_list("mlp_only_layers", &c.mlp_only_layers));
-    // A dense layer (mlp_only_layers, decoder_sparse_step) uses intermediate_size.
-    if (c.intermediate_size == 0) c.intermediate_size = c.moe_intermediate_size;
-  }
+Status read_moe(const ConfigFields& f, PolicyConfig& c) {
+  // Qwen3MoeConfig's defaults for absent keys.
+  c.num_experts = 128;
+  c.num_experts_per_tok = 8;
+  c.moe_intermediate_size = 768;
+  RELAY_RETURN_IF_ERROR(f.get_int("num_experts", false, &c.num_experts));
+  RELAY_RETURN_IF_ERROR(f.get_int("num_experts_per_tok", false, &c.num_experts_per_tok));
+  RELAY_RETURN_IF_ERROR(f.get_int("moe_intermediate_size", false, &c.moe_intermediate_size));
+  RELAY_RETURN_IF_ERROR(f.get_bool("norm_topk_prob", &c.norm_topk_prob));
+  RELAY_RETURN_IF_ERROR(f.get_int("decoder_sparse_step", false, &c.decoder_sparse_step));
+  RELAY_RETURN_IF_ERROR(f.get_int_list("mlp_only_layers", &c.mlp_only_layers));
+  // A dense layer (mlp_only_layers, decoder_sparse_step) uses intermediate_size.
+  if (c.intermediate_size == 0) c.intermediate_size = c.moe_intermediate_size;
+  return OkStatus();
+}
 
+// validate()'s problems, one per line, each prefixed with the file they are in.
+Status validate_in(const PolicyConfig& c, const std::string& source) {
   Status s = validate(c);
-  if (!s.ok()) {
-    std::string msg;
-    for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
-      absl::StrAppend(&msg, msg.empty() ? "" : "\n", source, ": ", line);
-    }
-    return Status(s.code(), msg);
+  if (s.ok()) return s;
+  std::string msg;
+  for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
+    absl::StrAppend(&msg, msg.empty() ? "" : "\n", source, ": ", line);
   }
+  return Status(s.code(), msg);
+}
+
+}  // namespace
+
+StatusOr<PolicyConfig> parse_hf_config(const std::string& json_text, const std::string& source) {
+  RELAY_ASSIGN_OR_RETURN(const json j, parse_object(json_text, source));
+  const ConfigFields f(j, source);
+  PolicyConfig c;
+  RELAY_RETURN_IF_ERROR(read_model_type(f, source, c));
+  RELAY_RETURN_IF_ERROR(refuse_unsupported(j, f, source));
+  RELAY_RETURN_IF_ERROR(read_sizes(f, c));
+  RELAY_RETURN_IF_ERROR(read_rope(j, f, source, c));
+  RELAY_RETURN_IF_ERROR(read_tokens_and_dtype(f, c));
+  if (c.model_type == "qwen3_moe") RELAY_RETURN_IF_ERROR(read_moe(f, c));
+  RELAY_RETURN_IF_ERROR(validate_in(c, source));
   return c;
 }
 

@@ -8,18 +8,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
-#include <limits>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "model/json_nesting.h"
+#include "model/safetensors_header.h"
 
 namespace relay::model {
 
@@ -54,10 +53,6 @@ constexpr DTypeInfo kDTypes[] = {
     {DType::kBool, "BOOL", 1, c10::ScalarType::Bool},
 };
 
-// Dtypes the safetensors format defines but relay does not read.
-constexpr const char* kUnsupportedDTypes[] = {"U16",     "U32",     "U64",     "F8_E4M3", "F8_E5M2",
-                                              "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",      "C64"};
-
 // kDTypes is indexed by DType.
 constexpr bool dtypes_in_enum_order() {
   for (size_t i = 0; i < std::size(kDTypes); ++i) {
@@ -71,92 +66,33 @@ const DTypeInfo& info(DType dtype) { return kDTypes[static_cast<size_t>(dtype)];
 
 Status errno_status(int err, const std::string& what) { return absl::ErrnoToStatus(err, what); }
 
-// a * b, or false on uint64 overflow.
-bool mul_u64(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_overflow(a, b, out); }
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&s, i ? ", " : "", shape[i]);
-  return s + "]";
-}
-
-// Parses one header entry; `prefix` is "<path>: tensor '<name>': ".
-StatusOr<TensorEntry> parse_entry(const std::string& name, const nlohmann::json& j,
-                                  uint64_t data_size, const std::string& prefix) {
-  if (!j.is_object()) return DataLossError(prefix + "entry must be a JSON object, got " + j.dump());
-  for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!j.contains(key)) return DataLossError(prefix + "missing '" + key + "'");
+// Maps the regular file `path` read-only into *map and returns its size, at
+// least the 8 bytes of a safetensors header length. The caller unmaps.
+StatusOr<uint64_t> map_file(const std::string& path, void** map) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno_status(errno, path + ": cannot open");
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    Status s = errno_status(errno, path + ": cannot stat");
+    ::close(fd);
+    return s;
   }
-  TensorEntry e;
-  e.name = name;
-
-  const nlohmann::json& dtype = j["dtype"];
-  if (!dtype.is_string())
-    return DataLossError(prefix + "dtype must be a string, got " + dtype.dump());
-  const std::string dtype_str = dtype.get<std::string>();
-  StatusOr<DType> parsed = parse_dtype(dtype_str);
-  if (!parsed.ok()) {
-    for (const char* unsupported : kUnsupportedDTypes) {
-      if (dtype_str == unsupported) {
-        return UnimplementedError(
-            absl::StrCat(prefix, "unsupported dtype '", dtype_str,
-                         "' (relay reads F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)"));
-      }
-    }
-    return DataLossError(prefix + "unknown dtype '" + dtype_str + "'");
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(path + ": not a regular file");
   }
-  e.dtype = *parsed;
-
-  const nlohmann::json& shape = j["shape"];
-  if (!shape.is_array())
-    return DataLossError(prefix + "shape must be an array, got " + shape.dump());
-  for (const nlohmann::json& d : shape) {
-    if (!d.is_number_integer()) {
-      return DataLossError(prefix + "shape must hold integers, got " + shape.dump());
-    }
-    if (d.is_number_unsigned() &&
-        d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-      return DataLossError(prefix + "dim too large in shape " + shape.dump());
-    }
-    int64_t v = d.get<int64_t>();
-    if (v < 0)
-      return DataLossError(absl::StrCat(prefix, "negative dim ", v, " in shape ", shape.dump()));
-    e.shape.push_back(v);
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    ::close(fd);
+    return DataLossError(absl::StrCat(path, ": file is ", file_size,
+                                      " bytes, shorter than the 8-byte header length"));
   }
-
-  const nlohmann::json& offs = j["data_offsets"];
-  if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
-      !offs[1].is_number_unsigned()) {
-    return DataLossError(prefix + "data_offsets must be two non-negative integers, got " +
-                         offs.dump());
-  }
-  e.begin = offs[0].get<uint64_t>();
-  e.end = offs[1].get<uint64_t>();
-  if (e.begin > e.end) {
-    return DataLossError(absl::StrCat(prefix, "data_offsets begin ", e.begin, " > end ", e.end));
-  }
-  if (e.end > data_size) {
-    return DataLossError(absl::StrCat(prefix, "data_offsets [", e.begin, ", ", e.end,
-                                      "] end beyond the data section of ", data_size,
-                                      " bytes (truncated or out-of-range)"));
-  }
-
-  uint64_t numel = 1, bytes = 0;
-  for (int64_t d : e.shape) {
-    if (!mul_u64(numel, uint64_t(d), &numel)) {
-      return DataLossError(prefix + "shape " + shape_str(e.shape) + " overflows");
-    }
-  }
-  if (numel > uint64_t(std::numeric_limits<int64_t>::max()) ||
-      !mul_u64(numel, dtype_size(e.dtype), &bytes)) {
-    return DataLossError(prefix + "shape " + shape_str(e.shape) + " overflows");
-  }
-  if (e.end - e.begin != bytes) {
-    return DataLossError(absl::StrCat(prefix, "data_offsets span ", e.end - e.begin,
-                                      " bytes but shape ", shape_str(e.shape), " of ", dtype_str,
-                                      " needs ", bytes, " (shape mismatch)"));
-  }
-  return e;
+  void* mapped = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int mmap_errno = errno;
+  ::close(fd);  // the mapping stays valid
+  if (mapped == MAP_FAILED) return errno_status(mmap_errno, path + ": mmap failed");
+  *map = mapped;
+  return file_size;
 }
 
 std::string join_path(const std::string& dir, const std::string& name) {
@@ -215,32 +151,9 @@ SafetensorsReader::~SafetensorsReader() {
 StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::string& path) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
-
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, path + ": cannot open");
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    Status s = errno_status(errno, path + ": cannot stat");
-    ::close(fd);
-    return s;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + ": not a regular file");
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) {
-    ::close(fd);
-    return DataLossError(absl::StrCat(path, ": file is ", file_size,
-                                      " bytes, shorter than the 8-byte header length"));
-  }
-  void* map = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int mmap_errno = errno;
-  ::close(fd);  // the mapping stays valid
-  if (map == MAP_FAILED) return errno_status(mmap_errno, path + ": mmap failed");
-  r->map_ = map;
-  r->map_size_ = file_size;
-  const auto* bytes = static_cast<const uint8_t*>(map);
+  RELAY_ASSIGN_OR_RETURN(const uint64_t file_size, map_file(path, &r->map_));
+  r->map_size_ = file_size;  // from here on the destructor unmaps
+  const auto* bytes = static_cast<const uint8_t*>(r->map_);
 
   uint64_t header_len;
   std::memcpy(&header_len, bytes, 8);  // little-endian host
@@ -256,53 +169,10 @@ StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::
   r->data_ = bytes + 8 + header_len;
 
   const std::string_view header_text(reinterpret_cast<const char*>(bytes + 8), header_len);
-  if (Status s = check_json_nesting(header_text, path + ": header"); !s.ok()) {
-    return DataLossError(s.message());
-  }
-  // A sorted-map json (not ordered_json, whose lookups are linear): entries
-  // are put in data order below.
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(header_text);
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(path + ": header is not valid JSON: " + e.what());
-  }
-  if (!header.is_object()) return DataLossError(path + ": header must be a JSON object");
-
-  for (const auto& [name, value] : header.items()) {
-    if (name == "__metadata__") {
-      if (value.is_null()) continue;
-      if (!value.is_object()) return DataLossError(path + ": __metadata__ must be a JSON object");
-      for (const auto& [k, v] : value.items()) {
-        if (!v.is_string()) {
-          return DataLossError(path + ": __metadata__ '" + k + "' must be a string, got " +
-                               v.dump());
-        }
-        r->metadata_[k] = v.get<std::string>();
-      }
-      continue;
-    }
-    RELAY_ASSIGN_OR_RETURN(TensorEntry e,
-                           parse_entry(name, value, data_size, path + ": tensor '" + name + "': "));
-    r->entries_.push_back(std::move(e));
-  }
-
-  // Data order: by (begin, end), so an empty tensor sorts before the tensor
-  // that starts where it sits; empty tensors at one offset stay in name order.
-  std::stable_sort(r->entries_.begin(), r->entries_.end(),
-                   [](const TensorEntry& a, const TensorEntry& b) {
-                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-                   });
-  const TensorEntry* prev = nullptr;  // last entry holding bytes
-  for (const TensorEntry& e : r->entries_) {
-    if (e.begin == e.end) continue;  // empty tensors hold no bytes
-    if (prev != nullptr && e.begin < prev->end) {
-      return DataLossError(absl::StrCat(path, ": tensor '", e.name, "' [", e.begin, ", ", e.end,
-                                        ") overlaps tensor '", prev->name, "' [", prev->begin, ", ",
-                                        prev->end, ")"));
-    }
-    prev = &e;
-  }
+  RELAY_ASSIGN_OR_RETURN(internal::SafetensorsHeader header,
+                         internal::parse_safetensors_header(header_text, data_size, path));
+  r->entries_ = std::move(header.entries);
+  r->metadata_ = std::move(header.metadata);
   for (size_t i = 0; i < r->entries_.size(); ++i) r->by_name_.emplace(r->entries_[i].name, i);
   return r;
 }

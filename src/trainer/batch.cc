@@ -20,86 +20,102 @@ std::string where(const rollout::TrajectoryGroup& g, size_t j) {
   return absl::StrCat("group '", g.group_id, "' trajectory ", j);
 }
 
-}  // namespace
+// The trajectories build_batch keeps, in input order, and the groups they
+// belong to. Rows point into the caller's groups, which outlive the build.
+struct Selection {
+  std::vector<Row> rows;
+  std::vector<std::string> group_ids;  // per kept group
+  std::vector<double> baselines;       // per kept group
+  int64_t seen = 0;                    // trajectories looked at
+};
 
-int64_t TrainBatch::num_tokens() const {
-  return response_mask.defined() ? response_mask.sum().item<int64_t>() : 0;
+// Rejects what would make a batch row meaningless (invariant 1: every token
+// has its version and behaviour log-prob) before any staleness decision, so a
+// malformed trajectory fails the build even when it is stale.
+Status check_row(const rollout::TrajectoryGroup& g, size_t j) {
+  const rollout::Trajectory& t = g.trajectories[j];
+  if (Status s = rollout::check_trajectory(t); !s.ok()) {
+    return InvalidArgumentError(absl::StrCat(where(g, j), ": ", s.message()));
+  }
+  if (std::isnan(t.reward) || std::isinf(t.reward)) {
+    return InvalidArgumentError(
+        absl::StrCat(where(g, j), ": reward: ", t.reward, " (the trajectory was not scored)"));
+  }
+  if (t.response_tokens.empty()) {
+    return InvalidArgumentError(absl::StrCat(where(g, j), ": response_tokens: empty"));
+  }
+  if (t.prompt_tokens.empty()) {
+    return InvalidArgumentError(absl::StrCat(where(g, j), ": prompt_tokens: empty"));
+  }
+  if (t.prompt_tokens != g.trajectories[0].prompt_tokens) {
+    return InvalidArgumentError(absl::StrCat(
+        where(g, j), ": prompt_tokens: differ from trajectory 0's; a group shares one prompt"));
+  }
+  return OkStatus();
 }
 
-StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& groups,
-                                 const BatchOptions& options, BatchStats* stats) {
-  BatchStats local;
-  BatchStats& st = stats ? *stats : local;
-  st = BatchStats{};
-  const int64_t oldest =
-      options.max_staleness < 0 ? INT64_MIN : options.trainer_version - options.max_staleness;
-
-  TrainBatch batch;
-  std::vector<Row> rows;
-  std::vector<double> baselines;  // per kept group
-  int64_t source = 0;
+// Checks every trajectory and keeps those whose oldest token is at least
+// `oldest`; a group with none kept is dropped whole. Counts into `st`.
+StatusOr<Selection> select_fresh(const std::vector<rollout::TrajectoryGroup>& groups,
+                                 int64_t oldest, BatchStats& st) {
+  Selection sel;
   for (const rollout::TrajectoryGroup& g : groups) {
     ++st.groups;
     size_t kept_here = 0;
-    for (size_t j = 0; j < g.trajectories.size(); ++j, ++source) {
+    for (size_t j = 0; j < g.trajectories.size(); ++j, ++sel.seen) {
+      RELAY_RETURN_IF_ERROR(check_row(g, j));
       const rollout::Trajectory& t = g.trajectories[j];
-      if (Status s = rollout::check_trajectory(t); !s.ok()) {
-        return InvalidArgumentError(absl::StrCat(where(g, j), ": ", s.message()));
-      }
-      if (std::isnan(t.reward) || std::isinf(t.reward)) {
-        return InvalidArgumentError(
-            absl::StrCat(where(g, j), ": reward: ", t.reward, " (the trajectory was not scored)"));
-      }
-      if (t.response_tokens.empty()) {
-        return InvalidArgumentError(absl::StrCat(where(g, j), ": response_tokens: empty"));
-      }
-      if (t.prompt_tokens.empty()) {
-        return InvalidArgumentError(absl::StrCat(where(g, j), ": prompt_tokens: empty"));
-      }
-      if (t.prompt_tokens != g.trajectories[0].prompt_tokens) {
-        return InvalidArgumentError(absl::StrCat(
-            where(g, j), ": prompt_tokens: differ from trajectory 0's; a group shares one prompt"));
-      }
       if (*std::min_element(t.token_versions.begin(), t.token_versions.end()) < oldest) {
         ++st.dropped_stale;
         continue;
       }
-      rows.push_back({static_cast<int64_t>(batch.group_ids.size()), source, &t});
+      sel.rows.push_back({static_cast<int64_t>(sel.group_ids.size()), sel.seen, &t});
       ++kept_here;
     }
     if (kept_here > 0) {
-      batch.group_ids.push_back(g.group_id);
-      baselines.push_back(g.baseline ? g.baseline->reward : NAN);
+      sel.group_ids.push_back(g.group_id);
+      sel.baselines.push_back(g.baseline ? g.baseline->reward : NAN);
     } else {
       ++st.dropped_groups;
     }
   }
-  st.trajectories = static_cast<int64_t>(rows.size());
-  if (rows.empty()) {
-    return FailedPreconditionError(
-        absl::StrCat("build_batch: no trajectory left of ", source, " (", st.dropped_stale,
-                     " dropped as older than version ", oldest, " for trainer version ",
-                     options.trainer_version, " with max_staleness ", options.max_staleness, ")"));
-  }
+  return sel;
+}
 
-  const auto B = static_cast<int64_t>(rows.size());
-  int64_t T = 0, L = 0;
-  int32_t layers = 0, top_k = 0;  // of the rows that carry routing
+// Padded sizes of the batch tensors. Routing (MoE expert ids) is optional per
+// row, but the rows that carry it must agree on its shape to share a tensor.
+struct Shape {
+  int64_t B = 0, T = 0, L = 0;
+  int32_t layers = 0, top_k = 0;  // 0 when no row carries routing
+};
+
+StatusOr<Shape> batch_shape(const std::vector<Row>& rows) {
+  Shape s;
+  s.B = static_cast<int64_t>(rows.size());
   for (const Row& r : rows) {
-    T = std::max<int64_t>(T, r.t->prompt_tokens.size() + r.t->response_tokens.size());
-    L = std::max<int64_t>(L, r.t->response_tokens.size());
+    s.T = std::max<int64_t>(s.T, r.t->prompt_tokens.size() + r.t->response_tokens.size());
+    s.L = std::max<int64_t>(s.L, r.t->response_tokens.size());
     if (r.t->routed_experts.empty()) continue;
-    if (layers == 0) {
-      layers = r.t->routing_layers;
-      top_k = r.t->routing_top_k;
-    } else if (r.t->routing_layers != layers || r.t->routing_top_k != top_k) {
+    if (s.layers == 0) {
+      s.layers = r.t->routing_layers;
+      s.top_k = r.t->routing_top_k;
+    } else if (r.t->routing_layers != s.layers || r.t->routing_top_k != s.top_k) {
       return InvalidArgumentError(absl::StrCat(
           "trajectory ", r.source, ": routed_experts: ", r.t->routing_layers, " layers x ",
-          r.t->routing_top_k, " experts, where the batch has ", layers, " x ", top_k));
+          r.t->routing_top_k, " experts, where the batch has ", s.layers, " x ", s.top_k));
     }
   }
-  if (layers > 0) batch.routed_experts = torch::full({B, T, layers, top_k}, -1, torch::kInt64);
-  batch.input_ids = torch::full({B, T}, options.pad_token_id, torch::kInt64);
+  return s;
+}
+
+// Fills the tensors with their padding values: padded response positions stay
+// masked out, with version -1 and log-prob 0.
+void allocate(TrainBatch& batch, const Shape& s, int64_t pad_token_id) {
+  const int64_t B = s.B, T = s.T, L = s.L;
+  if (s.layers > 0) {
+    batch.routed_experts = torch::full({B, T, s.layers, s.top_k}, -1, torch::kInt64);
+  }
+  batch.input_ids = torch::full({B, T}, pad_token_id, torch::kInt64);
   batch.lengths = torch::empty({B}, torch::kInt64);
   batch.prompt_lengths = torch::empty({B}, torch::kInt64);
   batch.response_lengths = torch::empty({B}, torch::kInt64);
@@ -114,52 +130,108 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
   batch.truncated = torch::zeros({B}, torch::kBool);
   batch.has_offpolicy = torch::zeros({B}, torch::kBool);
   batch.baseline_rewards = torch::full({B}, NAN, torch::kFloat32);
+}
 
-  auto ids = batch.input_ids.accessor<int64_t, 2>();
-  auto mask = batch.response_mask.accessor<bool, 2>();
-  auto behav = batch.behavior_logprobs.accessor<float, 2>();
-  auto prox = batch.proximal_logprobs.accessor<float, 2>();
-  auto prox_v = batch.proximal_versions.accessor<int64_t, 2>();
-  auto vers = batch.token_versions.accessor<int64_t, 2>();
-  auto off = batch.offpolicy_mask.accessor<bool, 2>();
-  auto lengths = batch.lengths.accessor<int64_t, 1>();
-  auto prompt_lengths = batch.prompt_lengths.accessor<int64_t, 1>();
-  auto response_lengths = batch.response_lengths.accessor<int64_t, 1>();
-  auto rewards = batch.rewards.accessor<float, 1>();
-  auto group_index = batch.group_index.accessor<int64_t, 1>();
-  auto truncated = batch.truncated.accessor<bool, 1>();
-  auto has_offpolicy = batch.has_offpolicy.accessor<bool, 1>();
-  auto baseline = batch.baseline_rewards.accessor<float, 1>();
-  for (int64_t b = 0; b < B; ++b) {
-    const rollout::Trajectory& t = *rows[b].t;
+// Writes rows into an allocated batch through CPU accessors, made once rather
+// than per row.
+class RowWriter {
+ public:
+  RowWriter(TrainBatch& batch, const Shape& shape)
+      : batch_(batch),
+        shape_(shape),
+        ids_(batch.input_ids.accessor<int64_t, 2>()),
+        mask_(batch.response_mask.accessor<bool, 2>()),
+        behav_(batch.behavior_logprobs.accessor<float, 2>()),
+        prox_(batch.proximal_logprobs.accessor<float, 2>()),
+        prox_v_(batch.proximal_versions.accessor<int64_t, 2>()),
+        vers_(batch.token_versions.accessor<int64_t, 2>()),
+        off_(batch.offpolicy_mask.accessor<bool, 2>()),
+        lengths_(batch.lengths.accessor<int64_t, 1>()),
+        prompt_lengths_(batch.prompt_lengths.accessor<int64_t, 1>()),
+        response_lengths_(batch.response_lengths.accessor<int64_t, 1>()),
+        rewards_(batch.rewards.accessor<float, 1>()),
+        group_index_(batch.group_index.accessor<int64_t, 1>()),
+        truncated_(batch.truncated.accessor<bool, 1>()),
+        has_offpolicy_(batch.has_offpolicy.accessor<bool, 1>()),
+        baseline_(batch.baseline_rewards.accessor<float, 1>()) {}
+
+  void write(int64_t b, const Row& row, double baseline) {
+    const rollout::Trajectory& t = *row.t;
     const auto P = static_cast<int64_t>(t.prompt_tokens.size());
     const auto R = static_cast<int64_t>(t.response_tokens.size());
-    for (int64_t i = 0; i < P; ++i) ids[b][i] = t.prompt_tokens[i];
+    for (int64_t i = 0; i < P; ++i) ids_[b][i] = t.prompt_tokens[i];
     for (int64_t j = 0; j < R; ++j) {
-      ids[b][P + j] = t.response_tokens[j];
-      mask[b][j] = true;
-      behav[b][j] = t.behavior_logprobs[j];  // NaN stays NaN
-      prox[b][j] = t.proximal_logprobs[j];
-      prox_v[b][j] = t.proximal_versions[j];
-      vers[b][j] = t.token_versions[j];
-      off[b][j] = t.offpolicy_mask[j] != 0;
+      ids_[b][P + j] = t.response_tokens[j];
+      mask_[b][j] = true;
+      behav_[b][j] = t.behavior_logprobs[j];  // NaN stays NaN
+      prox_[b][j] = t.proximal_logprobs[j];
+      prox_v_[b][j] = t.proximal_versions[j];
+      vers_[b][j] = t.token_versions[j];
+      off_[b][j] = t.offpolicy_mask[j] != 0;
     }
     if (!t.routed_experts.empty()) {
       // Positions 0 .. P + R - 2, each layers x top_k ids.
       at::Tensor r = torch::tensor(t.routed_experts, torch::kInt32)
-                         .view({P + R - 1, layers, top_k})
+                         .view({P + R - 1, shape_.layers, shape_.top_k})
                          .to(torch::kInt64);
-      batch.routed_experts[b].narrow(0, 0, P + R - 1).copy_(r);
+      batch_.routed_experts[b].narrow(0, 0, P + R - 1).copy_(r);
     }
-    lengths[b] = P + R;
-    prompt_lengths[b] = P;
-    response_lengths[b] = R;
-    rewards[b] = static_cast<float>(t.reward);
-    group_index[b] = rows[b].group;
-    truncated[b] = t.finish_reason == rollout::FinishReason::kLength;
-    has_offpolicy[b] = t.num_forced() > 0;
-    baseline[b] = static_cast<float>(baselines[rows[b].group]);
-    batch.source_rows.push_back(rows[b].source);
+    lengths_[b] = P + R;
+    prompt_lengths_[b] = P;
+    response_lengths_[b] = R;
+    rewards_[b] = static_cast<float>(t.reward);
+    group_index_[b] = row.group;
+    truncated_[b] = t.finish_reason == rollout::FinishReason::kLength;
+    has_offpolicy_[b] = t.num_forced() > 0;
+    baseline_[b] = static_cast<float>(baseline);
+    batch_.source_rows.push_back(row.source);
+  }
+
+ private:
+  TrainBatch& batch_;
+  Shape shape_;
+  at::TensorAccessor<int64_t, 2> ids_;
+  at::TensorAccessor<bool, 2> mask_;
+  at::TensorAccessor<float, 2> behav_, prox_;
+  at::TensorAccessor<int64_t, 2> prox_v_, vers_;
+  at::TensorAccessor<bool, 2> off_;
+  at::TensorAccessor<int64_t, 1> lengths_, prompt_lengths_, response_lengths_;
+  at::TensorAccessor<float, 1> rewards_;
+  at::TensorAccessor<int64_t, 1> group_index_;
+  at::TensorAccessor<bool, 1> truncated_, has_offpolicy_;
+  at::TensorAccessor<float, 1> baseline_;
+};
+
+}  // namespace
+
+int64_t TrainBatch::num_tokens() const {
+  return response_mask.defined() ? response_mask.sum().item<int64_t>() : 0;
+}
+
+StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& groups,
+                                 const BatchOptions& options, BatchStats* stats) {
+  BatchStats local;
+  BatchStats& st = stats ? *stats : local;
+  st = BatchStats{};
+  const int64_t oldest =
+      options.max_staleness < 0 ? INT64_MIN : options.trainer_version - options.max_staleness;
+
+  RELAY_ASSIGN_OR_RETURN(Selection sel, select_fresh(groups, oldest, st));
+  st.trajectories = static_cast<int64_t>(sel.rows.size());
+  if (sel.rows.empty()) {
+    return FailedPreconditionError(
+        absl::StrCat("build_batch: no trajectory left of ", sel.seen, " (", st.dropped_stale,
+                     " dropped as older than version ", oldest, " for trainer version ",
+                     options.trainer_version, " with max_staleness ", options.max_staleness, ")"));
+  }
+  RELAY_ASSIGN_OR_RETURN(const Shape shape, batch_shape(sel.rows));
+
+  TrainBatch batch;
+  batch.group_ids = std::move(sel.group_ids);
+  allocate(batch, shape, options.pad_token_id);
+  RowWriter writer(batch, shape);
+  for (int64_t b = 0; b < shape.B; ++b) {
+    writer.write(b, sel.rows[b], sel.baselines[sel.rows[b].group]);
   }
   return batch;
 }

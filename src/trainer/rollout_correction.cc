@@ -166,6 +166,131 @@ void put(std::map<std::string, double>& out, const std::string& prefix, const Mi
   out[prefix + "/ratio_mean"] = s.ratio_mean;
 }
 
+// What every step of rollout_correction reads: the mask as bool, the raw
+// log r = log pi_old - log pi_behav in float64 (0 outside the mask, so padding,
+// possibly NaN, never reaches a sum; 0 everywhere without old_logprobs), and
+// the token and sequence counts the fractions divide by.
+struct Ratios {
+  at::Tensor mask;   // [B, L] bool
+  at::Tensor log_r;  // [B, L] float64
+  double n_tokens = 0;
+  double n_seqs = 0;  // sequences with at least one masked token
+};
+
+Ratios log_ratios(const RolloutCorrectionInputs& in) {
+  Ratios r;
+  r.mask =
+      in.response_mask.scalar_type() == torch::kBool ? in.response_mask : in.response_mask.ne(0);
+  const at::Tensor behav = in.behavior_logprobs.detach().to(torch::kFloat64);
+  r.log_r = torch::zeros_like(behav);
+  if (in.old_logprobs.defined()) {
+    r.log_r = torch::where(r.mask, in.old_logprobs.detach().to(torch::kFloat64) - behav, r.log_r);
+  }
+  r.n_tokens = r.mask.sum().item<double>();
+  r.n_seqs = r.mask.any(-1).sum().item<double>();
+  return r;
+}
+
+// Diagnostics over the input mask: how far behind the trainer the tokens are,
+// and the mismatch split into engine (same version) and staleness (older).
+void measure_mismatch(const RolloutCorrectionInputs& in, const RolloutCorrectionOptions& o,
+                      const Ratios& r, RolloutCorrectionMetrics& m) {
+  at::Tensor engine = r.mask;
+  at::Tensor stale = torch::zeros_like(r.mask);
+  if (in.token_versions.defined()) {
+    at::Tensor v = in.token_versions.to(torch::kLong);
+    engine = v.eq(in.trainer_version).logical_and(r.mask);
+    stale = v.lt(in.trainer_version).logical_and(r.mask);
+    if (r.n_tokens > 0) {
+      at::Tensor lag = (in.trainer_version - v).masked_select(r.mask).to(torch::kFloat64);
+      m.version_lag_mean = lag.mean().item<double>();
+      m.version_lag_max = lag.max().item<double>();
+    }
+  }
+  if (in.old_logprobs.defined()) {
+    m.all = mismatch_stats(r.log_r, r.mask, o.log_clamp);
+    m.engine = mismatch_stats(r.log_r, engine, o.log_clamp);
+    m.staleness = mismatch_stats(r.log_r, stale, o.log_clamp);
+  }
+}
+
+// The tokens kept after rejection and veto ([B, L] bool). In bypass mode
+// pi_old is pi_behav: log r = 0, which passes every test, so they are skipped.
+at::Tensor reject(const RolloutCorrectionOptions& o, const Ratios& r, RolloutCorrectionMetrics& m) {
+  at::Tensor keep = r.mask;
+  if (!o.bypass && o.rs_level != CorrectionLevel::kNone) {
+    keep = keep.logical_and(rejection_pass(r.log_r, r.mask, o));
+    at::Tensor removed = r.mask.logical_and(keep.logical_not());
+    m.rs_rejected_token_fraction = ratio_or_zero(removed.sum().item<double>(), r.n_tokens);
+    m.rs_rejected_sequence_fraction = ratio_or_zero(removed.any(-1).sum().item<double>(), r.n_seqs);
+  }
+  if (!o.bypass && o.veto_threshold > 0) {
+    at::Tensor catastrophic = r.log_r.lt(std::log(o.veto_threshold)).logical_and(r.mask);
+    at::Tensor vetoed = catastrophic.any(-1, /*keepdim=*/true);
+    keep = keep.logical_and(vetoed.logical_not());
+    m.veto_fraction = ratio_or_zero(vetoed.sum().item<double>(), r.n_seqs);
+    m.catastrophic_token_fraction = ratio_or_zero(catastrophic.sum().item<double>(), r.n_tokens);
+  }
+  at::Tensor removed = r.mask.logical_and(keep.logical_not());
+  m.rejected_token_fraction = ratio_or_zero(removed.sum().item<double>(), r.n_tokens);
+  m.rejected_sequence_fraction = ratio_or_zero(removed.any(-1).sum().item<double>(), r.n_seqs);
+  return keep;
+}
+
+// Truncated IS weights, [B, L] for the token level and [B, 1] per sequence
+// otherwise, with where the truncation bit from above (high) and below (low).
+struct IsWeights {
+  at::Tensor w, high, low;
+  bool per_sequence = false;
+};
+
+IsWeights is_weights(const RolloutCorrectionOptions& o, const Ratios& r) {
+  const CorrectionLevel level = o.bypass ? CorrectionLevel::kNone : o.is_level;
+  IsWeights iw;
+  iw.per_sequence = level == CorrectionLevel::kSequence || level == CorrectionLevel::kGeometric;
+  iw.w = torch::ones_like(r.log_r);
+  iw.high = torch::zeros_like(r.mask);
+  iw.low = torch::zeros_like(r.mask);
+  if (level == CorrectionLevel::kNone) return iw;
+  at::Tensor log_w = iw.per_sequence ? aggregate(r.log_r, r.mask, level) : r.log_r;
+  at::Tensor raw = log_w.clamp(-o.log_clamp, o.log_clamp).exp();
+  iw.high = raw.gt(o.is_threshold);
+  if (o.is_mode == IsWeightMode::kClip) {
+    const double lower = o.is_threshold_lower > 0 ? o.is_threshold_lower : 1.0 / o.is_threshold;
+    iw.low = raw.lt(lower);
+    iw.w = raw.clamp(lower, o.is_threshold);
+  } else {
+    iw.low = torch::zeros_like(iw.high);
+    iw.w = raw.clamp_max(o.is_threshold);
+  }
+  return iw;
+}
+
+// Weight statistics over the kept units (tokens, or sequences for the
+// sequence levels), and the optional division by their mean.
+void summarize_weights(const RolloutCorrectionOptions& o, const at::Tensor& keep, IsWeights& iw,
+                       RolloutCorrectionMetrics& m) {
+  at::Tensor units = iw.per_sequence ? keep.any(-1, /*keepdim=*/true) : keep;
+  at::Tensor uw = iw.w.masked_select(units);
+  const int64_t n_units = uw.numel();
+  if (n_units == 0) return;
+  m.is_truncated_fraction_upper =
+      iw.high.masked_select(units).to(torch::kFloat64).mean().item<double>();
+  m.is_truncated_fraction_lower =
+      iw.low.masked_select(units).to(torch::kFloat64).mean().item<double>();
+  m.is_truncated_fraction = m.is_truncated_fraction_upper + m.is_truncated_fraction_lower;
+  const double sum = uw.sum().item<double>();
+  const double sum_sq = uw.square().sum().item<double>();
+  m.is_weight_mean = sum / static_cast<double>(n_units);
+  m.is_weight_min = uw.min().item<double>();
+  m.is_weight_max = uw.max().item<double>();
+  m.is_weight_ess = sum_sq > 0 ? sum * sum / (static_cast<double>(n_units) * sum_sq) : 0.0;
+  if (o.is_batch_normalize && m.is_weight_mean > 0) {
+    m.is_batch_norm_factor = m.is_weight_mean;
+    iw.w = iw.w / m.is_batch_norm_factor;
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------- names
@@ -179,105 +304,15 @@ StatusOr<RolloutCorrectionResult> rollout_correction(const RolloutCorrectionInpu
   RELAY_RETURN_IF_ERROR(check_options(o, "rollout_correction"));
   RELAY_RETURN_IF_ERROR(check_inputs(in, o));
 
-  const at::Tensor mask =
-      in.response_mask.scalar_type() == torch::kBool ? in.response_mask : in.response_mask.ne(0);
-  const bool have_old = in.old_logprobs.defined();
-  const at::Tensor behav = in.behavior_logprobs.detach().to(torch::kFloat64);
-  // Raw log r, 0 outside the mask so padding (possibly NaN) never reaches a sum.
-  at::Tensor log_r = torch::zeros_like(behav);
-  if (have_old) {
-    log_r = torch::where(mask, in.old_logprobs.detach().to(torch::kFloat64) - behav, log_r);
-  }
-
+  const Ratios r = log_ratios(in);
   RolloutCorrectionResult result;
   result.anchor_logprobs = o.bypass ? in.behavior_logprobs : in.old_logprobs;
-  RolloutCorrectionMetrics& m = result.metrics;
-
-  // Diagnostics, over the input mask.
-  const double n_tokens = mask.sum().item<double>();
-  const at::Tensor nonempty = mask.any(-1);
-  const double n_seqs = nonempty.sum().item<double>();
-  at::Tensor engine = mask;
-  at::Tensor stale = torch::zeros_like(mask);
-  if (in.token_versions.defined()) {
-    at::Tensor v = in.token_versions.to(torch::kLong);
-    engine = v.eq(in.trainer_version).logical_and(mask);
-    stale = v.lt(in.trainer_version).logical_and(mask);
-    if (n_tokens > 0) {
-      at::Tensor lag = (in.trainer_version - v).masked_select(mask).to(torch::kFloat64);
-      m.version_lag_mean = lag.mean().item<double>();
-      m.version_lag_max = lag.max().item<double>();
-    }
-  }
-  if (have_old) {
-    m.all = mismatch_stats(log_r, mask, o.log_clamp);
-    m.engine = mismatch_stats(log_r, engine, o.log_clamp);
-    m.staleness = mismatch_stats(log_r, stale, o.log_clamp);
-  }
-
-  // Rejection and veto. In bypass mode pi_old is pi_behav: log r = 0, which
-  // passes every test, so they are skipped.
-  at::Tensor keep = mask;
-  if (!o.bypass && o.rs_level != CorrectionLevel::kNone) {
-    keep = keep.logical_and(rejection_pass(log_r, mask, o));
-    at::Tensor removed = mask.logical_and(keep.logical_not());
-    m.rs_rejected_token_fraction = ratio_or_zero(removed.sum().item<double>(), n_tokens);
-    m.rs_rejected_sequence_fraction = ratio_or_zero(removed.any(-1).sum().item<double>(), n_seqs);
-  }
-  if (!o.bypass && o.veto_threshold > 0) {
-    at::Tensor catastrophic = log_r.lt(std::log(o.veto_threshold)).logical_and(mask);
-    at::Tensor vetoed = catastrophic.any(-1, /*keepdim=*/true);
-    keep = keep.logical_and(vetoed.logical_not());
-    m.veto_fraction = ratio_or_zero(vetoed.sum().item<double>(), n_seqs);
-    m.catastrophic_token_fraction = ratio_or_zero(catastrophic.sum().item<double>(), n_tokens);
-  }
-  at::Tensor removed = mask.logical_and(keep.logical_not());
-  m.rejected_token_fraction = ratio_or_zero(removed.sum().item<double>(), n_tokens);
-  m.rejected_sequence_fraction = ratio_or_zero(removed.any(-1).sum().item<double>(), n_seqs);
-
-  // IS weights: [B, L] for the token level, [B, 1] per sequence otherwise.
-  const CorrectionLevel level = o.bypass ? CorrectionLevel::kNone : o.is_level;
-  const bool per_sequence =
-      level == CorrectionLevel::kSequence || level == CorrectionLevel::kGeometric;
-  at::Tensor w = torch::ones_like(log_r);
-  at::Tensor high = torch::zeros_like(mask);
-  at::Tensor low = torch::zeros_like(mask);
-  if (level != CorrectionLevel::kNone) {
-    at::Tensor log_w = per_sequence ? aggregate(log_r, mask, level) : log_r;
-    at::Tensor raw = log_w.clamp(-o.log_clamp, o.log_clamp).exp();
-    high = raw.gt(o.is_threshold);
-    if (o.is_mode == IsWeightMode::kClip) {
-      const double lower = o.is_threshold_lower > 0 ? o.is_threshold_lower : 1.0 / o.is_threshold;
-      low = raw.lt(lower);
-      w = raw.clamp(lower, o.is_threshold);
-    } else {
-      low = torch::zeros_like(high);
-      w = raw.clamp_max(o.is_threshold);
-    }
-  }
-  // One unit per kept token, or per kept sequence for the sequence levels.
-  at::Tensor units = per_sequence ? keep.any(-1, /*keepdim=*/true) : keep;
-  at::Tensor uw = w.masked_select(units);
-  const int64_t n_units = uw.numel();
-  if (n_units > 0) {
-    m.is_truncated_fraction_upper =
-        high.masked_select(units).to(torch::kFloat64).mean().item<double>();
-    m.is_truncated_fraction_lower =
-        low.masked_select(units).to(torch::kFloat64).mean().item<double>();
-    m.is_truncated_fraction = m.is_truncated_fraction_upper + m.is_truncated_fraction_lower;
-    const double sum = uw.sum().item<double>();
-    const double sum_sq = uw.square().sum().item<double>();
-    m.is_weight_mean = sum / static_cast<double>(n_units);
-    m.is_weight_min = uw.min().item<double>();
-    m.is_weight_max = uw.max().item<double>();
-    m.is_weight_ess = sum_sq > 0 ? sum * sum / (static_cast<double>(n_units) * sum_sq) : 0.0;
-    if (o.is_batch_normalize && m.is_weight_mean > 0) {
-      m.is_batch_norm_factor = m.is_weight_mean;
-      w = w / m.is_batch_norm_factor;
-    }
-  }
+  measure_mismatch(in, o, r, result.metrics);
+  const at::Tensor keep = reject(o, r, result.metrics);
+  IsWeights iw = is_weights(o, r);
+  summarize_weights(o, keep, iw, result.metrics);
   // w is finite (clamped), so multiplying by the mask is exact zeroing.
-  result.weights = (w * keep.to(torch::kFloat64)).to(torch::kFloat32);
+  result.weights = (iw.w * keep.to(torch::kFloat64)).to(torch::kFloat32);
   result.response_mask = keep.clone();  // never an alias of the caller's mask
   return result;
 }

@@ -73,88 +73,121 @@ Status TrainerHost::wait_for_ready(int64_t want, int64_t taken, int64_t min_vers
   }
 }
 
+// One step()'s state across its rounds of filling the batch and training.
+struct TrainerHost::StepState {
+  int64_t version = 0;      // the trainer's when the step began
+  int64_t min_version = 0;  // the oldest token version the batch may hold
+  std::chrono::steady_clock::time_point start, deadline;
+  int64_t expired = 0;          // groups the store dropped as stale during the step
+  int64_t rejected_before = 0;  // rejected_ when the step began
+  std::vector<store::StoredGroup> taken;
+};
+
+// Fills the batch: waits for enough READY groups, takes them, quarantines the
+// ones no step could train on, and takes more in their place.
+Status TrainerHost::fill(StepState& s, const std::function<bool()>& stop,
+                         const std::function<Status()>& workers_present) {
+  while (static_cast<int64_t>(s.taken.size()) < options_.groups_per_step) {
+    const int64_t want = options_.groups_per_step - static_cast<int64_t>(s.taken.size());
+    RELAY_RETURN_IF_ERROR(wait_for_ready(want, static_cast<int64_t>(s.taken.size()), s.min_version,
+                                         s.deadline, stop, workers_present));
+    RELAY_RETURN_IF_ERROR(take(s, want));
+  }
+  return OkStatus();
+}
+
+Status TrainerHost::take(StepState& s, int64_t want) {
+  int64_t expired_take = 0;
+  const uint64_t rejected_in_store = store_->rejected_total();
+  RELAY_ASSIGN_OR_RETURN(std::vector<store::StoredGroup> got,
+                         store_->take_ready(want, s.min_version, s.version, &expired_take));
+  s.expired += expired_take;
+  if (const uint64_t n = store_->rejected_total() - rejected_in_store; n > 0) {
+    rejected_ += static_cast<int64_t>(n);
+    spdlog::warn(
+        "trainer at version {}: {} stored group(s) failed their checks on the way out and "
+        "were quarantined (relay store inspect lists them)",
+        s.version, n);
+  }
+  for (store::StoredGroup& g : got) {
+    if (Status st = screen(g, s.version); !st.ok()) {
+      RELAY_RETURN_IF_ERROR(quarantine(g, std::string(st.message()), s.version));
+      continue;
+    }
+    s.taken.push_back(std::move(g));
+  }
+  return OkStatus();
+}
+
+// After a successful Trainer::step: the store's metrics, the new version out
+// to the workers, and every compact_every steps a store compaction.
+Status TrainerHost::finish_step(StepState& s, std::vector<rollout::TrajectoryGroup> groups,
+                                trainer::StepMetrics& m) {
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
+  double wait_versions = 0;
+  for (const store::StoredGroup& g : s.taken) {
+    wait_versions += static_cast<double>(s.version - g.arrival_version);
+  }
+  m.insert_or_assign("store/wait_s", waited);
+  m.insert_or_assign("store/expired", static_cast<double>(s.expired));
+  m.insert_or_assign("store/rejected", static_cast<double>(rejected_ - s.rejected_before));
+  m.insert_or_assign("store/rejected_total", static_cast<double>(store_->rejected_total()));
+  m.insert_or_assign("store/wait_versions_mean",
+                     s.taken.empty() ? 0.0 : wait_versions / static_cast<double>(s.taken.size()));
+  RELAY_RETURN_IF_ERROR(publish_current());
+  last_groups_ = std::move(groups);
+  ++steps_;
+  if (options_.compact_every > 0 && steps_ % options_.compact_every == 0) {
+    RELAY_ASSIGN_OR_RETURN(int64_t compacted, store_->compact(trainer_->version(), compact_floor_));
+    m.insert_or_assign("store/compacted", static_cast<double>(compacted));
+  }
+  return OkStatus();
+}
+
+// A step that blames groups changed nothing: quarantine them, so that the next
+// round takes others in their place. False when there is nothing to retry:
+// no blame (the failure is the trainer's, not the data's), a version that
+// moved anyway, or blame on a group the step was not given.
+StatusOr<bool> TrainerHost::drop_blamed(StepState& s) {
+  const std::vector<trainer::Trainer::StepFault>& faults = trainer_->step_faults();
+  if (faults.empty() || trainer_->version() != s.version) return false;
+  const size_t before = s.taken.size();
+  for (const trainer::Trainer::StepFault& f : faults) {
+    for (auto it = s.taken.begin(); it != s.taken.end();) {
+      if (it->group.group_id != f.group_id) {
+        ++it;
+        continue;
+      }
+      RELAY_RETURN_IF_ERROR(quarantine(*it, f.reason, s.version));
+      it = s.taken.erase(it);
+    }
+  }
+  return s.taken.size() != before;
+}
+
 StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& stop,
                                                  const std::function<Status()>& workers_present) {
-  const int64_t v = trainer_->version();
-  const int64_t min_version = v - options_.max_staleness;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto deadline = t0 + std::chrono::milliseconds(options_.group_wait_ms);
+  StepState s;
+  s.version = trainer_->version();
+  s.min_version = s.version - options_.max_staleness;
+  s.start = std::chrono::steady_clock::now();
+  s.deadline = s.start + std::chrono::milliseconds(options_.group_wait_ms);
   // Groups that fell out of the bound when the version moved give their
   // place back now; new submissions are checked against the bound on arrival.
-  RELAY_ASSIGN_OR_RETURN(int64_t expired_now, store_->expire_stale(min_version, v));
-  const int64_t rejected_before = rejected_;
-  int64_t expired = 0;
-  std::vector<store::StoredGroup> taken;
+  RELAY_ASSIGN_OR_RETURN(s.expired, store_->expire_stale(s.min_version, s.version));
+  s.rejected_before = rejected_;
   for (;;) {
-    // Fill the batch: wait for enough READY groups, take them, quarantine
-    // the ones no step could train on, and take more in their place.
-    while (static_cast<int64_t>(taken.size()) < options_.groups_per_step) {
-      const int64_t want = options_.groups_per_step - static_cast<int64_t>(taken.size());
-      RELAY_RETURN_IF_ERROR(wait_for_ready(want, static_cast<int64_t>(taken.size()), min_version,
-                                           deadline, stop, workers_present));
-      int64_t expired_take = 0;
-      const uint64_t rejected_in_store = store_->rejected_total();
-      RELAY_ASSIGN_OR_RETURN(std::vector<store::StoredGroup> got,
-                             store_->take_ready(want, min_version, v, &expired_take));
-      expired += expired_take;
-      if (const uint64_t n = store_->rejected_total() - rejected_in_store; n > 0) {
-        rejected_ += static_cast<int64_t>(n);
-        spdlog::warn(
-            "trainer at version {}: {} stored group(s) failed their checks on the way out and "
-            "were quarantined (relay store inspect lists them)",
-            v, n);
-      }
-      for (store::StoredGroup& g : got) {
-        if (Status st = screen(g, v); !st.ok()) {
-          RELAY_RETURN_IF_ERROR(quarantine(g, std::string(st.message()), v));
-          continue;
-        }
-        taken.push_back(std::move(g));
-      }
-    }
+    RELAY_RETURN_IF_ERROR(fill(s, stop, workers_present));
     std::vector<rollout::TrajectoryGroup> groups;
-    for (const store::StoredGroup& g : taken) groups.push_back(g.group);
+    for (const store::StoredGroup& g : s.taken) groups.push_back(g.group);
     StatusOr<trainer::StepMetrics> m = trainer_->step(groups);
     if (m.ok()) {
-      const double waited =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      double wait_versions = 0;
-      for (const store::StoredGroup& g : taken) {
-        wait_versions += static_cast<double>(v - g.arrival_version);
-      }
-      m->insert_or_assign("store/wait_s", waited);
-      m->insert_or_assign("store/expired", static_cast<double>(expired + expired_now));
-      m->insert_or_assign("store/rejected", static_cast<double>(rejected_ - rejected_before));
-      m->insert_or_assign("store/rejected_total", static_cast<double>(store_->rejected_total()));
-      m->insert_or_assign("store/wait_versions_mean",
-                          taken.empty() ? 0.0 : wait_versions / static_cast<double>(taken.size()));
-      RELAY_RETURN_IF_ERROR(publish_current());
-      last_groups_ = std::move(groups);
-      ++steps_;
-      if (options_.compact_every > 0 && steps_ % options_.compact_every == 0) {
-        RELAY_ASSIGN_OR_RETURN(int64_t compacted,
-                               store_->compact(trainer_->version(), compact_floor_));
-        m->insert_or_assign("store/compacted", static_cast<double>(compacted));
-      }
+      RELAY_RETURN_IF_ERROR(finish_step(s, std::move(groups), *m));
       return m;
     }
-    // A step that blames groups changed nothing: quarantine them and step
-    // again without them (after taking others in their place). Any other
-    // failure is the trainer's, not the data's, and ends here.
-    const std::vector<trainer::Trainer::StepFault>& faults = trainer_->step_faults();
-    if (faults.empty() || trainer_->version() != v) return m.status();
-    size_t before = taken.size();
-    for (const trainer::Trainer::StepFault& f : faults) {
-      for (auto it = taken.begin(); it != taken.end();) {
-        if (it->group.group_id != f.group_id) {
-          ++it;
-          continue;
-        }
-        RELAY_RETURN_IF_ERROR(quarantine(*it, f.reason, v));
-        it = taken.erase(it);
-      }
-    }
-    if (taken.size() == before) return m.status();  // blamed a group it was not given
+    RELAY_ASSIGN_OR_RETURN(const bool retry, drop_blamed(s));
+    if (!retry) return m.status();
   }
 }
 

@@ -67,9 +67,10 @@ Status check_versions(const std::vector<int64_t>& versions, const std::string& w
   return OkStatus();
 }
 
-Status check_trajectory_submission(const rollout::Trajectory& t, const std::string& where,
-                                   const std::vector<int64_t>& prompt, const SubmissionContext& c,
-                                   const SubmissionLimits& l, bool sampled) {
+// Sizes: what a group shares, and the bounds on how much one trajectory may
+// make the trainer process.
+Status check_lengths(const rollout::Trajectory& t, const std::string& where,
+                     const std::vector<int64_t>& prompt, const SubmissionLimits& l) {
   if (t.prompt_tokens.empty()) return bad(where, "prompt_tokens: empty");
   if (t.response_tokens.empty()) return bad(where, "response_tokens: empty");
   if (t.prompt_tokens != prompt) {
@@ -91,20 +92,31 @@ Status check_trajectory_submission(const rollout::Trajectory& t, const std::stri
                absl::StrCat(t.response_tokens.size(),
                             " tokens exceed rollout.max_new_tokens = ", l.max_response_tokens));
   }
-  if (l.vocab_size > 0) {
-    for (const auto* field : {&t.prompt_tokens, &t.response_tokens}) {
-      for (size_t j = 0; j < field->size(); ++j) {
-        const int64_t id = (*field)[j];
-        if (id < 0 || id >= l.vocab_size) {
-          return bad(
-              absl::StrCat(where, ".",
-                           field == &t.prompt_tokens ? "prompt_tokens" : "response_tokens", "[", j,
-                           "]"),
-              absl::StrCat("token id ", id, " is outside the vocabulary [0, ", l.vocab_size, ")"));
-        }
+  return OkStatus();
+}
+
+// An id outside the vocabulary would index past the embedding table.
+Status check_token_ids(const rollout::Trajectory& t, const std::string& where,
+                       const SubmissionLimits& l) {
+  if (l.vocab_size <= 0) return OkStatus();
+  for (const auto* field : {&t.prompt_tokens, &t.response_tokens}) {
+    for (size_t j = 0; j < field->size(); ++j) {
+      const int64_t id = (*field)[j];
+      if (id < 0 || id >= l.vocab_size) {
+        return bad(
+            absl::StrCat(where, ".",
+                         field == &t.prompt_tokens ? "prompt_tokens" : "response_tokens", "[", j,
+                         "]"),
+            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", l.vocab_size, ")"));
       }
     }
   }
+  return OkStatus();
+}
+
+// The log-prob fields, then the per-token fields' sizes (check_trajectory).
+Status check_logprob_fields(const rollout::Trajectory& t, const std::string& where,
+                            const SubmissionLimits& l, bool sampled) {
   RELAY_RETURN_IF_ERROR(check_logprobs(t.behavior_logprobs, where, "behavior_logprobs", l,
                                        sampled && l.require_behavior_logprobs));
   RELAY_RETURN_IF_ERROR(check_logprobs(t.proximal_logprobs, where, "proximal_logprobs", l, false));
@@ -118,26 +130,33 @@ Status check_trajectory_submission(const rollout::Trajectory& t, const std::stri
   if (Status s = rollout::check_trajectory(clamped); !s.ok()) {
     return bad(where, std::string(s.message()));
   }
-  if (l.moe_layers >= 0 && !t.routed_experts.empty()) {
-    if (l.moe_layers == 0) {
-      return bad(absl::StrCat(where, ".routed_experts"), "the model has no MoE layers");
-    }
-    if (t.routing_layers != l.moe_layers || t.routing_top_k != l.moe_top_k) {
-      return bad(
-          absl::StrCat(where, ".routing_layers"),
-          absl::StrCat(t.routing_layers, " layers x ", t.routing_top_k,
-                       " experts; the model routes ", l.moe_layers, " layers x ", l.moe_top_k));
-    }
-    for (size_t i = 0; i < t.routed_experts.size(); ++i) {
-      if (t.routed_experts[i] >= l.num_experts) {
-        return bad(
-            absl::StrCat(where, ".routed_experts[", i, "]"),
-            absl::StrCat("expert ", t.routed_experts[i], " outside [0, ", l.num_experts, ")"));
-      }
+  return OkStatus();
+}
+
+// Recorded expert routing must fit the model it will be replayed into.
+Status check_routing(const rollout::Trajectory& t, const std::string& where,
+                     const SubmissionLimits& l) {
+  if (l.moe_layers < 0 || t.routed_experts.empty()) return OkStatus();
+  if (l.moe_layers == 0) {
+    return bad(absl::StrCat(where, ".routed_experts"), "the model has no MoE layers");
+  }
+  if (t.routing_layers != l.moe_layers || t.routing_top_k != l.moe_top_k) {
+    return bad(
+        absl::StrCat(where, ".routing_layers"),
+        absl::StrCat(t.routing_layers, " layers x ", t.routing_top_k, " experts; the model routes ",
+                     l.moe_layers, " layers x ", l.moe_top_k));
+  }
+  for (size_t i = 0; i < t.routed_experts.size(); ++i) {
+    if (t.routed_experts[i] >= l.num_experts) {
+      return bad(absl::StrCat(where, ".routed_experts[", i, "]"),
+                 absl::StrCat("expert ", t.routed_experts[i], " outside [0, ", l.num_experts, ")"));
     }
   }
-  RELAY_RETURN_IF_ERROR(check_versions(t.token_versions, where, "token_versions", c, false));
-  RELAY_RETURN_IF_ERROR(check_versions(t.proximal_versions, where, "proximal_versions", c, true));
+  return OkStatus();
+}
+
+Status check_reward(const rollout::Trajectory& t, const std::string& where,
+                    const SubmissionLimits& l) {
   if (!std::isfinite(t.reward)) {
     return bad(absl::StrCat(where, ".reward"),
                absl::StrCat(t.reward, ": the trajectory was not scored"));
@@ -150,6 +169,18 @@ Status check_trajectory_submission(const rollout::Trajectory& t, const std::stri
                             " (a reward function's bug, not a learning signal)"));
   }
   return OkStatus();
+}
+
+Status check_trajectory_submission(const rollout::Trajectory& t, const std::string& where,
+                                   const std::vector<int64_t>& prompt, const SubmissionContext& c,
+                                   const SubmissionLimits& l, bool sampled) {
+  RELAY_RETURN_IF_ERROR(check_lengths(t, where, prompt, l));
+  RELAY_RETURN_IF_ERROR(check_token_ids(t, where, l));
+  RELAY_RETURN_IF_ERROR(check_logprob_fields(t, where, l, sampled));
+  RELAY_RETURN_IF_ERROR(check_routing(t, where, l));
+  RELAY_RETURN_IF_ERROR(check_versions(t.token_versions, where, "token_versions", c, false));
+  RELAY_RETURN_IF_ERROR(check_versions(t.proximal_versions, where, "proximal_versions", c, true));
+  return check_reward(t, where, l);
 }
 
 }  // namespace

@@ -6,20 +6,7 @@
 
 #include "comm/weight_sync/sync_group.h"
 
-// c10d declares its Gloo and NCCL process groups only with these defined.
-#ifndef USE_C10D_GLOO
-#define USE_C10D_GLOO
-#endif
-#ifdef RELAY_WITH_CUDA
-#ifndef USE_C10D_NCCL
-#define USE_C10D_NCCL
-#endif
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
-#include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include "comm/c10d.h"
 
 #include <utility>
 #include <vector>

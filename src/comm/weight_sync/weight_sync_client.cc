@@ -93,6 +93,22 @@ class WeightSyncClient::Impl {
   Status enter(int64_t g);
   StatusOr<ReceivedVersion> receive(const std::function<bool()>& stop);
   StatusOr<ReceivedVersion> receive_one();
+
+  // The steps of receive_one, in broadcast order. Each returns a transport
+  // failure only after detaching (the group is then unusable); bad data is
+  // kept in the Receipt instead, so the remaining collectives are still
+  // joined and the group stays usable.
+  struct Receipt {
+    std::unique_ptr<VersionAssembler> assembler;  // null when the manifest is bad
+    Status bad;                                   // the first data error
+  };
+  Status receive_into(at::Tensor& host, const std::string& label);
+  StatusOr<SyncHeader> receive_header(const std::string& what);
+  StatusOr<Receipt> receive_manifest(const SyncHeader& h, const std::string& what);
+  Status receive_buckets(const SyncHeader& h, const std::string& what, Receipt& r);
+  StatusOr<std::vector<uint64_t>> receive_checksums(const SyncHeader& h, const std::string& what);
+  StatusOr<ReceivedVersion> assemble(const SyncHeader& h, Receipt& r,
+                                     const std::vector<uint64_t>& checksums);
 };
 
 // Becomes rank r of generation g, r from its member list.
@@ -132,57 +148,63 @@ Status WeightSyncClient::Impl::enter(int64_t g) {
   return OkStatus();
 }
 
-StatusOr<ReceivedVersion> WeightSyncClient::Impl::receive_one() {
-  const auto start = Clock::now();
-  const std::string what = absl::StrCat("weight sync generation ", gen, ": ", who());
-  auto run = [&](at::Tensor& host, const std::string& piece) -> Status {
-    at::Tensor wire = group->on_wire(host, false);
-    RELAY_ASSIGN_OR_RETURN(auto op, group->start(wire, what + ": " + piece));
-    RELAY_RETURN_IF_ERROR(op->wait());
-    group->to_host(wire, host);
-    return OkStatus();
-  };
+// One broadcast into `host`, through a device buffer when the group is not on
+// the CPU.
+Status WeightSyncClient::Impl::receive_into(at::Tensor& host, const std::string& label) {
+  at::Tensor wire = group->on_wire(host, false);
+  RELAY_ASSIGN_OR_RETURN(auto op, group->start(wire, label));
+  RELAY_RETURN_IF_ERROR(op->wait());
+  group->to_host(wire, host);
+  return OkStatus();
+}
+
+// Without a header the rest cannot be followed, so any failure here leaves
+// the group.
+StatusOr<SyncHeader> WeightSyncClient::Impl::receive_header(const std::string& what) {
   at::Tensor words = torch::zeros({kSyncHeaderWords}, torch::kInt64);
-  if (Status s = run(words, "header"); !s.ok()) return detach(s);
+  if (Status s = receive_into(words, what + ": header"); !s.ok()) return detach(s);
   StatusOr<SyncHeader> header = decode_header(words.data_ptr<int64_t>());
   if (header.ok() && (header->generation != gen || header->seq != done)) {
     header = DataLossError(absl::StrCat("header of generation ", header->generation, " broadcast ",
                                         header->seq, ", expected broadcast ", done));
   }
-  // Without a header the rest cannot be followed: leave the group.
   if (!header.ok()) {
     return detach(
         Status(header.status().code(), what + ": " + std::string(header.status().message())));
   }
-  const SyncHeader& h = *header;
   ++done;
+  return header;
+}
 
-  // From here on every collective is joined even when the data is bad, so
-  // the group stays usable; the first error is returned at the end.
-  Status bad = OkStatus();
+// The manifest, and an assembler that receives into the last version's
+// payload when the caller has let go of it.
+StatusOr<WeightSyncClient::Impl::Receipt> WeightSyncClient::Impl::receive_manifest(
+    const SyncHeader& h, const std::string& what) {
   at::Tensor meta = torch::empty({static_cast<int64_t>(h.manifest_bytes)}, torch::kUInt8);
-  if (Status s = run(meta, "manifest"); !s.ok()) return detach(s);
-  std::unique_ptr<VersionAssembler> assembler;
-  {
-    StatusOr<model::WeightManifest> manifest = decode_manifest(
-        std::string(static_cast<const char*>(meta.data_ptr()), h.manifest_bytes), h);
-    StatusOr<std::unique_ptr<VersionAssembler>> a =
-        manifest.ok()
-            ? VersionAssembler::create(*std::move(manifest), h.bucket_bytes, std::move(payload))
-            : StatusOr<std::unique_ptr<VersionAssembler>>(manifest.status());
-    payload = at::Tensor();
-    if (a.ok()) {
-      assembler = std::move(a).value();
-    } else {
-      bad = DataLossError(std::string(a.status().message()));
-    }
+  if (Status s = receive_into(meta, what + ": manifest"); !s.ok()) return detach(s);
+  Receipt r;
+  StatusOr<model::WeightManifest> manifest =
+      decode_manifest(std::string(static_cast<const char*>(meta.data_ptr()), h.manifest_bytes), h);
+  StatusOr<std::unique_ptr<VersionAssembler>> a =
+      manifest.ok()
+          ? VersionAssembler::create(*std::move(manifest), h.bucket_bytes, std::move(payload))
+          : StatusOr<std::unique_ptr<VersionAssembler>>(manifest.status());
+  payload = at::Tensor();
+  if (a.ok()) {
+    r.assembler = std::move(a).value();
+  } else {
+    r.bad = DataLossError(std::string(a.status().message()));
   }
+  return r;
+}
 
+Status WeightSyncClient::Impl::receive_buckets(const SyncHeader& h, const std::string& what,
+                                               Receipt& r) {
   // Buckets land in the payload itself (through a device buffer with NCCL);
   // with a bad manifest they are received into a scratch buffer and dropped.
   at::Tensor scratch;
   auto target = [&](uint64_t k) -> at::Tensor {
-    if (assembler) return assembler->bucket(k);
+    if (r.assembler) return r.assembler->bucket(k);
     if (!scratch.defined()) {
       scratch = torch::empty({static_cast<int64_t>(std::min(h.bucket_bytes, h.total_bytes))},
                              torch::kUInt8);
@@ -212,31 +234,53 @@ StatusOr<ReceivedVersion> WeightSyncClient::Impl::receive_one() {
     InFlight& f = in_flight[k % 2];
     if (Status s = f.op->wait(); !s.ok()) return detach(s);
     group->to_host(f.wire, f.host);
-    if (bad.ok()) bad = assembler->add_bucket(k);
+    if (r.bad.ok()) r.bad = r.assembler->add_bucket(k);
     if (k + 2 < h.bucket_count) {
       if (Status s = post(k + 2); !s.ok()) return detach(s);
     }
   }
+  return OkStatus();
+}
+
+StatusOr<std::vector<uint64_t>> WeightSyncClient::Impl::receive_checksums(const SyncHeader& h,
+                                                                          const std::string& what) {
   std::vector<uint64_t> checksums(h.bucket_count);
   if (h.bucket_count > 0) {
     at::Tensor sums = torch::empty({static_cast<int64_t>(h.bucket_count)}, torch::kInt64);
-    if (Status s = run(sums, "checksums"); !s.ok()) return detach(s);
+    if (Status s = receive_into(sums, what + ": checksums"); !s.ok()) return detach(s);
     std::memcpy(checksums.data(), sums.data_ptr(), checksums.size() * sizeof(uint64_t));
   }
-  if (!bad.ok()) return bad;
+  return checksums;
+}
 
-  StatusOr<std::unordered_map<std::string, at::Tensor>> tensors = assembler->finish(checksums);
-  payload = assembler->payload();
+// Checks the received bytes and keeps the payload for the next version to
+// receive into, whether or not they match.
+StatusOr<ReceivedVersion> WeightSyncClient::Impl::assemble(const SyncHeader& h, Receipt& r,
+                                                           const std::vector<uint64_t>& checksums) {
+  StatusOr<std::unordered_map<std::string, at::Tensor>> tensors = r.assembler->finish(checksums);
+  payload = r.assembler->payload();
   if (!tensors.ok()) return tensors.status();
   ReceivedVersion out;
   out.version = h.version;
-  out.manifest = assembler->manifest();
+  out.manifest = r.assembler->manifest();
   out.tensors = std::move(tensors).value();
   if (!group->device().is_cpu()) {
     for (auto& [name, t] : out.tensors) t = t.to(group->device());
   }
   out.bytes = h.total_bytes;
   out.generation = gen;
+  return out;
+}
+
+StatusOr<ReceivedVersion> WeightSyncClient::Impl::receive_one() {
+  const auto start = Clock::now();
+  const std::string what = absl::StrCat("weight sync generation ", gen, ": ", who());
+  RELAY_ASSIGN_OR_RETURN(const SyncHeader h, receive_header(what));
+  RELAY_ASSIGN_OR_RETURN(Receipt r, receive_manifest(h, what));
+  RELAY_RETURN_IF_ERROR(receive_buckets(h, what, r));
+  RELAY_ASSIGN_OR_RETURN(const std::vector<uint64_t> checksums, receive_checksums(h, what));
+  if (!r.bad.ok()) return r.bad;
+  RELAY_ASSIGN_OR_RETURN(ReceivedVersion out, assemble(h, r, checksums));
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return out;
 }

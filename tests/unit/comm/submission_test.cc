@@ -179,6 +179,44 @@ TEST(SubmissionTest, WhatTheTrainerCannotTrainOnIsRefused) {
   EXPECT_TRUE(validate_submission(g, context(), l).ok()) << validate_submission(g, context(), l);
 }
 
+// Recorded expert routing is replayed into the trainer's model, so it must
+// have that model's shape and expert range.
+TEST(SubmissionTest, RoutingMustFitTheModel) {
+  rollout::TrajectoryGroup g = good_group();
+  rollout::Trajectory& t = g.trajectories[0];
+  t.routing_layers = 2;  // 5 positions (prompt + response - 1) x 2 layers x 1 expert
+  t.routing_top_k = 1;
+  t.routed_experts = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1};
+  SubmissionLimits l;
+  l.moe_layers = 2;
+  l.moe_top_k = 1;
+  l.num_experts = 4;
+  EXPECT_TRUE(validate_submission(g, context(), l).ok()) << validate_submission(g, context(), l);
+  struct Case {
+    const char* name;
+    std::function<void(rollout::Trajectory&, SubmissionLimits&)> change;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"dense model", [](auto&, auto& l) { l.moe_layers = 0; },
+       "group 'arith/7' trajectories[0].routed_experts: the model has no MoE layers"},
+      {"other shape", [](auto&, auto& l) { l.moe_layers = 3; },
+       "group 'arith/7' trajectories[0].routing_layers: 2 layers x 1 experts; the model routes 3 "
+       "layers x 1"},
+      {"expert out of range", [](auto& t, auto&) { t.routed_experts[7] = 4; },
+       "group 'arith/7' trajectories[0].routed_experts[7]: expert 4 outside [0, 4)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rollout::TrajectoryGroup changed = g;
+    SubmissionLimits limits = l;
+    c.change(changed.trajectories[0], limits);
+    Status s = validate_submission(changed, context(), limits);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(s.message()), c.message);
+  }
+}
+
 // Another sampler's log_softmax may round a near-certain token to a tiny
 // positive value: within the tolerance it passes and is clamped to 0.
 // A group older than the staleness bound is stale, not malformed.

@@ -298,6 +298,25 @@ TEST(SafetensorsTest, RejectsMalformedFiles) {
                std::string(12, '\0')),
        absl::StatusCode::kDataLoss,
        {"tensor 'w'", "overlaps tensor 'a'"}},
+      {"dim above int64",
+       compose(R"({"w":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,8]}})",
+               eight),
+       absl::StatusCode::kDataLoss,
+       {"tensor 'w'", "dim too large in shape"}},
+      {"element count overflows uint64",
+       compose(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
+               eight),
+       absl::StatusCode::kDataLoss,
+       {"tensor 'w'", "shape [4294967296, 4294967296] overflows"}},
+      {"element count above int64",
+       compose(R"({"w":{"dtype":"U8","shape":[4611686018427387904,2],"data_offsets":[0,8]}})",
+               eight),
+       absl::StatusCode::kDataLoss,
+       {"tensor 'w'", "shape [4611686018427387904, 2] overflows"}},
+      {"metadata not an object",
+       compose(R"({"__metadata__":[1]})", ""),
+       absl::StatusCode::kDataLoss,
+       {"__metadata__ must be a JSON object"}},
       {"metadata not strings",
        compose(R"({"__metadata__":{"step":3}})", ""),
        absl::StatusCode::kDataLoss,
@@ -324,6 +343,14 @@ TEST(SafetensorsTest, RejectsMalformedFiles) {
     EXPECT_TRUE(contains(msg, path)) << msg;
     for (const std::string& part : c.message_has) EXPECT_TRUE(contains(msg, part)) << msg;
   }
+}
+
+TEST(SafetensorsTest, RejectsADirectory) {
+  const std::string dir = test_dir();
+  auto reader = SafetensorsReader::open(dir);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reader.status().message(), dir + ": not a regular file");
 }
 
 TEST(SafetensorsTest, RejectsTruncatedFile) {

@@ -150,6 +150,31 @@ TEST(BatchTest, RejectsUnscoredAndMalformedTrajectories) {
             "prompt");
 }
 
+// The refusals no other test reaches: nothing left after the staleness bound,
+// and rows whose expert routing has different shapes.
+TEST(BatchTest, RefusalMessagesNameTheCause) {
+  BatchOptions o;
+  o.trainer_version = 9;
+  o.max_staleness = 1;
+  EXPECT_EQ(build_batch(two_groups(), o).status().message(),
+            "build_batch: no trajectory left of 3 (3 dropped as older than version 8 for trainer "
+            "version 9 with max_staleness 1)");
+  auto groups = two_groups();
+  groups[0].trajectories[0].routing_layers = 1;  // 4 positions x 1 layer x 2 experts
+  groups[0].trajectories[0].routing_top_k = 2;
+  groups[0].trajectories[0].routed_experts.assign(8, 0);
+  groups[1].trajectories[0].routing_layers = 2;  // 1 position x 2 layers x 1 expert
+  groups[1].trajectories[0].routing_top_k = 1;
+  groups[1].trajectories[0].routed_experts.assign(2, 0);
+  EXPECT_EQ(build_batch(groups, {}).status().message(),
+            "trajectory 2: routed_experts: 2 layers x 1 experts, where the batch has 1 x 2");
+  auto routed = build_batch({groups[0]}, {});
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_EQ(routed->routed_experts.sizes(), (at::IntArrayRef{2, 7, 1, 2}));
+  EXPECT_EQ(routed->routed_experts[1][0][0][0].item<int64_t>(), -1);  // a row without routing
+  EXPECT_EQ(routed->routed_experts[0][4][0][0].item<int64_t>(), -1);  // past P + R - 1
+}
+
 TEST(BatchTest, SelectRowsTrimsToTheRowsOwnWidth) {
   auto batch = build_batch(two_groups(), BatchOptions{});
   ASSERT_TRUE(batch.ok());

@@ -75,6 +75,14 @@ class TrainerHost {
                         const std::function<Status()>& workers_present) const;
   // The reason a taken group cannot be trained on, or OK.
   Status screen(const store::StoredGroup& g, int64_t version) const;
+  // step()'s phases, over its state (defined in trainer_host.cc).
+  struct StepState;
+  Status fill(StepState& s, const std::function<bool()>& stop,
+              const std::function<Status()>& workers_present);
+  Status take(StepState& s, int64_t want);
+  Status finish_step(StepState& s, std::vector<rollout::TrajectoryGroup> groups,
+                     trainer::StepMetrics& m);
+  StatusOr<bool> drop_blamed(StepState& s);
   Status quarantine(const store::StoredGroup& g, const std::string& reason, int64_t version);
 
   trainer::Trainer* trainer_;
