@@ -1,3 +1,8 @@
+// RolloutStore (relay/store/rollout_store.h): opening the store, appending
+// groups, taking and quarantining them, and reading them back. Expiry,
+// compaction and rewind are in rollout_store_maintenance.cc; the key and
+// record format in store_format.cc.
+
 #include "relay/store/rollout_store.h"
 
 #include <rocksdb/db.h>
@@ -10,140 +15,11 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "relay/store/convert.h"
 #include "relay/v1/store.pb.h"
+#include "store/store_format.h"
 
 namespace relay::store {
 namespace {
-
-// Big-endian, so that byte order is numeric order. Versions are offset by
-// 2^63 so that -1 sorts before 0.
-void put_u64(std::string* out, uint64_t v) {
-  for (int i = 7; i >= 0; --i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint64_t get_u64(const rocksdb::Slice& s, size_t at) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(s.data()[at + i]);
-  return v;
-}
-uint64_t ordered(int64_t v) { return static_cast<uint64_t>(v) ^ (uint64_t{1} << 63); }
-
-std::string group_key(uint64_t seq) {
-  std::string k = "g/";
-  put_u64(&k, seq);
-  return k;
-}
-std::string ready_key(uint64_t seq) {
-  std::string k = "r/";
-  put_u64(&k, seq);
-  return k;
-}
-std::string version_key(int64_t min_version, uint64_t seq) {
-  std::string k = "v/";
-  put_u64(&k, ordered(min_version));
-  put_u64(&k, seq);
-  return k;
-}
-// The READY index carries each group's oldest token version, so that
-// expire_stale() and counting the READY groups when the store opens read 8
-// bytes per group instead of parsing its whole record.
-std::string ready_value(int64_t min_version) {
-  std::string v;
-  put_u64(&v, ordered(min_version));
-  return v;
-}
-StatusOr<int64_t> ready_min_version(const rocksdb::Slice& value, uint64_t seq) {
-  if (value.size() != 8) {
-    return DataLossError(absl::StrCat("rollout store: ready index of group ", seq, " has ",
-                                      value.size(), " bytes, expected 8"));
-  }
-  return static_cast<int64_t>(get_u64(value, 0) ^ (uint64_t{1} << 63));
-}
-
-const char kNextSeqKey[] = "m/next_seq";
-const char kSideRecordKey[] = "m/dispenser";
-const char kExpiredKey[] = "m/expired_total";
-const char kRejectedKey[] = "m/rejected_total";
-
-Status rocks_error(const std::string& what, const rocksdb::Status& s) {
-  return InternalError(absl::StrCat("rollout store: ", what, ": ", s.ToString()));
-}
-
-v1::GroupState state_to_proto(GroupState s) {
-  switch (s) {
-    case GroupState::kReady:
-      return v1::GROUP_STATE_READY;
-    case GroupState::kConsumed:
-      return v1::GROUP_STATE_CONSUMED;
-    case GroupState::kExpired:
-      return v1::GROUP_STATE_EXPIRED;
-    case GroupState::kRejected:
-      return v1::GROUP_STATE_REJECTED;
-  }
-  return v1::GROUP_STATE_UNSPECIFIED;
-}
-
-StatusOr<StoredGroup> decode(uint64_t seq, const std::string& bytes) {
-  v1::StoredGroup rec;
-  if (!rec.ParseFromString(bytes)) {
-    return DataLossError(absl::StrCat("rollout store: group ", seq, ": record does not parse"));
-  }
-  StoredGroup g;
-  g.seq = rec.seq();
-  switch (rec.state()) {
-    case v1::GROUP_STATE_READY:
-      g.state = GroupState::kReady;
-      break;
-    case v1::GROUP_STATE_CONSUMED:
-      g.state = GroupState::kConsumed;
-      break;
-    case v1::GROUP_STATE_EXPIRED:
-      g.state = GroupState::kExpired;
-      break;
-    case v1::GROUP_STATE_REJECTED:
-      g.state = GroupState::kRejected;
-      break;
-    default:
-      return DataLossError(
-          absl::StrCat("rollout store: group ", seq, ": unknown state ", rec.state()));
-  }
-  g.min_version = rec.min_version();
-  g.max_version = rec.max_version();
-  g.arrival_version = rec.arrival_version();
-  g.arrival_unix_ms = rec.arrival_unix_ms();
-  g.consumed_version = rec.consumed_version();
-  g.reject_reason = rec.reject_reason();
-  // A quarantined group may be exactly what fails the checks: read it back
-  // as stored, so that inspection can show it.
-  StatusOr<rollout::TrajectoryGroup> group =
-      from_proto(rec.group(), /*check=*/g.state != GroupState::kRejected);
-  if (!group.ok()) {
-    return DataLossError(
-        absl::StrCat("rollout store: group ", seq, ": ", std::string(group.status().message())));
-  }
-  g.group = *std::move(group);
-  return g;
-}
-
-std::string encode(const StoredGroup& g) {
-  v1::StoredGroup rec;
-  rec.set_seq(g.seq);
-  rec.set_state(state_to_proto(g.state));
-  rec.set_min_version(g.min_version);
-  rec.set_max_version(g.max_version);
-  rec.set_arrival_version(g.arrival_version);
-  rec.set_arrival_unix_ms(g.arrival_unix_ms);
-  rec.set_consumed_version(g.consumed_version);
-  rec.set_reject_reason(g.reject_reason);
-  to_proto(g.group, rec.mutable_group());
-  return rec.SerializeAsString();
-}
-
-rocksdb::WriteOptions write_options(const StoreOptions& o) {
-  rocksdb::WriteOptions w;
-  w.sync = o.sync_writes;
-  return w;
-}
 
 // The READY index counted by oldest token version (ReadyCounts::reset).
 StatusOr<std::map<int64_t, int64_t>> count_ready_index(rocksdb::DB& db) {
@@ -349,88 +225,6 @@ StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, 
   if (expired != nullptr) *expired = n_expired;
   return out;
 }
-
-StatusOr<int64_t> RolloutStore::expire_stale(int64_t min_version, int64_t trainer_version) {
-  return expire_where(
-      [min_version](int64_t oldest, const v1::StoredGroup*) { return oldest < min_version; },
-      trainer_version);
-}
-
-StatusOr<int64_t> RolloutStore::expire_where(
-    const std::function<bool(int64_t, const v1::StoredGroup*)>& expire, int64_t trainer_version,
-    bool needs_record) {
-  RELAY_RETURN_IF_ERROR(check_writable());
-  std::lock_guard<std::mutex> lock(mu_);
-  rocksdb::WriteBatch batch;
-  int64_t n = 0;
-  std::map<int64_t, int64_t> unready;  // by oldest version, for ready_
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
-    const uint64_t seq = get_u64(it->key(), 2);
-    RELAY_ASSIGN_OR_RETURN(int64_t v, ready_min_version(it->value(), seq));
-    if (!needs_record && !expire(v, nullptr)) continue;
-    std::string bytes;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), group_key(seq), &bytes);
-    if (!s.ok()) return rocks_error(absl::StrCat("read group ", seq), s);
-    v1::StoredGroup rec;
-    if (!rec.ParseFromString(bytes)) {
-      return DataLossError(absl::StrCat("rollout store: group ", seq, ": record does not parse"));
-    }
-    if (needs_record && !expire(v, &rec)) continue;
-    rec.set_state(v1::GROUP_STATE_EXPIRED);
-    rec.set_consumed_version(trainer_version);
-    batch.Put(group_key(seq), rec.SerializeAsString());
-    batch.Delete(ready_key(seq));
-    --unready[v];
-    ++n;
-  }
-  if (!it->status().ok()) return rocks_error("scan ready groups", it->status());
-  if (n == 0) return n;
-  std::string total;
-  put_u64(&total, expired_total_ + static_cast<uint64_t>(n));
-  batch.Put(kExpiredKey, total);
-  rocksdb::Status s = db_->Write(write_options(options_), &batch);
-  if (!s.ok()) return rocks_error("expire groups", s);
-  expired_total_ += static_cast<uint64_t>(n);
-  ready_.change(unready);
-  return n;
-}
-
-StatusOr<int64_t> RolloutStore::compact(int64_t current_version, int64_t floor) {
-  RELAY_RETURN_IF_ERROR(check_writable());
-  if (options_.retention_versions < 0) return int64_t{0};
-  const int64_t cutoff = std::min(current_version, floor) - options_.retention_versions;
-  std::lock_guard<std::mutex> lock(mu_);
-  rocksdb::WriteBatch batch;
-  int64_t n = 0;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
-    v1::StoredGroup rec;
-    if (!rec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return DataLossError(
-          absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
-    }
-    // REJECTED groups stay for inspection: they are rare and the evidence.
-    if (rec.state() == v1::GROUP_STATE_READY || rec.state() == v1::GROUP_STATE_REJECTED ||
-        rec.consumed_version() >= cutoff) {
-      continue;
-    }
-    batch.Delete(group_key(rec.seq()));
-    batch.Delete(version_key(rec.min_version(), rec.seq()));
-    ++n;
-  }
-  if (!it->status().ok()) return rocks_error("scan groups", it->status());
-  if (n > 0) {
-    rocksdb::Status s = db_->Write(write_options(options_), &batch);
-    if (!s.ok()) return rocks_error("compact", s);
-    // Reclaim the space of the deleted range now rather than at the next
-    // background compaction.
-    rocksdb::Slice begin("g/"), end("h/");
-    db_->CompactRange(rocksdb::CompactRangeOptions(), &begin, &end);
-  }
-  return n;
-}
-
 uint64_t RolloutStore::expired_total() const {
   std::lock_guard<std::mutex> lock(mu_);
   return expired_total_;
@@ -479,85 +273,6 @@ uint64_t RolloutStore::appended() const {
   std::lock_guard<std::mutex> lock(mu_);
   return next_seq_ - 1;
 }
-
-StatusOr<StorePosition> RolloutStore::position() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  StorePosition pos;
-  pos.next_seq = next_seq_;
-  std::string value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kSideRecordKey, &value);
-  if (!s.ok() && !s.IsNotFound()) return rocks_error("read dispenser state", s);
-  if (s.ok()) pos.side_record = std::move(value);
-  return pos;
-}
-
-StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t version) {
-  RELAY_RETURN_IF_ERROR(check_writable());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (pos.next_seq < 1 || pos.next_seq > next_seq_) {
-    return FailedPreconditionError(
-        absl::StrCat("rollout store ", options_.path, ": cannot rewind to arrival ", pos.next_seq,
-                     ": the store has handed out only ", next_seq_ - 1,
-                     " (is this the run directory the checkpoint came from?)"));
-  }
-  RewindStats stats;
-  int64_t unexpired = 0;                    // EXPIRED after the position, READY again
-  std::map<int64_t, int64_t> ready_change;  // by oldest version, for ready_
-  rocksdb::WriteBatch batch;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
-    v1::StoredGroup rec;
-    if (!rec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return DataLossError(
-          absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
-    }
-    const bool ready = rec.state() == v1::GROUP_STATE_READY;
-    // Quarantine is final: a resumed run would only reject the group again.
-    if (rec.state() == v1::GROUP_STATE_REJECTED) continue;
-    if (rec.seq() >= pos.next_seq) {
-      // Not in the store at the checkpoint: the resumed run must not see it.
-      if (rec.state() == v1::GROUP_STATE_EXPIRED) continue;
-      rec.set_state(v1::GROUP_STATE_EXPIRED);
-      rec.set_consumed_version(version);
-      if (ready) {
-        batch.Delete(ready_key(rec.seq()));
-        --ready_change[rec.min_version()];
-      }
-      ++stats.dropped;
-    } else if (!ready && rec.consumed_version() >= version) {
-      // Taken (or expired) after the checkpoint: READY again, as it was then.
-      if (rec.state() == v1::GROUP_STATE_EXPIRED) ++unexpired;
-      rec.set_state(v1::GROUP_STATE_READY);
-      rec.set_consumed_version(-1);
-      batch.Put(ready_key(rec.seq()), ready_value(rec.min_version()));
-      ++ready_change[rec.min_version()];
-      ++stats.restored;
-    } else {
-      continue;
-    }
-    batch.Put(group_key(rec.seq()), rec.SerializeAsString());
-  }
-  if (!it->status().ok()) return rocks_error("scan groups", it->status());
-  // The expired count follows the groups' states: the dispenser's staleness
-  // room is (appended - expired), and dropped groups must give their place
-  // back just as groups expired by the bound do.
-  const uint64_t expired_after =
-      expired_total_ + static_cast<uint64_t>(stats.dropped) - static_cast<uint64_t>(unexpired);
-  std::string total;
-  put_u64(&total, expired_after);
-  batch.Put(kExpiredKey, total);
-  if (pos.side_record.empty()) {
-    batch.Delete(kSideRecordKey);
-  } else {
-    batch.Put(kSideRecordKey, pos.side_record);
-  }
-  rocksdb::Status s = db_->Write(write_options(options_), &batch);
-  if (!s.ok()) return rocks_error("rewind", s);
-  expired_total_ = expired_after;
-  ready_.change(ready_change);
-  return stats;
-}
-
 Status RolloutStore::put_side_record(const std::string& record) {
   RELAY_RETURN_IF_ERROR(check_writable());
   // Under mu_ so that position() never pairs a side record with an
