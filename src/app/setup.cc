@@ -163,6 +163,13 @@ Status make_task(const SetupArgs& args, RolloutSetup& s) {
   return OkStatus();
 }
 
+// Token ids the engine may sample: ids past the tokenizer's vocabulary (an
+// embedding padded to a multiple of 64 or 128) are never sampled, and an
+// eos id there could never end a sequence.
+int64_t sampled_vocab(const RolloutSetup& s) {
+  return std::min(s.tokenizer->vocab_size(), s.policy->config().vocab_size);
+}
+
 // The ids generation stops at: any end-of-sequence id the model directory
 // names (the tokenizer's eos from tokenizer_config.json, config.json's
 // eos_token_id list, generation_config.json's) within the tokenizer's
@@ -179,10 +186,7 @@ StatusOr<std::vector<int64_t>> stop_tokens(const std::string& dir, const Rollout
     RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, model::read_generation_eos_ids(dir));
     for (int64_t id : ids) add_stop(id);
   }
-  // Ids past the tokenizer's vocabulary (an embedding padded to a multiple
-  // of 64 or 128) are never sampled, and an eos id there could never end a
-  // sequence.
-  const int64_t support = std::min(s.tokenizer->vocab_size(), s.policy->config().vocab_size);
+  const int64_t support = sampled_vocab(s);
   stops.erase(std::remove_if(stops.begin(), stops.end(), [&](int64_t id) { return id >= support; }),
               stops.end());
   for (size_t i = 0; i < s.config.rollout.stop.size(); ++i) {
@@ -219,9 +223,7 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> stops, stop_tokens(dir, s));
   RELAY_ASSIGN_OR_RETURN(s.engine, rollout::engine_options(s.config.rollout, stops));
   RELAY_ASSIGN_OR_RETURN(s.engine.autocast, model::parse_autocast(s.config.run.autocast));
-  // Ids past the tokenizer's vocabulary are never sampled.
-  const int64_t support = std::min(s.tokenizer->vocab_size(), s.policy->config().vocab_size);
-  if (support < s.policy->config().vocab_size) s.engine.vocab_limit = support;
+  if (sampled_vocab(s) < s.policy->config().vocab_size) s.engine.vocab_limit = sampled_vocab(s);
   return s;
 }
 

@@ -68,8 +68,8 @@ StatusOr<std::unique_ptr<comm::RolloutWorker>> make_worker(const WorkerRunArgs& 
 // restarting on its run directory) for up to `reconnect_s`. Registration is
 // a call on another process: there is no event to wait on, so it retries
 // every 200 ms.
-Status connect(comm::RolloutWorker& worker, int64_t reconnect_s,
-               const std::function<bool()>& stop) {
+Status register_with_retry(comm::RolloutWorker& worker, int64_t reconnect_s,
+                           const std::function<bool()>& stop) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(reconnect_s);
   Status started = worker.start();
   while (!started.ok() && trainer_gone(started) && !stop() &&
@@ -90,7 +90,7 @@ Status serve(comm::RolloutWorker& worker, int64_t reconnect_s, const std::functi
                 worker.worker_id().c_str(), std::string(result.message()).c_str(),
                 static_cast<long long>(reconnect_s));
     std::fflush(stdout);
-    Status again = connect(worker, reconnect_s, stop);
+    Status again = register_with_retry(worker, reconnect_s, stop);
     if (!again.ok()) {
       // The trainer went away and did not come back: keep why it went.
       return trainer_gone(again) ? result : again;
@@ -147,7 +147,7 @@ int run_worker(const WorkerRunArgs& args, const std::function<void()>& on_ready,
   StatusOr<std::unique_ptr<comm::RolloutWorker>> worker = make_worker(args, *setup);
   if (!worker.ok()) return fail(worker.status());
   on_ready();
-  Status started = connect(**worker, args.reconnect_s, stop);
+  Status started = register_with_retry(**worker, args.reconnect_s, stop);
   if (!started.ok()) {
     // Stopped (SIGTERM) before ever registering, or joining a run that has
     // already finished: nothing was leased, so nothing is lost.

@@ -139,12 +139,16 @@ std::string supervise_worker(Worker& w, const std::string& name,
 
 }  // namespace
 
-WorkerPool::WorkerPool(const RunPlan& plan, std::string port)
-    : plan_(plan), port_(std::move(port)), workers_(plan.workers) {}
+WorkerPool::WorkerPool(const RunPlan& plan, const std::string& port) : workers_(plan.workers) {
+  for (int i = 0; i < plan.workers; ++i) {
+    names_.push_back(RunPlan::worker_name(i));
+    argvs_.push_back(plan.worker_args(i, port));
+  }
+}
 
 Status WorkerPool::start() {
-  for (int i = 0; i < plan_.workers; ++i) {
-    if (Status st = start_worker(workers_[i], plan_.worker_args(i, port_)); !st.ok()) {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (Status st = start_worker(workers_[i], argvs_[i]); !st.ok()) {
       stop();
       return st;
     }
@@ -154,12 +158,10 @@ Status WorkerPool::start() {
 
 bool WorkerPool::supervise(std::chrono::steady_clock::time_point now) {
   std::vector<WorkerState> states;
-  for (int i = 0; i < plan_.workers; ++i) {
-    const std::string name = RunPlan::worker_name(i);
-    if (std::string why =
-            supervise_worker(workers_[i], name, now, policy_, plan_.worker_args(i, port_));
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (std::string why = supervise_worker(workers_[i], names_[i], now, policy_, argvs_[i]);
         !why.empty()) {
-      last_given_up_ = absl::StrCat("the last, ", name, ", ", why);
+      last_given_up_ = absl::StrCat("the last, ", names_[i], ", ", why);
     }
     states.push_back(workers_[i].state);
   }

@@ -70,7 +70,7 @@ struct Worker {
 // The rollout workers, each restarted when it dies, within RestartPolicy.
 class WorkerPool {
  public:
-  WorkerPool(const RunPlan& plan, std::string port);
+  WorkerPool(const RunPlan& plan, const std::string& port);
   // On failure, stops those that started.
   Status start();
   // One look at every worker. True once none is left, with why in
@@ -81,10 +81,10 @@ class WorkerPool {
   void stop();
 
  private:
-  const RunPlan& plan_;
-  const std::string port_;
   const RestartPolicy policy_;
   std::vector<Worker> workers_;
+  std::vector<std::string> names_;               // "local<i>"
+  std::vector<std::vector<std::string>> argvs_;  // each worker's relay-rollout command
   std::string last_given_up_;
 };
 

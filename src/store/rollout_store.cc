@@ -319,11 +319,7 @@ StatusOr<StoreStats> RolloutStore::stats() const {
   }
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
-    v1::StoredGroup rec;
-    if (!rec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return DataLossError(
-          absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
-    }
+    RELAY_ASSIGN_OR_RETURN(v1::StoredGroup rec, parse_record(it->key(), it->value()));
     VersionCounts& c = st.by_min_version[rec.min_version()];
     switch (rec.state()) {
       case v1::GROUP_STATE_READY:

@@ -71,11 +71,7 @@ StatusOr<int64_t> RolloutStore::compact(int64_t current_version, int64_t floor) 
   int64_t n = 0;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
-    v1::StoredGroup rec;
-    if (!rec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return DataLossError(
-          absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
-    }
+    RELAY_ASSIGN_OR_RETURN(v1::StoredGroup rec, parse_record(it->key(), it->value()));
     // REJECTED groups stay for inspection: they are rare and the evidence.
     if (rec.state() == v1::GROUP_STATE_READY || rec.state() == v1::GROUP_STATE_REJECTED ||
         rec.consumed_version() >= cutoff) {
@@ -123,11 +119,7 @@ StatusOr<RewindStats> RolloutStore::rewind(const StorePosition& pos, int64_t ver
   rocksdb::WriteBatch batch;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("g/"); it->Valid() && it->key().starts_with("g/"); it->Next()) {
-    v1::StoredGroup rec;
-    if (!rec.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return DataLossError(
-          absl::StrCat("rollout store: group ", get_u64(it->key(), 2), ": record does not parse"));
-    }
+    RELAY_ASSIGN_OR_RETURN(v1::StoredGroup rec, parse_record(it->key(), it->value()));
     const bool ready = rec.state() == v1::GROUP_STATE_READY;
     // Quarantine is final: a resumed run would only reject the group again.
     if (rec.state() == v1::GROUP_STATE_REJECTED) continue;

@@ -114,6 +114,15 @@ StatusOr<StoredGroup> decode(uint64_t seq, const std::string& bytes) {
   return g;
 }
 
+StatusOr<v1::StoredGroup> parse_record(const rocksdb::Slice& key, const rocksdb::Slice& value) {
+  v1::StoredGroup rec;
+  if (!rec.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+    return DataLossError(
+        absl::StrCat("rollout store: group ", get_u64(key, 2), ": record does not parse"));
+  }
+  return rec;
+}
+
 std::string encode(const StoredGroup& g) {
   v1::StoredGroup rec;
   rec.set_seq(g.seq);

@@ -15,6 +15,7 @@
 
 #include "relay/common/status.h"
 #include "relay/store/rollout_store.h"
+#include "relay/v1/store.pb.h"
 
 namespace relay::store {
 
@@ -46,6 +47,9 @@ Status rocks_error(const std::string& what, const rocksdb::Status& s);
 // an unknown state, or (unless REJECTED) fails the trajectory checks.
 StatusOr<StoredGroup> decode(uint64_t seq, const std::string& bytes);
 std::string encode(const StoredGroup& g);
+// The raw record under group key `key` (scans that need only its state and
+// versions): DataLoss naming the group when it does not parse.
+StatusOr<v1::StoredGroup> parse_record(const rocksdb::Slice& key, const rocksdb::Slice& value);
 
 rocksdb::WriteOptions write_options(const StoreOptions& o);
 
