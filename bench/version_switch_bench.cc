@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<Switcher>> switchers;
     for (const std::string& p : policies) {
       switchers.push_back(std::make_unique<Switcher>(
-          base, check(rollout::parse_interrupt_policy(p), "--policies"), batch, in_flight));
+          base, check(rollout::kInterruptPolicyNames.parse(p), "--policies"), batch, in_flight));
     }
     std::mt19937 rng(0);
     std::vector<std::vector<Sample>> samples(policies.size());

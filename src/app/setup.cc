@@ -67,7 +67,7 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
                                                       const model::Tokenizer& tokenizer) {
   const ModelInitConfig& init = config.model.init;
   model::PolicyConfig pc;
-  pc.model_type = init.arch;
+  pc.model_type = kModelArchNames.name(init.arch);
   pc.vocab_size = init.vocab > 0 ? init.vocab : tokenizer.vocab_size();
   if (pc.vocab_size < tokenizer.vocab_size()) {
     return InvalidArgumentError(absl::StrCat("model.init.vocab: must be 0 or >= the tokenizer's ",
@@ -79,7 +79,7 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
   pc.num_attention_heads = init.heads;
   pc.num_key_value_heads = init.kv_heads;
   pc.head_dim = init.head_dim;
-  if (init.arch == "qwen3_moe") {
+  if (init.arch == ModelArch::kQwen3Moe) {
     pc.num_experts = init.experts;
     pc.num_experts_per_tok = init.experts_per_tok;
     pc.moe_intermediate_size = init.moe_ffn > 0 ? init.moe_ffn : init.ffn;
@@ -89,11 +89,11 @@ StatusOr<model::PolicyConfig> policy_config_from_init(const ExperimentConfig& co
   pc.rope_theta = init.rope_theta;
   pc.rms_norm_eps = init.rms_norm_eps;
   pc.tie_word_embeddings = init.tie_embeddings;
-  pc.attention_bias = init.arch == "qwen2";
+  pc.attention_bias = init.arch == ModelArch::kQwen2;
   pc.bos_token_id = tokenizer.bos_id();
   pc.eos_token_id = tokenizer.eos_id();
   if (pc.eos_token_id >= 0) pc.eos_token_ids = {pc.eos_token_id};
-  pc.torch_dtype = config.model.dtype;
+  pc.torch_dtype = model::kPrecisionNames.name(config.model.dtype);
   RELAY_RETURN_IF_ERROR(model::validate(pc));
   return pc;
 }
@@ -108,7 +108,7 @@ Status load_or_build_model(const std::string& dir, RolloutSetup& s) {
     // model.dtype applies to loaded models too: a bf16 checkpoint trained in
     // bf16 must not silently become fp32 (or the reverse).
     model::LoadOptions lo;
-    RELAY_ASSIGN_OR_RETURN(lo.dtype, model::parse_torch_dtype(s.config.model.dtype));
+    lo.dtype = model::scalar_type(s.config.model.dtype);
     RELAY_ASSIGN_OR_RETURN(s.policy, model::load_policy(dir, lo));
     RELAY_ASSIGN_OR_RETURN(s.tokenizer, model::load_tokenizer(dir));
     return OkStatus();
@@ -120,10 +120,9 @@ Status load_or_build_model(const std::string& dir, RolloutSetup& s) {
   }
   RELAY_ASSIGN_OR_RETURN(model::CharTokenizer tokenizer, model::CharTokenizer::create());
   RELAY_ASSIGN_OR_RETURN(model::PolicyConfig pc, policy_config_from_init(s.config, tokenizer));
-  RELAY_ASSIGN_OR_RETURN(c10::ScalarType dtype, model::parse_torch_dtype(s.config.model.dtype));
   s.policy = model::Policy(pc);
   model::init_weights(*s.policy, s.config.run.seed);
-  s.policy->to(dtype);
+  s.policy->to(model::scalar_type(s.config.model.dtype));
   s.tokenizer = std::make_shared<model::CharTokenizer>(std::move(tokenizer));
   return OkStatus();
 }
@@ -221,8 +220,10 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   RELAY_RETURN_IF_ERROR(place_on_device(s));
   RELAY_RETURN_IF_ERROR(make_task(args, s));
   RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> stops, stop_tokens(dir, s));
-  RELAY_ASSIGN_OR_RETURN(s.engine, rollout::engine_options(s.config.rollout, stops));
-  RELAY_ASSIGN_OR_RETURN(s.engine.autocast, model::parse_autocast(s.config.run.autocast));
+  // The section's engine options, and what the section cannot know.
+  s.engine = s.config.rollout.engine;
+  s.engine.stop_tokens = std::move(stops);
+  s.engine.autocast = s.config.run.autocast;
   if (sampled_vocab(s) < s.policy->config().vocab_size) s.engine.vocab_limit = sampled_vocab(s);
   return s;
 }
@@ -231,9 +232,10 @@ StatusOr<trainer::TrainerOptions> trainer_options(const RolloutSetup& s) {
   // The trainer's section, plus what the process knows from other sections.
   trainer::TrainerOptions o = s.config.trainer;
   trainer::share_ppo_settings(o.loss);
-  o.temperature = s.config.rollout.temperature;  // score at the sampling temperature
+  o.temperature =
+      s.config.rollout.engine.sampling.temperature;  // score at the sampling temperature
   o.loss.clip_cov.seed = s.config.run.seed;
-  o.autocast = s.engine.autocast;
+  o.autocast = model::autocast_type(s.config.run.autocast);
   o.pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());
   // The trainer scores over the support the engine samples from.
   o.vocab_limit = s.engine.vocab_limit;

@@ -133,7 +133,7 @@ comm::SubmissionLimits submission_limits(const RolloutSetup& s) {
   limits.moe_top_k = pc.num_experts_per_tok;
   limits.num_experts = pc.num_experts;
   limits.max_context = pc.max_position_embeddings;
-  limits.max_response_tokens = s.config.rollout.max_new_tokens;
+  limits.max_response_tokens = s.config.rollout.engine.max_new_tokens;
   limits.require_behavior_logprobs = !s.config.trainer.allow_missing_logprobs;
   return limits;
 }
@@ -143,7 +143,8 @@ comm::SubmissionLimits submission_limits(const RolloutSetup& s) {
 StatusOr<std::unique_ptr<comm::WeightBroadcaster>> start_broadcaster(
     const TrainerContext& c, const comm::WeightPublisher* publisher) {
   const ServicesConfig& sv = c.s.config.services;
-  if (sv.weight_sync == "fetch") return std::unique_ptr<comm::WeightBroadcaster>();
+  if (sv.weight_sync == comm::WeightSyncMode::kFetch)
+    return std::unique_ptr<comm::WeightBroadcaster>();
   comm::WeightSyncServerOptions wo;
   wo.host = sv.listen.substr(0, sv.listen.rfind(':'));
   if (wo.host == "0.0.0.0" || wo.host == "[::]" || wo.host.empty()) {

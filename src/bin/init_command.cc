@@ -18,6 +18,7 @@
 #include "relay/config/config.h"
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/checkpoint.h"
+#include "relay/model/device.h"
 #include "relay/model/hf_config.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
@@ -111,13 +112,11 @@ int init_model(const InitArgs& args) {
                                                   " rows cannot hold the tokenizer's ",
                                                   tokenizer->vocab_size(), " tokens")));
   }
-  StatusOr<c10::ScalarType> dtype = model::parse_torch_dtype(config->model.dtype);
-  if (!dtype.ok()) return fail("init", dtype.status());
-  pc->torch_dtype = config->model.dtype;
+  pc->torch_dtype = model::kPrecisionNames.name(config->model.dtype);
 
   model::Policy policy(*pc);
   model::init_weights(*policy, config->run.seed);
-  save.dtype = *dtype;
+  save.dtype = model::scalar_type(config->model.dtype);
   save.overwrite = args.overwrite;
   if (args.max_shard_mb > 0) save.max_shard_bytes = static_cast<uint64_t>(args.max_shard_mb) << 20;
   Status s = model::save_policy(*policy, args.out_dir, save);

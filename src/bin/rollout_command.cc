@@ -61,7 +61,7 @@ nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& 
       {"proximal_versions", t.proximal_versions},
       {"offpolicy_mask", t.offpolicy_mask},
       {"finish_reason", rollout::finish_reason_name(t.finish_reason)},
-      {"interrupt_policy", rollout::interrupt_policy_name(t.interrupt_policy)},
+      {"interrupt_policy", rollout::kInterruptPolicyNames.name(t.interrupt_policy)},
       {"interruptions", t.interruptions},
       {"prefix_ratio", t.prefix_ratio},
       {"version_digests", digests},

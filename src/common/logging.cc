@@ -5,13 +5,35 @@
 
 namespace relay {
 
-Status init_logging(const std::string& level, const std::string& role) {
-  spdlog::level::level_enum lvl = spdlog::level::from_str(level);
-  // from_str maps unknown names to "off"; only accept "off" when asked for.
-  if (lvl == spdlog::level::off && level != "off") {
-    return InvalidArgumentError(absl::StrCat(
-        "log level: must be one of trace, debug, info, warn, error, off; got '", level, "'"));
+namespace {
+
+spdlog::level::level_enum spdlog_level(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace:
+      return spdlog::level::trace;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kOff:
+      return spdlog::level::off;
   }
+  return spdlog::level::info;
+}
+
+}  // namespace
+
+Status init_logging(std::string_view level, const std::string& role) {
+  RELAY_ASSIGN_OR_RETURN(LogLevel parsed, kLogLevelNames.parse(level));
+  init_logging(parsed, role);
+  return OkStatus();
+}
+
+void init_logging(LogLevel level, const std::string& role) {
   static bool installed = false;
   if (!installed) {
     spdlog::set_default_logger(spdlog::stderr_color_mt("relay"));
@@ -26,8 +48,7 @@ Status init_logging(const std::string& level, const std::string& role) {
   }
   spdlog::set_pattern(role.empty() ? "%Y-%m-%d %H:%M:%S.%e %^%L%$ %v"
                                    : absl::StrCat("%Y-%m-%d %H:%M:%S.%e %^%L%$ [", tag, " %P] %v"));
-  spdlog::set_level(lvl);
-  return OkStatus();
+  spdlog::set_level(spdlog_level(level));
 }
 
 }  // namespace relay

@@ -67,13 +67,6 @@ void Problems::non_empty(const std::string& key, const std::string& value) {
   if (value.empty()) add(key, "must be non-empty", value);
 }
 
-void Problems::one_of(const std::string& key, const std::string& value,
-                      const std::vector<std::string>& allowed) {
-  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
-    add(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")), value);
-  }
-}
-
 Status Problems::status() const {
   if (list_->empty()) return OkStatus();
   std::vector<std::string> lines;

@@ -53,7 +53,6 @@ void check_services(const ServicesConfig& sv, Problems& p) {
   p.positive("services.group_wait_s", sv.group_wait_s);
   p.positive("services.rpc_timeout_s", sv.rpc_timeout_s);
   p.non_negative("services.worker_timeout_s", sv.worker_timeout_s);
-  p.one_of("services.weight_sync", sv.weight_sync, {"fetch", "broadcast", "auto"});
   if (sv.weight_sync_port < 0 || sv.weight_sync_port > 65535) {
     p.add("services.weight_sync_port", "must be in [0, 65535]", sv.weight_sync_port);
   }
@@ -75,7 +74,6 @@ void check_services(const ServicesConfig& sv, Problems& p) {
 
 void check_run(const RunConfig& run, Problems& p) {
   p.at_least("run.threads", run.threads, 0);
-  p.one_of("run.log_level", run.log_level, {"trace", "debug", "info", "warn", "error", "off"});
   {
     const std::string& d = run.device;
     const bool cuda_index =
@@ -85,15 +83,13 @@ void check_run(const RunConfig& run, Problems& p) {
       p.add("run.device", "must be cpu, cuda or cuda:<index>", d);
     }
   }
-  p.one_of("run.autocast", run.autocast, {"none", "bfloat16", "float16"});
 }
 
 void check_model(const ExperimentConfig& config, Problems& p) {
-  p.one_of("model.dtype", config.model.dtype, {"float32", "bfloat16", "float16"});
   // Whether the tokenizer has the format's special tokens is known only once
   // it is loaded (rollout setup checks it, naming model.chat_template).
-  p.one_of("model.chat_template", config.model.chat_template, {"none", "chatml", "llama3", "auto"});
-  if (config.model.chat_template == "none" && !config.model.system_prompt.empty()) {
+  if (config.model.chat_template == model::ChatTemplateChoice::kNone &&
+      !config.model.system_prompt.empty()) {
     // A system message exists only in a chat format; ignoring it would
     // silently train on other prompts than the ones configured.
     p.add("model.system_prompt",
@@ -102,10 +98,9 @@ void check_model(const ExperimentConfig& config, Problems& p) {
           config.model.system_prompt);
   }
   const ModelInitConfig& init = config.model.init;
-  p.one_of("model.init.arch", init.arch, {"llama", "qwen2", "qwen3", "qwen3_moe"});
   p.at_least("model.init.head_dim", init.head_dim, 0);
   if (init.head_dim % 2 != 0) p.add("model.init.head_dim", "must be even (RoPE)", init.head_dim);
-  if (init.arch == "qwen3_moe") {
+  if (init.arch == ModelArch::kQwen3Moe) {
     p.at_least("model.init.experts", init.experts, 1);
     p.at_least("model.init.experts_per_tok", init.experts_per_tok, 1);
     if (init.experts_per_tok > init.experts) {

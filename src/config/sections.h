@@ -55,7 +55,7 @@ void visit_fields(V& v, ServicesConfig& c) {
   v.field("group_wait_s", c.group_wait_s);
   v.field("rpc_timeout_s", c.rpc_timeout_s);
   v.field("worker_timeout_s", c.worker_timeout_s);
-  v.field("weight_sync", c.weight_sync);
+  v.field("weight_sync", c.weight_sync, comm::kWeightSyncModeNames);
   v.field("weight_sync_port", c.weight_sync_port);
   v.field("weight_sync_bucket_mb", c.weight_sync_bucket_mb);
   v.field("weight_sync_timeout_s", c.weight_sync_timeout_s);
@@ -65,14 +65,14 @@ template <class V>
 void visit_fields(V& v, RunConfig& c) {
   v.field("seed", c.seed);
   v.field("threads", c.threads);
-  v.field("log_level", c.log_level);
+  v.field("log_level", c.log_level, kLogLevelNames);
   v.field("device", c.device);
-  v.field("autocast", c.autocast);
+  v.field("autocast", c.autocast, model::kAutocastNames);
 }
 
 template <class V>
 void visit_fields(V& v, ModelInitConfig& c) {
-  v.field("arch", c.arch);
+  v.field("arch", c.arch, kModelArchNames);
   v.field("layers", c.layers);
   v.field("hidden", c.hidden);
   v.field("heads", c.heads);
@@ -92,9 +92,9 @@ void visit_fields(V& v, ModelInitConfig& c) {
 template <class V>
 void visit_fields(V& v, ModelConfig& c) {
   v.field("path", c.path);
-  v.field("dtype", c.dtype);
+  v.field("dtype", c.dtype, model::kPrecisionNames);
   v.field("tokenizer", c.tokenizer);
-  v.field("chat_template", c.chat_template);
+  v.field("chat_template", c.chat_template, model::kChatTemplateChoiceNames);
   v.field("system_prompt", c.system_prompt);
   v.section("init", c.init);
 }

@@ -133,23 +133,20 @@ std::string end_of_turn(ChatTemplate t) {
   return "";
 }
 
-StatusOr<ChatTemplate> resolve_chat_template(std::string_view name, const Tokenizer& tokenizer,
+StatusOr<ChatTemplate> resolve_chat_template(ChatTemplateChoice choice, const Tokenizer& tokenizer,
                                              std::string_view field_view) {
   const std::string field(field_view);
-  if (name == "none") return ChatTemplate::kNone;
-  if (name == "chatml" || name == "llama3") {
-    const ChatTemplate t = name == "chatml" ? ChatTemplate::kChatml : ChatTemplate::kLlama3;
+  if (choice == ChatTemplateChoice::kNone) return ChatTemplate::kNone;
+  if (choice != ChatTemplateChoice::kAuto) {
+    const ChatTemplate t =
+        choice == ChatTemplateChoice::kChatml ? ChatTemplate::kChatml : ChatTemplate::kLlama3;
     const std::vector<std::string> missing = missing_tokens(t, tokenizer);
     if (missing.empty()) return t;
     return InvalidArgumentError(absl::StrCat(
-        field, ": '", std::string(name), "' needs ", quoted_list(missing),
+        field, ": '", chat_template_name(t), "' needs ", quoted_list(missing),
         missing.size() == 1 ? " as a single token" : " as single tokens",
         " of the model's tokenizer, which it does not have (the char tokenizer has no chat "
         "tokens; give a model directory whose tokenizer.json has them, or set none)"));
-  }
-  if (name != "auto") {
-    return InvalidArgumentError(absl::StrCat(field, ": must be one of none, chatml, llama3, auto, ",
-                                             "got '", std::string(name), "'"));
   }
   const bool chatml = missing_tokens(ChatTemplate::kChatml, tokenizer).empty();
   const bool llama3 = missing_tokens(ChatTemplate::kLlama3, tokenizer).empty();
@@ -166,6 +163,15 @@ StatusOr<ChatTemplate> resolve_chat_template(std::string_view name, const Tokeni
                    quoted_list(chat_special_tokens(ChatTemplate::kChatml)), " nor Llama 3's ",
                    quoted_list(chat_special_tokens(ChatTemplate::kLlama3)),
                    " as single tokens; set none (prompts as written), chatml or llama3"));
+}
+
+StatusOr<ChatTemplate> resolve_chat_template(std::string_view name, const Tokenizer& tokenizer,
+                                             std::string_view field) {
+  StatusOr<ChatTemplateChoice> choice = kChatTemplateChoiceNames.parse(name);
+  if (!choice.ok()) {
+    return InvalidArgumentError(absl::StrCat(std::string(field), ": ", choice.status().message()));
+  }
+  return resolve_chat_template(*choice, tokenizer, field);
 }
 
 std::string_view find_chat_token(ChatTemplate t, std::string_view text) {

@@ -173,12 +173,28 @@ StatusOr<c10::Device> parse_device(const std::string& name, int local_rank) {
 #endif
 }
 
-StatusOr<std::optional<c10::ScalarType>> parse_autocast(const std::string& name) {
-  if (name == "none") return std::optional<c10::ScalarType>();
-  if (name == "bfloat16") return std::optional<c10::ScalarType>(c10::ScalarType::BFloat16);
-  if (name == "float16") return std::optional<c10::ScalarType>(c10::ScalarType::Half);
-  return InvalidArgumentError(
-      absl::StrCat("run.autocast: '", name, "' is not none, bfloat16 or float16"));
+c10::ScalarType scalar_type(Precision precision) {
+  switch (precision) {
+    case Precision::kFloat32:
+      return c10::ScalarType::Float;
+    case Precision::kBFloat16:
+      return c10::ScalarType::BFloat16;
+    case Precision::kFloat16:
+      return c10::ScalarType::Half;
+  }
+  return c10::ScalarType::Float;
+}
+
+std::optional<c10::ScalarType> autocast_type(Autocast autocast) {
+  switch (autocast) {
+    case Autocast::kNone:
+      return std::nullopt;
+    case Autocast::kBFloat16:
+      return c10::ScalarType::BFloat16;
+    case Autocast::kFloat16:
+      return c10::ScalarType::Half;
+  }
+  return std::nullopt;
 }
 
 std::optional<c10::ScalarType> current_autocast(c10::DeviceType device_type) {

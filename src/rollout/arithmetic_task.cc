@@ -163,42 +163,43 @@ std::optional<int64_t> largest_value(const ArithmeticTaskConfig& c) {
   return bound;
 }
 
-Status check_config(const ArithmeticTaskConfig& c) {
-  const auto bad = [](const std::string& field, const std::string& why, auto value) {
-    return InvalidArgumentError(
-        absl::StrCat("task.arithmetic.", field, ": ", why, ", got ", value));
-  };
-  if (c.min_operands < 1) return bad("min_operands", "must be >= 1", c.min_operands);
-  if (c.max_operands < c.min_operands) {
-    return bad("max_operands", absl::StrCat("must be >= min_operands (", c.min_operands, ")"),
-               c.max_operands);
-  }
-  if (c.min_digits < 1) return bad("min_digits", "must be >= 1", c.min_digits);
-  if (c.max_digits < c.min_digits) {
-    return bad("max_digits", absl::StrCat("must be >= min_digits (", c.min_digits, ")"),
-               c.max_digits);
-  }
-  // 10^19 - 1 does not fit in int64.
-  if (c.max_digits > 18) return bad("max_digits", "must be <= 18", c.max_digits);
-  if (c.operators.empty() || c.operators.find_first_not_of("+-*") != std::string::npos) {
-    return bad("operators", "must be a non-empty string of + - *",
-               absl::StrCat("'", c.operators, "'"));
-  }
-  if (!largest_value(c)) {
-    return bad("max_operands",
-               absl::StrCat("with operators '", c.operators, "' and up to ", c.max_digits,
-                            " digits per operand, results can overflow 64-bit integers"),
-               c.max_operands);
-  }
-  return OkStatus();
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<Task>> make_arithmetic_task(const ArithmeticTaskConfig& config,
                                                      uint64_t seed) {
-  RELAY_RETURN_IF_ERROR(check_config(config));
+  RELAY_RETURN_IF_ERROR(check_options(config, "task.arithmetic"));
   return std::unique_ptr<Task>(std::make_unique<ArithmeticTask>(config, seed));
 }
 
 }  // namespace relay::rollout
+
+namespace relay {
+
+void check(const ArithmeticTaskConfig& c, Problems p) {
+  const size_t before = p.list().size();
+  p.at_least("min_operands", c.min_operands, 1);
+  if (c.max_operands < c.min_operands) {
+    p.add("max_operands",
+          absl::StrCat("must be >= ", p.path("min_operands"), " (", c.min_operands, ")"),
+          c.max_operands);
+  }
+  p.at_least("min_digits", c.min_digits, 1);
+  if (c.max_digits < c.min_digits) {
+    p.add("max_digits", absl::StrCat("must be >= ", p.path("min_digits"), " (", c.min_digits, ")"),
+          c.max_digits);
+  }
+  // 10^19 - 1 does not fit in int64.
+  if (c.max_digits > 18) p.add("max_digits", "must be <= 18", c.max_digits);
+  if (c.operators.empty() || c.operators.find_first_not_of("+-*") != std::string::npos) {
+    p.add("operators", "must be a non-empty string of + - *", c.operators);
+  }
+  // The bound is only meaningful for settings that passed the rules above.
+  if (p.list().size() == before && !rollout::largest_value(c)) {
+    p.add("max_operands",
+          absl::StrCat("with operators '", c.operators, "' and up to ", c.max_digits,
+                       " digits per operand, results can overflow 64-bit integers"),
+          c.max_operands);
+  }
+}
+
+}  // namespace relay

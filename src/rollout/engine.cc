@@ -14,42 +14,6 @@
 
 namespace relay::rollout {
 
-StatusOr<EngineOptions> engine_options(const RolloutConfig& config,
-                                       std::vector<int64_t> stop_tokens) {
-  EngineOptions o;
-  if (config.num_slots < 1) {
-    return InvalidArgumentError(
-        absl::StrCat("rollout.num_slots: must be >= 1, got ", config.num_slots));
-  }
-  if (config.max_new_tokens < 1) {
-    return InvalidArgumentError(
-        absl::StrCat("rollout.max_new_tokens: must be >= 1, got ", config.max_new_tokens));
-  }
-  if (!(config.kv_cache_gb >= 0) || !std::isfinite(config.kv_cache_gb)) {
-    return InvalidArgumentError(absl::StrCat(
-        "rollout.kv_cache_gb: must be >= 0 (0 = kv_cache_fraction of free memory), got ",
-        config.kv_cache_gb));
-  }
-  if (!(config.kv_cache_fraction > 0 && config.kv_cache_fraction <= 1)) {
-    return InvalidArgumentError(absl::StrCat("rollout.kv_cache_fraction: must be in (0, 1], got ",
-                                             config.kv_cache_fraction));
-  }
-  o.num_slots = config.num_slots;
-  o.max_new_tokens = config.max_new_tokens;
-  o.kv_cache_bytes = static_cast<int64_t>(config.kv_cache_gb * (1ull << 30));
-  o.kv_cache_fraction = config.kv_cache_fraction;
-  o.sampling.temperature = config.temperature;
-  o.sampling.top_k = config.top_k;
-  o.sampling.top_p = config.top_p;
-  o.sampling.record_raw_logprobs = config.record_raw_logprobs;
-  Status sampling = validate(o.sampling);
-  if (!sampling.ok()) return InvalidArgumentError(absl::StrCat("rollout.", sampling.message()));
-  o.stop_tokens = std::move(stop_tokens);
-  RELAY_ASSIGN_OR_RETURN(o.interrupt, parse_interrupt_policy(config.interrupt));
-  RELAY_ASSIGN_OR_RETURN(o.prefix, prefix_options(config.prefix));
-  return o;
-}
-
 Engine::Engine(model::Policy policy, EngineOptions options, const model::KVCacheOptions& cache,
                int64_t version, uint64_t digest)
     : policy_(std::move(policy)),
@@ -94,7 +58,7 @@ StatusOr<model::KVCacheOptions> kv_cache_options(const model::PolicyImpl& policy
                                  pc.resolved_head_dim() * c10::elementSize(kv.dtype);
   const int64_t block_bytes = position_bytes * kv.block_size;
   const int64_t blocks_per_seq = (kv.max_seq_len + kv.block_size - 1) / kv.block_size;
-  int64_t budget = options.kv_cache_bytes;
+  int64_t budget = static_cast<int64_t>(options.kv_cache_gb * (1ull << 30));
   if (budget == 0) {
     budget = options.num_slots * blocks_per_seq * block_bytes;
     const int64_t free = model::free_memory_bytes(kv.device);
@@ -113,7 +77,7 @@ StatusOr<model::KVCacheOptions> kv_cache_options(const model::PolicyImpl& policy
         static_cast<double>(budget) / (1ull << 30), kv.num_blocks * kv.block_size, position_bytes,
         options.max_new_tokens, smallest,
         static_cast<double>(min_blocks * block_bytes) / (1ull << 30),
-        options.kv_cache_bytes == 0 ? " (it was kv_cache_fraction of the free memory)" : ""));
+        options.kv_cache_gb == 0 ? " (it was kv_cache_fraction of the free memory)" : ""));
   }
   return kv;
 }
@@ -123,20 +87,9 @@ StatusOr<model::KVCacheOptions> kv_cache_options(const model::PolicyImpl& policy
 StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOptions options,
                                                  int64_t version, uint64_t digest) {
   if (!policy) return InvalidArgumentError("Engine: policy is null");
-  if (options.num_slots < 1) {
-    return InvalidArgumentError(absl::StrCat("num_slots: must be >= 1, got ", options.num_slots));
-  }
-  if (options.max_new_tokens < 1) {
-    return InvalidArgumentError(
-        absl::StrCat("max_new_tokens: must be >= 1, got ", options.max_new_tokens));
-  }
-  if (options.max_seq_len < 0) {
-    return InvalidArgumentError(
-        absl::StrCat("max_seq_len: must be >= 0, got ", options.max_seq_len));
-  }
+  RELAY_RETURN_IF_ERROR(check_options(options, ""));
   if (version < 0)
     return InvalidArgumentError(absl::StrCat("version: must be >= 0, got ", version));
-  RELAY_RETURN_IF_ERROR(validate(options.sampling));
   const int64_t vocab = policy->config().vocab_size;
   for (size_t i = 0; i < options.stop_tokens.size(); ++i) {
     if (options.stop_tokens[i] < 0 || options.stop_tokens[i] >= vocab) {
@@ -145,7 +98,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
                                                " outside the vocabulary [0, ", vocab, ")"));
     }
   }
-  if (options.vocab_limit < 0 || options.vocab_limit > vocab) {
+  if (options.vocab_limit > vocab) {
     return InvalidArgumentError(absl::StrCat("vocab_limit: must be in [0, ", vocab,
                                              "] (0 = the whole vocabulary), got ",
                                              options.vocab_limit));
@@ -157,10 +110,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
           absl::StrCat("stop_tokens[", i, "]: token id ", options.stop_tokens[i],
                        " can never be sampled: the tokenizer's vocabulary ends at ", support));
     }
-  }
-  if (options.kv_block_size < 1) {
-    return InvalidArgumentError(
-        absl::StrCat("kv_block_size: must be >= 1, got ", options.kv_block_size));
   }
 
   RELAY_ASSIGN_OR_RETURN(const model::KVCacheOptions kv, kv_cache_options(*policy, options));
@@ -295,7 +244,7 @@ StatusOr<std::vector<TrajectoryGroup>> Engine::run() {
 StatusOr<std::vector<TrajectoryGroup>> Engine::step() {
   torch::NoGradGuard no_grad;
   const model::AutocastGuard autocast(policy_->parameters().front().device().type(),
-                                      options_.autocast);
+                                      model::autocast_type(options_.autocast));
   StepState s;
   take_inputs(s);
   for (Submission& sub : s.incoming) enqueue(std::move(sub));

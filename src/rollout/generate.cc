@@ -34,7 +34,7 @@ Status validate_prompts(const std::vector<std::vector<int64_t>>& prompts, int64_
 StatusOr<std::vector<Generation>> generate(model::Policy policy,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerateOptions& options) {
-  RELAY_RETURN_IF_ERROR(validate(options.sampling));
+  RELAY_RETURN_IF_ERROR(check_options(options.sampling, ""));
   if (options.max_new_tokens < 1) {
     return InvalidArgumentError(
         absl::StrCat("max_new_tokens: must be >= 1, got ", options.max_new_tokens));

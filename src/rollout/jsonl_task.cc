@@ -286,21 +286,11 @@ StatusOr<std::vector<TaskPrompt>> read_jsonl_prompts(const std::string& path,
 StatusOr<std::unique_ptr<Task>> make_jsonl_task(const std::string& path,
                                                 const JsonlTaskConfig& config,
                                                 model::ChatTemplate chat_template) {
-  if (config.match != "exact" && config.match != "regex") {
-    return InvalidArgumentError(
-        absl::StrCat("task.jsonl.match: must be one of exact | regex, got '", config.match, "'"));
-  }
-  if (config.prompt_key.empty()) {
-    return InvalidArgumentError("task.jsonl.prompt_key: must be non-empty");
-  }
-  if (config.answer_key.empty()) {
-    return InvalidArgumentError("task.jsonl.answer_key: must be non-empty");
-  }
   RELAY_ASSIGN_OR_RETURN(std::vector<TaskPrompt> prompts,
                          read_jsonl_prompts(path, {config.prompt_key, config.answer_key,
                                                    config.target_key, chat_template}));
   std::vector<Regex> regexes;
-  if (config.match == "regex") {
+  if (config.match == AnswerMatch::kRegex) {
     regexes.reserve(prompts.size());
     for (const TaskPrompt& p : prompts) {
       RELAY_ASSIGN_OR_RETURN(Regex r, compile_full_match(p, config.answer_key));

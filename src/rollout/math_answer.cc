@@ -351,11 +351,6 @@ class MathAnswerTask final : public Task {
 StatusOr<std::unique_ptr<Task>> make_math_answer_task(const std::string& path,
                                                       const MathAnswerTaskConfig& config,
                                                       model::ChatTemplate chat_template) {
-  const double w = config.format_reward;
-  if (!(std::isfinite(w) && w >= 0 && w <= 1)) {
-    return InvalidArgumentError(
-        absl::StrCat("task.math_answer.format_reward: must be in [0, 1], got ", w));
-  }
   RELAY_ASSIGN_OR_RETURN(
       std::vector<TaskPrompt> prompts,
       read_jsonl_prompts(path, {"question", "answer", "solution", chat_template}));
@@ -364,7 +359,7 @@ StatusOr<std::unique_ptr<Task>> make_math_answer_task(const std::string& path,
       return InvalidArgumentError(absl::StrCat(p.id, ": field 'answer': empty"));
     }
   }
-  return std::unique_ptr<Task>(std::make_unique<MathAnswerTask>(std::move(prompts), w));
+  return std::unique_ptr<Task>(std::make_unique<MathAnswerTask>(std::move(prompts), config.format_reward));
 }
 
 }  // namespace relay::rollout

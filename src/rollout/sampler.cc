@@ -6,17 +6,6 @@
 
 namespace relay::rollout {
 
-Status validate(const SamplingOptions& o) {
-  if (!(o.temperature > 0)) {
-    return InvalidArgumentError(absl::StrCat("temperature: must be > 0, got ", o.temperature));
-  }
-  if (o.top_k < 0) return InvalidArgumentError(absl::StrCat("top_k: must be >= 0, got ", o.top_k));
-  if (!(o.top_p > 0 && o.top_p <= 1)) {
-    return InvalidArgumentError(absl::StrCat("top_p: must be in (0, 1], got ", o.top_p));
-  }
-  return OkStatus();
-}
-
 at::Tensor sampling_logprobs(const at::Tensor& logits, const SamplingOptions& o) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   at::Tensor z = logits.to(torch::kFloat32);

@@ -17,25 +17,22 @@ namespace {
 
 StatusOr<std::unique_ptr<Task>> make_plain_task(const TaskConfig& config, uint64_t seed,
                                                 model::ChatTemplate chat_template) {
-  if (config.name == "arithmetic") return make_arithmetic_task(config.arithmetic, seed);
-  if (config.name != "math_answer" && config.name != "jsonl") {
-    return InvalidArgumentError(absl::StrCat("task.name: unknown task '", config.name,
-                                             "'; expected arithmetic | math_answer | jsonl"));
+  switch (config.name) {
+    case TaskKind::kArithmetic:
+      return make_arithmetic_task(config.arithmetic, seed);
+    case TaskKind::kMathAnswer:
+      return make_math_answer_task(config.path, config.math_answer, chat_template);
+    case TaskKind::kJsonl:
+      return make_jsonl_task(config.path, config.jsonl, chat_template);
   }
-  if (config.path.empty()) {
-    return InvalidArgumentError(
-        absl::StrCat("task.path: must name a JSONL file for task '", config.name, "'"));
-  }
-  if (config.name == "math_answer") {
-    return make_math_answer_task(config.path, config.math_answer, chat_template);
-  }
-  return make_jsonl_task(config.path, config.jsonl, chat_template);
+  return InternalError("make_task: a task kind without a constructor");
 }
 
 }  // namespace
 
 StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed,
                                           const model::ChatOptions& chat) {
+  RELAY_RETURN_IF_ERROR(check_options(config, "task"));
   if (chat.chat_template == model::ChatTemplate::kNone && !chat.system_prompt.empty()) {
     // A system message exists only in a chat format; dropping it silently
     // would train on prompts other than the ones configured.

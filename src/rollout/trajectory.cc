@@ -18,30 +18,6 @@ const char* finish_reason_name(FinishReason reason) {
   return "?";
 }
 
-namespace {
-constexpr std::pair<const char*, InterruptPolicy> kPolicies[] = {
-    {"recompute", InterruptPolicy::kRecompute},
-    {"keep", InterruptPolicy::kKeep},
-    {"finish", InterruptPolicy::kFinish},
-    {"restart", InterruptPolicy::kRestart},
-};
-}  // namespace
-
-const char* interrupt_policy_name(InterruptPolicy policy) {
-  for (const auto& [name, p] : kPolicies) {
-    if (p == policy) return name;
-  }
-  return "?";
-}
-
-StatusOr<InterruptPolicy> parse_interrupt_policy(std::string_view name) {
-  for (const auto& [n, p] : kPolicies) {
-    if (name == n) return p;
-  }
-  return InvalidArgumentError(absl::StrCat("rollout.interrupt: unknown policy '", std::string(name),
-                                           "'; expected recompute, keep, finish or restart"));
-}
-
 int64_t Trajectory::num_forced() const {
   return std::count(offpolicy_mask.begin(), offpolicy_mask.end(), 1);
 }

@@ -815,7 +815,7 @@ TEST(RolloutWorkerTest, JoinsAtVersionFiveAndFollowsByBroadcast) {
   o.weight_sync_endpoint = broadcaster->endpoint();
   rig.serve(o);
   RolloutWorkerOptions wo;
-  wo.weight_sync = "broadcast";
+  wo.weight_sync = comm::WeightSyncMode::kBroadcast;
   wo.weight_sync_timeout_ms = 5000;
   wo.broadcast_grace_ms = 60000;  // never fall back to fetching in this test
   std::unique_ptr<RolloutWorker> worker = rig.make_worker(wo);

@@ -4,16 +4,31 @@
 // public headers expose just this.
 
 #include <string>
+#include <string_view>
 
+#include "relay/common/name_table.h"
 #include "relay/common/status.h"
 
 namespace relay {
 
-// Sets the level of the default logger ("trace", "debug", "info", "warn",
-// "error", "off"). Log lines go to stderr so that stdout stays machine-readable
-// (`relay score --json` and friends print only their result there).
-// `role` ("trainer", "rollout local0", ...) and the process id go into every
-// line, so the interleaved logs of `relay run` say who wrote what.
-Status init_logging(const std::string& level, const std::string& role = "");
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+inline const NameTable<LogLevel> kLogLevelNames{"log level",
+                                                {{"trace", LogLevel::kTrace},
+                                                 {"debug", LogLevel::kDebug},
+                                                 {"info", LogLevel::kInfo},
+                                                 {"warn", LogLevel::kWarn},
+                                                 {"error", LogLevel::kError},
+                                                 {"off", LogLevel::kOff}}};
+
+// Sets the level of the default logger. Log lines go to stderr so that
+// stdout stays machine-readable (`relay score --json` and friends print only
+// their result there). `role` ("trainer", "rollout local0", ...) and the
+// process id go into every line, so the interleaved logs of `relay run` say
+// who wrote what.
+void init_logging(LogLevel level, const std::string& role = "");
+
+// The same for a --log-level flag's text; InvalidArgument naming the known
+// levels for anything else.
+Status init_logging(std::string_view level, const std::string& role = "");
 
 }  // namespace relay

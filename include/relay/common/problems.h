@@ -53,9 +53,6 @@ class Problems {
   // 0 (off) or > min; `min_text` says what min is ("1", "1 + ppo.clip_high (1.2)").
   void zero_or_above(const std::string& key, double value, double min, const std::string& min_text);
   void non_empty(const std::string& key, const std::string& value);
-  // A string-valued choice: `value` is one of `allowed` (named in the message).
-  void one_of(const std::string& key, const std::string& value,
-              const std::vector<std::string>& allowed);
 
   bool empty() const { return list_->empty(); }
   const std::vector<Problem>& list() const { return *list_; }

@@ -19,7 +19,12 @@
 #include <utility>
 #include <vector>
 
+#include "relay/comm/weight_sync/weight_sync_mode.h"
+#include "relay/common/logging.h"
+#include "relay/common/name_table.h"
 #include "relay/common/status.h"
+#include "relay/model/chat_template.h"
+#include "relay/model/precision.h"
 #include "relay/rollout/options.h"
 #include "relay/trainer/options.h"
 
@@ -27,23 +32,34 @@ namespace relay {
 
 // Per-process settings.
 struct RunConfig {
-  uint64_t seed = 0;               // seeds model init, sampling and data order
-  int threads = 0;                 // intra-op threads for this process; 0 = all cores
-  std::string log_level = "info";  // trace | debug | info | warn | error | off
+  uint64_t seed = 0;                     // seeds model init, sampling and data order
+  int threads = 0;                       // intra-op threads for this process; 0 = all cores
+  LogLevel log_level = LogLevel::kInfo;  // trace | debug | info | warn | error | off
   // Where the model lives: cpu | cuda (= cuda:$LOCAL_RANK) | cuda:<i>. cuda
   // needs a CUDA build (docs/cluster.md).
   std::string device = "cpu";
   // Forward passes under autocast: none | bfloat16 | float16 (matrix
   // products in that precision, softmax and losses in fp32).
-  std::string autocast = "none";
+  model::Autocast autocast = model::Autocast::kNone;
 };
+
+// The architecture of a fresh model, named as config.json's model_type.
+enum class ModelArch {
+  kLlama,
+  kQwen2,     // q/k/v projections with bias
+  kQwen3,     // per-head q/k RMSNorm
+  kQwen3Moe,  // qwen3 with a mixture of experts in every layer
+};
+inline const NameTable<ModelArch> kModelArchNames{"architecture",
+                                                  {{"llama", ModelArch::kLlama},
+                                                   {"qwen2", ModelArch::kQwen2},
+                                                   {"qwen3", ModelArch::kQwen3},
+                                                   {"qwen3_moe", ModelArch::kQwen3Moe}}};
 
 // Architecture of a fresh model built from a seed (model.init). Ignored when
 // model.path names a checkpoint directory.
 struct ModelInitConfig {
-  // llama | qwen2 (q/k/v projections with bias) | qwen3 (per-head q/k RMSNorm) |
-  // qwen3_moe (qwen3 with a mixture of experts in every layer)
-  std::string arch = "llama";
+  ModelArch arch = ModelArch::kLlama;  // llama | qwen2 | qwen3 | qwen3_moe
   int layers = 2;
   int hidden = 64;
   int heads = 4;
@@ -61,15 +77,15 @@ struct ModelInitConfig {
 };
 
 struct ModelConfig {
-  std::string path;               // HF-layout directory (config.json + *.safetensors); empty = init
-  std::string dtype = "float32";  // float32 | bfloat16 | float16: parameters in memory
+  std::string path;  // HF-layout directory (config.json + *.safetensors); empty = init
+  model::Precision dtype = model::Precision::kFloat32;  // float32 | bfloat16 | float16
   std::string tokenizer = "char";  // char (built-in tasks) | a tokenizer.json path (later)
   // Chat format prompts are rendered in (docs/model.md, "Chat templates"):
   // none (prompt text as written) | chatml (Qwen) | llama3 (Llama 3 Instruct) |
   // auto (chatml or llama3, from the tokenizer's special tokens; an error when
   // it has neither or both). chatml and llama3 need the tokenizer to have the
   // format's special tokens; the char tokenizer has none.
-  std::string chat_template = "none";
+  model::ChatTemplateChoice chat_template = model::ChatTemplateChoice::kNone;
   // With a chat template: a system message put before every prompt that has
   // none of its own. "" = no system message (relay adds no default one).
   std::string system_prompt;
@@ -140,7 +156,7 @@ struct ServicesConfig {
   // fetch: every worker downloads each version over gRPC; broadcast: workers
   // join the trainer's c10d group and receive versions by broadcast (fetching
   // only to join or recover); auto: broadcast when the worker can join, else fetch.
-  std::string weight_sync = "fetch";
+  comm::WeightSyncMode weight_sync = comm::WeightSyncMode::kFetch;
   int weight_sync_port = 0;           // the trainer's c10d TCPStore; 0 = any free port
   int weight_sync_bucket_mb = 64;     // flattened broadcast bucket size
   double weight_sync_timeout_s = 30;  // every collective and rendezvous

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "relay/common/name_table.h"
 #include "relay/common/status.h"
 
 namespace relay::model {
@@ -57,11 +58,25 @@ std::vector<std::string> chat_special_tokens(ChatTemplate t);
 // "<|eot_id|>" (llama3), "" (kNone). Generation stops on it.
 std::string end_of_turn(ChatTemplate t);
 
-// model.chat_template for `tokenizer`: "none", "chatml" or "llama3" once
-// every special token of that format encodes as a single id of the
-// tokenizer; "auto" = the one format whose tokens the tokenizer has.
-// InvalidArgument naming `field` and the missing token, or, for auto, what
-// the tokenizer lacks (or that it has both).
+// model.chat_template as configured: a format, or auto (the one format
+// whose special tokens the tokenizer has).
+enum class ChatTemplateChoice { kNone, kChatml, kLlama3, kAuto };
+inline const NameTable<ChatTemplateChoice> kChatTemplateChoiceNames{
+    "chat template",
+    {{"none", ChatTemplateChoice::kNone},
+     {"chatml", ChatTemplateChoice::kChatml},
+     {"llama3", ChatTemplateChoice::kLlama3},
+     {"auto", ChatTemplateChoice::kAuto}}};
+
+// The format `choice` means for `tokenizer`: chatml and llama3 once every
+// special token of that format encodes as a single id of the tokenizer;
+// auto = the one format whose tokens the tokenizer has. InvalidArgument
+// naming `field` and the missing token, or, for auto, what the tokenizer
+// lacks (or that it has both).
+StatusOr<ChatTemplate> resolve_chat_template(ChatTemplateChoice choice, const Tokenizer& tokenizer,
+                                             std::string_view field = "model.chat_template");
+// The same for a flag's text (`relay generate --chat-template auto`); an
+// unknown name is an InvalidArgument naming `field`.
 StatusOr<ChatTemplate> resolve_chat_template(std::string_view name, const Tokenizer& tokenizer,
                                              std::string_view field = "model.chat_template");
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "relay/common/status.h"
+#include "relay/model/precision.h"
 
 namespace relay::model {
 
@@ -43,8 +44,11 @@ void reset_device_peak(c10::Device device);
 // past the visible GPUs.
 StatusOr<c10::Device> parse_device(const std::string& name, int local_rank = 0);
 
-// run.autocast: "none" (nullopt), "bfloat16" or "float16".
-StatusOr<std::optional<c10::ScalarType>> parse_autocast(const std::string& name);
+// model.dtype as a tensor type.
+c10::ScalarType scalar_type(Precision precision);
+
+// run.autocast as the precision AutocastGuard takes: nullopt for kNone.
+std::optional<c10::ScalarType> autocast_type(Autocast autocast);
 
 // The autocast precision in force on this thread for `device_type` (CPU or
 // CUDA), or nullopt when autocast is off there.

@@ -52,44 +52,12 @@
 #include "relay/common/status.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/policy.h"
-#include "relay/rollout/options.h"
+#include "relay/rollout/engine_options.h"
 #include "relay/rollout/prefix.h"
 #include "relay/rollout/sampler.h"
 #include "relay/rollout/trajectory.h"
 
 namespace relay::rollout {
-
-struct EngineOptions {
-  int64_t num_slots = 64;       // sequences decoding at once, at most
-  int64_t max_seq_len = 0;      // positions per sequence; 0 = the model's max_position_embeddings
-  int64_t max_new_tokens = 32;  // response tokens per sample, forced prefix included
-  SamplingOptions sampling;     // greedy is allowed (evaluation)
-  std::vector<int64_t> stop_tokens;  // a sampled stop token ends its sequence and is kept
-  InterruptPolicy interrupt = InterruptPolicy::kRecompute;
-  PrefixOptions prefix;
-  // The model's forward passes under autocast in this precision (run.autocast).
-  std::optional<c10::ScalarType> autocast;
-  // Ids [0, vocab_limit) may be sampled: the tokenizer's vocabulary, when the
-  // model's embedding is padded past it (Qwen2.5: 151,936 rows for 151,665
-  // tokens). The rest are outside the sampling distribution, which is
-  // renormalised over the support; the trainer scores over the same support
-  // (model::ScoreOptions::vocab_limit). 0 = every id of the model.
-  int64_t vocab_limit = 0;
-  // KV-cache budget in bytes (rollout.kv_cache_gb); 0 = the smaller of
-  // num_slots x max_seq_len positions and kv_cache_fraction of the memory
-  // free on the model's device when the engine is created.
-  int64_t kv_cache_bytes = 0;
-  double kv_cache_fraction = 0.5;  // (0, 1]; used when kv_cache_bytes is 0
-  int64_t kv_block_size = 16;      // positions per KV-cache block
-  // MoE models: record each position's routing into the trajectories
-  // (Trajectory::routed_experts), for router replay in the trainer.
-  bool record_routing = true;
-};
-
-// From config (rollout section); stop tokens come from the caller, which
-// knows the tokenizer. Errors name the field.
-StatusOr<EngineOptions> engine_options(const RolloutConfig& config,
-                                       std::vector<int64_t> stop_tokens);
 
 // Counters since construction, for metrics and tests.
 struct EngineStats {

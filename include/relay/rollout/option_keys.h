@@ -7,11 +7,13 @@
 #include "relay/rollout/options.h"
 
 namespace relay {
+namespace rollout {
 
+// Found by argument-dependent lookup, so beside PrefixOptions' namespace.
 template <class V>
-void visit_fields(V& v, PrefixConfig& c) {
+void visit_fields(V& v, PrefixOptions& c) {
   v.field("n_prefix", c.n_prefix);
-  v.field("strategy", c.strategy);
+  v.field("strategy", c.strategy, kPrefixStrategyNames);
   v.field("min_ratio", c.min_ratio);
   v.field("max_ratio", c.max_ratio);
   v.field("steps", c.steps);
@@ -19,22 +21,27 @@ void visit_fields(V& v, PrefixConfig& c) {
   v.field("max_len", c.max_len);
 }
 
+}  // namespace rollout
+
+// The engine's keys sit flat in the section (rollout.temperature, not
+// rollout.engine.sampling.temperature), in the order docs/config.md lists them.
 template <class V>
 void visit_fields(V& v, RolloutConfig& c) {
+  rollout::EngineOptions& e = c.engine;
   v.field("n", c.n);
-  v.field("max_new_tokens", c.max_new_tokens);
-  v.field("temperature", c.temperature);
-  v.field("top_k", c.top_k);
-  v.field("top_p", c.top_p);
+  v.field("max_new_tokens", e.max_new_tokens);
+  v.field("temperature", e.sampling.temperature);
+  v.field("top_k", e.sampling.top_k);
+  v.field("top_p", e.sampling.top_p);
   v.field("stop", c.stop);
-  v.field("record_raw_logprobs", c.record_raw_logprobs);
-  v.field("num_slots", c.num_slots);
-  v.field("kv_cache_gb", c.kv_cache_gb);
-  v.field("kv_cache_fraction", c.kv_cache_fraction);
-  v.field("interrupt", c.interrupt);
+  v.field("record_raw_logprobs", e.sampling.record_raw_logprobs);
+  v.field("num_slots", e.num_slots);
+  v.field("kv_cache_gb", e.kv_cache_gb);
+  v.field("kv_cache_fraction", e.kv_cache_fraction);
+  v.field("interrupt", e.interrupt, rollout::kInterruptPolicyNames);
   v.field("workers", c.workers);
   v.field("groups_in_flight", c.groups_in_flight);
-  v.section("prefix", c.prefix);
+  v.section("prefix", e.prefix);
 }
 
 template <class V>
@@ -56,12 +63,12 @@ void visit_fields(V& v, JsonlTaskConfig& c) {
   v.field("prompt_key", c.prompt_key);
   v.field("answer_key", c.answer_key);
   v.field("target_key", c.target_key);
-  v.field("match", c.match);
+  v.field("match", c.match, rollout::kAnswerMatchNames);
 }
 
 template <class V>
 void visit_fields(V& v, TaskConfig& c) {
-  v.field("name", c.name);
+  v.field("name", c.name, rollout::kTaskKindNames);
   v.field("path", c.path);
   v.field("verifier_timeout_s", c.verifier_timeout_s);
   v.section("arithmetic", c.arithmetic);

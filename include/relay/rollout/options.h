@@ -1,52 +1,50 @@
 #pragma once
 
-// The rollout side's options: sampling and the generation engine
-// (`rollout:`), prefix guidance (`rollout.prefix:`) and the task (`task:`),
-// each with its rules in check() and its YAML keys in
+// The rollout side's config sections: `rollout:` (the group size, worker
+// processes, and the generation engine's own options, EngineOptions from
+// relay/rollout/engine_options.h) and `task:` (where prompts come from, how
+// responses are scored). Rules in check(), YAML keys in
 // relay/rollout/option_keys.h. No LibTorch: tasks build without it.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "relay/common/name_table.h"
 #include "relay/common/problems.h"
+#include "relay/rollout/engine_options.h"
 
 namespace relay {
+namespace rollout {
 
-// Prefix-guided (off-policy) sampling, as in LUFFY: some of a group's samples
-// start from a forced prefix of the prompt's target solution. The prefix
-// length is floor(ratio x target length), capped at max_len.
-struct PrefixConfig {
-  int n_prefix = 0;                 // samples per group given a prefix; -1 = all K; 0 = off
-  std::string strategy = "random";  // random | linear | linear_max | reverse_linear | fixed
-  double min_ratio = 0.0;           // ratios lie in [min_ratio, max_ratio] within [0, 1]
-  double max_ratio = 0.8;
-  int steps = 300;                  // training steps over which linear schedules move
-  bool share_across_group = false;  // one ratio for all prefixed samples of a group
-  int max_len = 8192;               // at most this many forced tokens
+// Where a task's prompts come from and how they are scored (relay/rollout/task.h).
+enum class TaskKind { kArithmetic, kMathAnswer, kJsonl };
+inline const NameTable<TaskKind> kTaskKindNames{"task",
+                                                {{"arithmetic", TaskKind::kArithmetic},
+                                                 {"math_answer", TaskKind::kMathAnswer},
+                                                 {"jsonl", TaskKind::kJsonl}}};
+
+// How a jsonl task compares a response's answer with the prompt's.
+enum class AnswerMatch {
+  kExact,  // the extracted answer equals the expected text
+  kRegex,  // the expected text is a regex the extracted answer must match in full
 };
+inline const NameTable<AnswerMatch> kAnswerMatchNames{
+    "answer match", {{"exact", AnswerMatch::kExact}, {"regex", AnswerMatch::kRegex}}};
 
-// Sampling and the generation engine for rollouts.
+}  // namespace rollout
+
+// Sampling and the generation engine for rollouts. The engine's keys
+// (max_new_tokens, temperature, top_k, top_p, record_raw_logprobs, num_slots,
+// kv_cache_gb, kv_cache_fraction, interrupt, prefix) bind straight onto
+// `engine`; the process fills in what the section cannot know (stop tokens
+// from the tokenizer, run.autocast, the vocabulary limit).
 struct RolloutConfig {
-  int n = 8;  // responses sampled per prompt (the group size K)
-  int max_new_tokens = 32;
-  double temperature = 1.0;       // > 0; sampling is greedy only through `relay generate --greedy`
-  int top_k = 0;                  // 0 = off
-  double top_p = 1.0;             // 1 = off; in (0, 1]
+  int n = 8;                      // responses sampled per prompt (the group size K)
   std::vector<std::string> stop;  // extra stop strings, each one token; the task adds its own
-  bool record_raw_logprobs = false;  // also keep log p(token) at temperature 1, untruncated
-  int num_slots = 64;                // sequences decoding at once, at most
-  // KV-cache memory of one worker, in GiB; 0 = kv_cache_fraction of the
-  // memory free when the worker starts, and never more than num_slots full
-  // sequences. Sequences are admitted while the budget can hold
-  // prompt + max_new_tokens for each; the others wait.
-  double kv_cache_gb = 0;
-  double kv_cache_fraction =
-      0.5;  // (0, 1]: share of free memory for the KV cache when kv_cache_gb is 0
-  // What a weight update does to sequences in flight: recompute | keep | finish | restart.
-  std::string interrupt = "recompute";
-  int workers = 1;            // relay-rollout processes `relay run` starts on this machine
-  int groups_in_flight = 16;  // prompt leases one worker holds at once
-  PrefixConfig prefix;
+  int workers = 1;                // relay-rollout processes `relay run` starts on this machine
+  int groups_in_flight = 16;      // prompt leases one worker holds at once
+  rollout::EngineOptions engine;
 };
 
 struct ArithmeticTaskConfig {
@@ -65,13 +63,13 @@ struct JsonlTaskConfig {
   std::string prompt_key = "prompt";
   std::string answer_key = "answer";
   std::string target_key = "target";  // optional field: a target solution for prefix guidance
-  std::string match = "exact";  // exact | regex (the answer is a regex the response must match)
+  rollout::AnswerMatch match = rollout::AnswerMatch::kExact;  // exact | regex
 };
 
 // Where prompts come from and how responses are scored.
 struct TaskConfig {
-  std::string name = "arithmetic";  // arithmetic | math_answer | jsonl
-  std::string path;                 // JSONL file for math_answer and jsonl
+  rollout::TaskKind name = rollout::TaskKind::kArithmetic;  // arithmetic | math_answer | jsonl
+  std::string path;                                         // JSONL file for math_answer and jsonl
   double verifier_timeout_s = 5.0;  // a verifier running longer scores 0 and counts an error
   ArithmeticTaskConfig arithmetic;
   MathAnswerTaskConfig math_answer;
@@ -80,8 +78,12 @@ struct TaskConfig {
 
 // Every rule on the rollout and task options, with YAML key paths relative
 // to `problems` ("n", "prefix.max_ratio"; the binding checks them under
-// "rollout" and "task").
+// "rollout" and "task"). check(RolloutConfig) includes the engine's own
+// check; make_task runs check(TaskConfig) too, for options built in code.
 void check(const RolloutConfig& options, Problems problems);
 void check(const TaskConfig& options, Problems problems);
+// The arithmetic task's rules (in arithmetic_task.cc, beside the bound on
+// the values its expressions can reach).
+void check(const ArithmeticTaskConfig& options, Problems problems);
 
 }  // namespace relay

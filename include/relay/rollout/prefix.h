@@ -21,29 +21,14 @@
 // ratio 0. A prefix is floor(ratio x target length) tokens, at most max_len.
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
-#include "relay/common/status.h"
-#include "relay/rollout/options.h"
+#include "relay/rollout/engine_options.h"
 
 namespace relay::rollout {
 
-enum class PrefixStrategy { kRandom, kLinear, kLinearMax, kReverseLinear, kFixed };
-
-struct PrefixOptions {
-  int n_prefix = 0;  // -1 = all samples; 0 = off
-  PrefixStrategy strategy = PrefixStrategy::kRandom;
-  double min_ratio = 0.0;
-  double max_ratio = 0.8;
-  int64_t steps = 300;
-  bool share_across_group = false;
-  int64_t max_len = 8192;
-};
-
-// From the config section; InvalidArgument naming the field for a bad value.
-StatusOr<PrefixOptions> prefix_options(const PrefixConfig& config);
-const char* prefix_strategy_name(PrefixStrategy strategy);
+// PrefixOptions and PrefixStrategy are declared with the engine's options
+// (relay/rollout/engine_options.h), and check(PrefixOptions) states their rules.
 
 // Ratios for the k samples of one group at training step `step`, drawn from a
 // stream seeded by `seed` (the same inputs give the same ratios). Samples

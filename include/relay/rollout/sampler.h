@@ -21,19 +21,11 @@
 #include <ATen/core/Tensor.h>
 
 #include "relay/common/status.h"
+#include "relay/rollout/engine_options.h"
 
 namespace relay::rollout {
 
-struct SamplingOptions {
-  double temperature = 1.0;          // > 0; logits are divided by it
-  int64_t top_k = 0;                 // keep the k most likely tokens; 0 = off
-  double top_p = 1.0;                // keep the smallest set with mass >= top_p; 1 = off
-  bool greedy = false;               // argmax; the recorded log-prob is then raw_logprobs' value
-  bool record_raw_logprobs = false;  // also return log p(token) at temperature 1, untruncated
-};
-
-// Rejects temperature <= 0, top_k < 0, top_p outside (0, 1]; names the field.
-Status validate(const SamplingOptions& options);
+// SamplingOptions and its rules (check) are in relay/rollout/engine_options.h.
 
 struct SampleResult {
   at::Tensor tokens;        // [B] int64

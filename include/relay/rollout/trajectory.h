@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "relay/common/name_table.h"
 #include "relay/common/status.h"
 
 namespace relay::rollout {
@@ -45,8 +46,12 @@ enum class InterruptPolicy {
   // Drop the partial response and sample it again from the prompt.
   kRestart,
 };
-const char* interrupt_policy_name(InterruptPolicy policy);
-StatusOr<InterruptPolicy> parse_interrupt_policy(std::string_view name);
+inline const NameTable<InterruptPolicy> kInterruptPolicyNames{
+    "interrupt policy",
+    {{"recompute", InterruptPolicy::kRecompute},
+     {"keep", InterruptPolicy::kKeep},
+     {"finish", InterruptPolicy::kFinish},
+     {"restart", InterruptPolicy::kRestart}}};
 
 // One prompt and how to sample it.
 struct PromptGroup {

@@ -51,7 +51,7 @@ Status RolloutWorker::start() {
   v1::WorkerCapabilities caps;
   caps.set_device(policy_->parameters().front().device().str());
   caps.set_num_slots(static_cast<int32_t>(engine_options_.num_slots));
-  caps.set_weight_sync_group(options_.weight_sync != "fetch");
+  caps.set_weight_sync_group(options_.weight_sync != WeightSyncMode::kFetch);
   RELAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse reg,
                          client_->register_worker(options_.name, caps));
   worker_id_ = reg.worker_id();
@@ -103,9 +103,9 @@ Status RolloutWorker::load_weights(const FetchedWeights& w) {
 // With services.weight_sync broadcast or auto, joins the trainer's c10d group
 // at `endpoint` (empty: the trainer offers none).
 Status RolloutWorker::join_weight_sync(const std::string& endpoint) {
-  if (options_.weight_sync == "fetch") return OkStatus();
+  if (options_.weight_sync == WeightSyncMode::kFetch) return OkStatus();
   if (endpoint.empty()) {
-    if (options_.weight_sync == "broadcast") {
+    if (options_.weight_sync == WeightSyncMode::kBroadcast) {
       return FailedPreconditionError(
           "worker: services.weight_sync is broadcast, but the trainer offers no weight-sync "
           "group (its services.weight_sync is fetch)");
@@ -120,7 +120,7 @@ Status RolloutWorker::join_weight_sync(const std::string& endpoint) {
   StatusOr<std::unique_ptr<WeightReceiver>> r = WeightReceiver::start(so);
   if (r.ok()) {
     receiver_ = *std::move(r);
-  } else if (options_.weight_sync == "broadcast") {
+  } else if (options_.weight_sync == WeightSyncMode::kBroadcast) {
     return r.status();
   } else {
     spdlog::warn("worker {}: cannot join the weight-sync group at {} ({}); fetching instead",

@@ -43,15 +43,6 @@ TEST(ProblemsTest, RulesRejectNanAndAcceptTheirBounds) {
   EXPECT_TRUE(Problems().status().ok());
 }
 
-TEST(ProblemsTest, OneOfNamesTheChoicesAndTheValue) {
-  Problems p("rollout");
-  p.one_of("interrupt", "keep", {"recompute", "keep"});
-  p.one_of("interrupt", "Keep", {"recompute", "keep"});
-  ASSERT_EQ(p.list().size(), 1u) << p.status();
-  EXPECT_EQ(p.list()[0].path, "rollout.interrupt");
-  EXPECT_EQ(p.list()[0].what, "must be one of recompute, keep, got 'Keep'");
-}
-
 enum class Fruit { kApple, kPear };
 const NameTable<Fruit> kFruitNames{
     "fruit", {{"apple", Fruit::kApple}, {"pear", Fruit::kPear}, {"malus", Fruit::kApple}}};

@@ -275,7 +275,9 @@ std::vector<rollout::TrajectoryGroup> sample_groups(const model::Policy& p,
   rollout::EngineOptions eo;
   eo.num_slots = 8;
   eo.max_new_tokens = 8;
-  eo.autocast = autocast;
+  eo.autocast = !autocast                                ? model::Autocast::kNone
+                : *autocast == c10::ScalarType::BFloat16 ? model::Autocast::kBFloat16
+                                                         : model::Autocast::kFloat16;
   auto engine = rollout::Engine::create(model::clone_policy(*p), eo, 0, 1);
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return {};

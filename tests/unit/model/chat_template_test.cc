@@ -229,7 +229,11 @@ TEST(ChatTemplateTest, ResolvesFromTheTokenizersSpecialTokens) {
             "3's special tokens; set chatml or llama3");
   r = resolve_chat_template("chatm", chatml);
   EXPECT_EQ(r.status().message(),
-            "model.chat_template: must be one of none, chatml, llama3, auto, got 'chatm'");
+            "model.chat_template: unknown chat template 'chatm'; known: none, chatml, llama3, "
+            "auto");
+  // The configured choice resolves the same way as its name.
+  EXPECT_EQ(resolve_chat_template(ChatTemplateChoice::kAuto, chatml).value(),
+            ChatTemplate::kChatml);
 }
 
 TEST(ChatTemplateTest, CharTokenizerHasNoChatTokens) {

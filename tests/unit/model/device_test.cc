@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "relay/model/checkpoint.h"
+
 namespace relay::model {
 namespace {
 
@@ -31,13 +33,17 @@ TEST(DeviceTest, ParsesDevicesAndNamesTheKeyOnBadOnes) {
   }
 }
 
-TEST(DeviceTest, ParsesAutocast) {
-  EXPECT_FALSE(parse_autocast("none").value().has_value());
-  EXPECT_EQ(*parse_autocast("bfloat16").value(), c10::ScalarType::BFloat16);
-  EXPECT_EQ(*parse_autocast("float16").value(), c10::ScalarType::Half);
-  auto bad = parse_autocast("bf16");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("run.autocast: 'bf16'"), std::string::npos);
+TEST(DeviceTest, PrecisionsAsTensorTypes) {
+  EXPECT_FALSE(autocast_type(Autocast::kNone).has_value());
+  EXPECT_EQ(autocast_type(Autocast::kBFloat16), c10::ScalarType::BFloat16);
+  EXPECT_EQ(autocast_type(Autocast::kFloat16), c10::ScalarType::Half);
+  EXPECT_EQ(scalar_type(Precision::kFloat32), c10::ScalarType::Float);
+  EXPECT_EQ(scalar_type(Precision::kBFloat16), c10::ScalarType::BFloat16);
+  EXPECT_EQ(scalar_type(Precision::kFloat16), c10::ScalarType::Half);
+  // model.dtype is spelled as config.json's torch_dtype, so the two agree.
+  for (const auto& entry : kPrecisionNames.entries()) {
+    EXPECT_EQ(parse_torch_dtype(entry.name).value(), scalar_type(entry.value)) << entry.name;
+  }
 }
 
 TEST(DeviceTest, AutocastGuardScopesLowPrecisionMatmuls) {

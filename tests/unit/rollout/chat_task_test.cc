@@ -26,14 +26,14 @@ std::string write_temp(const std::string& name, const std::string& contents) {
 
 TaskConfig jsonl_config(const std::string& path, const std::string& name = "jsonl") {
   TaskConfig c;
-  c.name = name;
+  c.name = kTaskKindNames.parse(name).value();
   c.path = path;
   return c;
 }
 
 TaskConfig arithmetic_config() {
   TaskConfig c;
-  c.name = "arithmetic";
+  c.name = TaskKind::kArithmetic;
   c.arithmetic = {2, 2, 1, 1, "+"};
   return c;
 }

@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "relay/rollout/generate.h"
+#include "relay/rollout/options.h"
 #include "testing/tensor_testing.h"
 
 namespace relay::rollout {
@@ -796,7 +798,7 @@ TEST(EngineTest, GreedyBaselineSurvivesAWeightUpdateUnderRecompute) {
 TEST(EngineTest, GreedyBaselineFollowsTheOtherInterruptPoliciesAndAbort) {
   for (InterruptPolicy policy :
        {InterruptPolicy::kKeep, InterruptPolicy::kFinish, InterruptPolicy::kRestart}) {
-    SCOPED_TRACE(interrupt_policy_name(policy));
+    SCOPED_TRACE(kInterruptPolicyNames.name(policy));
     EngineOptions o = base_options();
     o.max_new_tokens = 5;
     o.interrupt = policy;
@@ -885,24 +887,29 @@ TEST(EngineTest, BadUpdatesFailAtTheCallAndChangeNothing) {
       << "a version older than one already staged";
 }
 
-TEST(EngineTest, OptionsFromConfigNameTheField) {
+// The rollout section binds onto EngineOptions, and one check() serves the
+// config (under "rollout") and Engine::create: the same rule, the same words.
+TEST(EngineTest, TheEngineAndTheConfigStateEachRuleOnce) {
+  EngineOptions o = base_options();
+  o.sampling.top_p = 0;
+  o.kv_cache_gb = std::numeric_limits<double>::infinity();
+  auto e = Engine::create(make_policy(1), o, 0, 0);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().message(),
+            "top_p: must be in (0, 1], got 0\n"
+            "kv_cache_gb: must be >= 0 (0 = kv_cache_fraction of free memory), got inf");
   RolloutConfig c;
-  c.interrupt = "drop";
-  EXPECT_EQ(engine_options(c, {}).status().message(),
-            "rollout.interrupt: unknown policy 'drop'; expected recompute, keep, finish or "
-            "restart");
-  c.interrupt = "keep";
-  c.top_p = 0;
-  EXPECT_EQ(engine_options(c, {}).status().message(), "rollout.top_p: must be in (0, 1], got 0");
-  c.top_p = 0.9;
-  c.num_slots = 5;
-  c.record_raw_logprobs = true;
-  auto o = engine_options(c, {2});
-  ASSERT_TRUE(o.ok());
-  EXPECT_EQ(o->interrupt, InterruptPolicy::kKeep);
-  EXPECT_EQ(o->num_slots, 5);
-  EXPECT_EQ(o->stop_tokens, std::vector<int64_t>{2});
-  EXPECT_TRUE(o->sampling.record_raw_logprobs);
+  c.engine = o;
+  EXPECT_EQ(check_options(c, "rollout").message(),
+            "rollout.top_p: must be in (0, 1], got 0\n"
+            "rollout.kv_cache_gb: must be >= 0 (0 = kv_cache_fraction of free memory), got inf");
+  c.engine.prefix.n_prefix = c.n + 1;  // a rule across the section: n_prefix <= n
+  c.engine.sampling.top_p = 1;
+  c.engine.kv_cache_gb = 0;
+  EXPECT_EQ(check_options(c, "rollout").message(),
+            "rollout.prefix.n_prefix: must be <= rollout.n (8), got 9");
+  c.engine.prefix.n_prefix = 0;
+  EXPECT_TRUE(check_options(c, "rollout").ok());
 }
 
 // ---- Memory: the KV budget.
@@ -917,7 +924,7 @@ TEST(EngineKvBudgetTest, AdmissionWaitsForRoomAndChangesNoResult) {
   const model::PolicyConfig pc = TinyConfig();
   const int64_t position_bytes =
       2 * pc.num_hidden_layers * pc.num_key_value_heads * pc.resolved_head_dim() * 4;
-  tight.kv_cache_bytes = 2 * 16 * position_bytes;
+  tight.kv_cache_gb = static_cast<double>(2 * 16 * position_bytes) / (1 << 30);
   auto a = make_engine(5, roomy), b = make_engine(5, tight);
   for (Engine* e : {a.get(), b.get()}) {
     for (int i = 0; i < 4; ++i) {
@@ -943,7 +950,7 @@ TEST(EngineKvBudgetTest, AdmissionWaitsForRoomAndChangesNoResult) {
 
 TEST(EngineKvBudgetTest, ABudgetBelowOneSequenceIsAConfigErrorWithTheMinimum) {
   EngineOptions o = base_options();
-  o.kv_cache_bytes = 1000;
+  o.kv_cache_gb = 1000.0 / (1 << 30);
   auto e = Engine::create(make_policy(1), o, 0, 0);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
@@ -957,8 +964,9 @@ TEST(EngineKvBudgetTest, APromptThatCouldNeverFitIsRefusedAtSubmit) {
   EngineOptions o = base_options();
   o.kv_block_size = 4;
   const model::PolicyConfig pc = TinyConfig();
-  o.kv_cache_bytes = 4 * 4 * 2 * pc.num_hidden_layers * pc.num_key_value_heads *
-                     pc.resolved_head_dim() * 4;  // 16 positions
+  o.kv_cache_gb = static_cast<double>(4 * 4 * 2 * pc.num_hidden_layers * pc.num_key_value_heads *
+                                      pc.resolved_head_dim() * 4) /
+                  (1 << 30);  // 16 positions
   auto e = make_engine(1, o);
   Status s = e->submit(group("long", std::vector<int64_t>(12, 5), 1, 1));  // 12 + 8 > 16
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

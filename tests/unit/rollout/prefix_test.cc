@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "relay/rollout/options.h"
+
 namespace relay::rollout {
 namespace {
 
@@ -124,21 +126,18 @@ TEST(PrefixTest, PrefixLengthFloorsAndCaps) {
   EXPECT_EQ(prefix_length(0.5, 0, 100), 0);
 }
 
-TEST(PrefixTest, OptionsFromConfigRejectWhatTheyCannotUse) {
-  PrefixConfig c;
-  c.strategy = "linear_max";
-  c.n_prefix = -1;
-  auto o = prefix_options(c);
-  ASSERT_TRUE(o.ok());
-  EXPECT_EQ(o->strategy, PrefixStrategy::kLinearMax);
-  EXPECT_EQ(std::string(prefix_strategy_name(o->strategy)), "linear_max");
-  c.strategy = "cosine";
-  EXPECT_EQ(prefix_options(c).status().message(),
-            "rollout.prefix.strategy: unknown strategy 'cosine'");
-  c.strategy = "fixed";
-  c.share_across_group = true;
-  EXPECT_EQ(prefix_options(c).status().message(),
-            "rollout.prefix.share_across_group: must be false with strategy 'fixed'");
+TEST(PrefixTest, StrategiesHaveOneNameEachAndFixedIsNotShared) {
+  for (const auto& entry : kPrefixStrategyNames.entries()) {
+    EXPECT_EQ(kPrefixStrategyNames.parse(kPrefixStrategyNames.name(entry.value)).value(),
+              entry.value);
+  }
+  RolloutConfig c;
+  c.engine.prefix.strategy = PrefixStrategy::kFixed;
+  c.engine.prefix.n_prefix = -1;
+  EXPECT_TRUE(check_options(c, "rollout").ok());
+  c.engine.prefix.share_across_group = true;
+  EXPECT_EQ(check_options(c, "rollout").message(),
+            "rollout.prefix.share_across_group: must be false with strategy 'fixed', got true");
 }
 
 }  // namespace

@@ -21,17 +21,17 @@ at::Tensor HandLogits() {
   return torch::log(torch::tensor({{0.5, 0.25, 0.125, 0.125}}, torch::kFloat32));
 }
 
-TEST(SamplerTest, ValidateNamesTheField) {
+TEST(SamplerTest, CheckNamesTheField) {
   SamplingOptions o;
   o.temperature = 0;
-  EXPECT_EQ(validate(o).message(), "temperature: must be > 0, got 0");
+  EXPECT_EQ(check_options(o, "").message(), "temperature: must be > 0, got 0");
   o = {};
   o.top_k = -1;
-  EXPECT_EQ(validate(o).message(), "top_k: must be >= 0, got -1");
+  EXPECT_EQ(check_options(o, "").message(), "top_k: must be >= 0, got -1");
   o = {};
   o.top_p = 1.5;
-  EXPECT_EQ(validate(o).message(), "top_p: must be in (0, 1], got 1.5");
-  EXPECT_TRUE(validate(SamplingOptions{}).ok());
+  EXPECT_EQ(check_options(o, "").message(), "top_p: must be in (0, 1], got 1.5");
+  EXPECT_TRUE(check_options(SamplingOptions{}, "").ok());
 }
 
 // Inverse CDF over [0.5, 0.75, 0.875, 1.0]: u picks the first bucket reaching it.

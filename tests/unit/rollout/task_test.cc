@@ -27,14 +27,14 @@ std::string write_temp(const std::string& name, const std::string& contents) {
 TaskConfig arithmetic_config(int min_operands, int max_operands, int min_digits, int max_digits,
                              std::string operators) {
   TaskConfig c;
-  c.name = "arithmetic";
+  c.name = TaskKind::kArithmetic;
   c.arithmetic = {min_operands, max_operands, min_digits, max_digits, std::move(operators)};
   return c;
 }
 
 TaskConfig file_config(const std::string& name, const std::string& path) {
   TaskConfig c;
-  c.name = name;
+  c.name = kTaskKindNames.parse(name).value();
   c.path = path;
   return c;
 }
@@ -147,30 +147,25 @@ TEST(MakeTaskTest, RejectsWhatItCannotBuild) {
     TaskConfig config;
     std::string message;
   };
-  TaskConfig unknown;
-  unknown.name = "chess";
   TaskConfig weight = file_config("math_answer", "q.jsonl");
   weight.math_answer.format_reward = 1.5;
   TaskConfig nan_weight = weight;
   nan_weight.math_answer.format_reward = std::numeric_limits<double>::quiet_NaN();
-  TaskConfig match = file_config("jsonl", "q.jsonl");
-  match.jsonl.match = "fuzzy";
   TaskConfig no_key = file_config("jsonl", "q.jsonl");
   no_key.jsonl.answer_key = "";
   const Case cases[] = {
-      {unknown, "task.name: unknown task 'chess'; expected arithmetic | math_answer | jsonl"},
-      {file_config("jsonl", ""), "task.path: must name a JSONL file for task 'jsonl'"},
-      {file_config("math_answer", ""), "task.path: must name a JSONL file for task 'math_answer'"},
+      {file_config("jsonl", ""), "task.path: must name a JSONL file for task 'jsonl', got ''"},
+      {file_config("math_answer", ""),
+       "task.path: must name a JSONL file for task 'math_answer', got ''"},
       {weight, "task.math_answer.format_reward: must be in [0, 1], got 1.5"},
       {nan_weight, "task.math_answer.format_reward: must be in [0, 1], got nan"},
-      {match, "task.jsonl.match: must be one of exact | regex, got 'fuzzy'"},
-      {no_key, "task.jsonl.answer_key: must be non-empty"},
+      {no_key, "task.jsonl.answer_key: must be non-empty, got ''"},
       {arithmetic_config(0, 3, 1, 1, "+"), "task.arithmetic.min_operands: must be >= 1, got 0"},
       {arithmetic_config(3, 2, 1, 1, "+"),
-       "task.arithmetic.max_operands: must be >= min_operands (3), got 2"},
+       "task.arithmetic.max_operands: must be >= task.arithmetic.min_operands (3), got 2"},
       {arithmetic_config(2, 2, 0, 1, "+"), "task.arithmetic.min_digits: must be >= 1, got 0"},
       {arithmetic_config(2, 2, 2, 1, "+"),
-       "task.arithmetic.max_digits: must be >= min_digits (2), got 1"},
+       "task.arithmetic.max_digits: must be >= task.arithmetic.min_digits (2), got 1"},
       {arithmetic_config(2, 2, 1, 19, "+"), "task.arithmetic.max_digits: must be <= 18, got 19"},
       {arithmetic_config(2, 2, 1, 1, "+/"),
        "task.arithmetic.operators: must be a non-empty string of + - *, got '+/'"},
@@ -509,7 +504,7 @@ TEST(JsonlTaskTest, RegexMustMatchTheWholeResponse) {
                  "{\"prompt\": \"money\", \"answer\": \"\\\\d+\\\\.\\\\d{2}\"}\n"
                  "{\"prompt\": \"any\", \"answer\": \".*\"}\n");
   TaskConfig config = file_config("jsonl", path);
-  config.jsonl.match = "regex";
+  config.jsonl.match = AnswerMatch::kRegex;
   auto task = must_make(config);
   ASSERT_NE(task, nullptr);
   const auto row = [](int64_t i, std::string response, double correct) {
@@ -539,7 +534,7 @@ TEST(JsonlTaskTest, BadRegexFailsLoadingWithFileAndLine) {
                                       "\n"
                                       "{\"prompt\": \"p\", \"answer\": \"(unclosed\"}\n");
   TaskConfig config = file_config("jsonl", path);
-  config.jsonl.match = "regex";
+  config.jsonl.match = AnswerMatch::kRegex;
   StatusOr<std::unique_ptr<Task>> task = make_task(config, 0);
   ASSERT_FALSE(task.ok());
   EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
@@ -547,7 +542,7 @@ TEST(JsonlTaskTest, BadRegexFailsLoadingWithFileAndLine) {
   EXPECT_EQ(std::string(task.status().message()).substr(0, want.size()), want)
       << task.status().message();
   // The same file is fine as exact answers.
-  config.jsonl.match = "exact";
+  config.jsonl.match = AnswerMatch::kExact;
   EXPECT_TRUE(make_task(config, 0).ok());
 }
 

@@ -72,11 +72,11 @@ TEST(TrajectoryTest, CheckNamesTheFirstViolation) {
 TEST(TrajectoryTest, PolicyNamesRoundTrip) {
   for (InterruptPolicy p : {InterruptPolicy::kRecompute, InterruptPolicy::kKeep,
                             InterruptPolicy::kFinish, InterruptPolicy::kRestart}) {
-    auto parsed = parse_interrupt_policy(interrupt_policy_name(p));
+    auto parsed = kInterruptPolicyNames.parse(kInterruptPolicyNames.name(p));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, p);
   }
-  EXPECT_FALSE(parse_interrupt_policy("Recompute").ok());
+  EXPECT_FALSE(kInterruptPolicyNames.parse("Recompute").ok());
   EXPECT_EQ(std::string(finish_reason_name(FinishReason::kAborted)), "aborted");
 }
 

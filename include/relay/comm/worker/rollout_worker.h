@@ -17,6 +17,7 @@
 
 #include "relay/comm/rpc/trainer_client.h"
 #include "relay/comm/weight_sync/weight_receiver.h"
+#include "relay/comm/weight_sync/weight_sync_mode.h"
 #include "relay/common/status.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
@@ -34,7 +35,7 @@ struct RolloutWorkerOptions {
   // services.weight_sync: fetch | broadcast | auto. With broadcast or auto the
   // worker joins the trainer's c10d group when the trainer offers one;
   // broadcast makes failing to join an error, auto falls back to fetching.
-  std::string weight_sync = "fetch";
+  WeightSyncMode weight_sync = WeightSyncMode::kFetch;
   int64_t weight_sync_timeout_ms = 30000;
   // While the broadcast works, a version the trainer announced is fetched
   // over gRPC only if it has not arrived by broadcast within this long.

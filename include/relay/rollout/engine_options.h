@@ -1,0 +1,86 @@
+#pragma once
+
+// The generation engine's options (relay/rollout/engine.h) and the sampler's,
+// with their rules. No LibTorch: the config layer binds the `rollout:`
+// section's engine keys straight onto EngineOptions (relay/rollout/option_keys.h),
+// and the same check() runs in Engine::create, so each rule is stated once.
+// Keys in problems are the section's flat YAML keys ("temperature", not
+// "sampling.temperature").
+
+#include <cstdint>
+#include <vector>
+
+#include "relay/common/name_table.h"
+#include "relay/common/problems.h"
+#include "relay/model/precision.h"
+#include "relay/rollout/trajectory.h"
+
+namespace relay::rollout {
+
+struct SamplingOptions {
+  double temperature = 1.0;          // > 0; logits are divided by it
+  int64_t top_k = 0;                 // keep the k most likely tokens; 0 = off
+  double top_p = 1.0;                // keep the smallest set with mass >= top_p; 1 = off
+  bool greedy = false;               // argmax; the recorded log-prob is then raw_logprobs' value
+  bool record_raw_logprobs = false;  // also return log p(token) at temperature 1, untruncated
+};
+
+// How a prefix ratio is drawn (relay/rollout/prefix.h has the formulas).
+enum class PrefixStrategy { kRandom, kLinear, kLinearMax, kReverseLinear, kFixed };
+inline const NameTable<PrefixStrategy> kPrefixStrategyNames{
+    "prefix strategy",
+    {{"random", PrefixStrategy::kRandom},
+     {"linear", PrefixStrategy::kLinear},
+     {"linear_max", PrefixStrategy::kLinearMax},
+     {"reverse_linear", PrefixStrategy::kReverseLinear},
+     {"fixed", PrefixStrategy::kFixed}}};
+
+// Prefix-guided (off-policy) sampling, as in LUFFY: some of a group's samples
+// start from a forced prefix of the prompt's target solution. The prefix
+// length is floor(ratio x target length), capped at max_len.
+struct PrefixOptions {
+  int n_prefix = 0;  // samples per group given a prefix; -1 = all K; 0 = off
+  PrefixStrategy strategy = PrefixStrategy::kRandom;
+  double min_ratio = 0.0;  // ratios lie in [min_ratio, max_ratio] within [0, 1]
+  double max_ratio = 0.8;
+  int64_t steps = 300;              // training steps over which linear schedules move
+  bool share_across_group = false;  // one ratio for all prefixed samples of a group
+  int64_t max_len = 8192;           // at most this many forced tokens
+};
+
+struct EngineOptions {
+  int64_t num_slots = 64;       // sequences decoding at once, at most
+  int64_t max_seq_len = 0;      // positions per sequence; 0 = the model's max_position_embeddings
+  int64_t max_new_tokens = 32;  // response tokens per sample, forced prefix included
+  SamplingOptions sampling;     // greedy is allowed (evaluation)
+  std::vector<int64_t> stop_tokens;  // a sampled stop token ends its sequence and is kept
+  InterruptPolicy interrupt = InterruptPolicy::kRecompute;
+  PrefixOptions prefix;
+  // The model's forward passes under autocast in this precision (run.autocast).
+  model::Autocast autocast = model::Autocast::kNone;
+  // Ids [0, vocab_limit) may be sampled: the tokenizer's vocabulary, when the
+  // model's embedding is padded past it (Qwen2.5: 151,936 rows for 151,665
+  // tokens). The rest are outside the sampling distribution, which is
+  // renormalised over the support; the trainer scores over the same support
+  // (model::ScoreOptions::vocab_limit). 0 = every id of the model.
+  int64_t vocab_limit = 0;
+  // KV-cache memory in GiB; 0 = the smaller of num_slots x max_seq_len
+  // positions and kv_cache_fraction of the memory free on the model's device
+  // when the engine is created. Sequences are admitted while the budget can
+  // hold prompt + max_new_tokens for each; the others wait.
+  double kv_cache_gb = 0;
+  double kv_cache_fraction = 0.5;  // (0, 1]; used when kv_cache_gb is 0
+  int64_t kv_block_size = 16;      // positions per KV-cache block
+  // MoE models: record each position's routing into the trajectories
+  // (Trajectory::routed_experts), for router replay in the trainer.
+  bool record_routing = true;
+};
+
+// The rules on each, every broken one reported. What depends on the model
+// (stop tokens and vocab_limit within its vocabulary, a KV budget that holds
+// one sequence) is checked by Engine::create.
+void check(const SamplingOptions& options, Problems problems);
+void check(const PrefixOptions& options, Problems problems);
+void check(const EngineOptions& options, Problems problems);
+
+}  // namespace relay::rollout
