@@ -4,7 +4,8 @@
 // run (so under the same load and thread settings as its other rows), to
 // turn into a tokens/s bound for a model. Header-only.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 

@@ -72,7 +72,8 @@
 // tokens/s counts response tokens only (prompt positions are work, not output).
 
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <torch/version.h>
 
 #include <algorithm>

@@ -41,7 +41,8 @@
 // Defaults: W = 32, R = 7 for tiny and 5 for qwen2-100m; --quick: R = 3 and
 // policies recompute,keep. Threads as relay's binaries (model::configure_threads).
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdio>

@@ -32,7 +32,8 @@
 // per result on stdout and the table on stderr.
 
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO

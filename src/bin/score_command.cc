@@ -2,7 +2,8 @@
 // sequence under a model (position t scores token t+1), optionally with the
 // logit rows and, for MoE models, the experts each router chose.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>

@@ -1,6 +1,7 @@
 #include "relay/model/checkpoint.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <filesystem>

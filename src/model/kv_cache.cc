@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <string>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace relay::model {
 

@@ -3,7 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "relay/model/kv_cache.h"
 #include "relay/model/rope.h"

@@ -2,7 +2,8 @@
 // extended in batched calls, tokens scored, and one token drawn for every
 // live sequence.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <utility>

@@ -2,7 +2,8 @@
 // slots as the KV budget allows, weight updates between steps, finished
 // sequences and groups out.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,7 @@
 #include "relay/rollout/sampler.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <limits>
 

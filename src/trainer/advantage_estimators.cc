@@ -4,7 +4,8 @@
 // functions over validated tensors; compute_advantages (advantages.cc)
 // checks the inputs and picks among them.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <limits>
 #include <utility>

@@ -2,7 +2,8 @@
 // element types, finiteness and what each estimator requires, answered as
 // InvalidArgument naming the argument.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <sstream>
 

@@ -5,7 +5,8 @@
 
 #include "relay/trainer/advantages.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <map>

@@ -1,6 +1,7 @@
 #include "relay/trainer/data_parallel.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstring>

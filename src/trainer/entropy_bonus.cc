@@ -2,7 +2,8 @@
 // the logits, the bonus as a loss term, and the controller that adapts its
 // coefficient toward a target entropy.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <vector>

@@ -2,7 +2,8 @@
 // the tokens the policy sampled, a shaped -A f(pi_theta) on the guidance
 // (forced prefix) tokens, and the optional SFT term on the latter.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 

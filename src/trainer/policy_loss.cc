@@ -7,7 +7,8 @@
 
 #include "relay/trainer/policy_loss.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 

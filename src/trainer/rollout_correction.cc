@@ -1,6 +1,7 @@
 #include "relay/trainer/rollout_correction.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <sstream>

@@ -3,7 +3,8 @@
 // Nothing here changes what the trainer keeps, so a failure in any of them
 // leaves the trainer as it was.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <numeric>
 

@@ -2,7 +2,8 @@
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <array>

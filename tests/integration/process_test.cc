@@ -27,7 +27,8 @@
 #include <vector>
 
 #include <rocksdb/db.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "relay/comm/rpc/grpc_trainer_client.h"
 #include "relay/model/checkpoint.h"

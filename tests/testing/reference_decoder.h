@@ -9,7 +9,8 @@
 // Reads the weights from the policy's named parameters; fp64 throughout, so
 // its own rounding is far below the tolerances compared against.
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <string>

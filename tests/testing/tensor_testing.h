@@ -3,7 +3,8 @@
 // Tensor assertions and tiny model configs shared by the test suites.
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <sstream>
 #include <string>

@@ -1,6 +1,7 @@
 #include "relay/comm/dist/trainer_ranks.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <thread>

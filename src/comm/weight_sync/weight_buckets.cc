@@ -1,6 +1,7 @@
 #include "relay/comm/weight_sync/weight_buckets.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <xxhash.h>
 
 #include <algorithm>

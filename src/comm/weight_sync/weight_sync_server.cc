@@ -4,7 +4,8 @@
 #include "relay/comm/weight_sync/weight_sync.h"
 
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <array>

@@ -5,7 +5,8 @@
 #include "relay/comm/worker/rollout_worker.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

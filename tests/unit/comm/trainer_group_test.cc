@@ -5,7 +5,8 @@
 #include "relay/comm/dist/trainer_ranks.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <map>

@@ -1,7 +1,8 @@
 #include "relay/comm/weight_sync/weight_publisher.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <atomic>
 #include <chrono>

@@ -10,7 +10,8 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <atomic>

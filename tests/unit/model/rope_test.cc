@@ -1,7 +1,8 @@
 #include "relay/model/rope.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <vector>

@@ -1,7 +1,8 @@
 #include "relay/model/weight_manifest.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <xxhash.h>
 
 #include <string>

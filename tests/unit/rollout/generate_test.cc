@@ -1,7 +1,8 @@
 #include "relay/rollout/generate.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "testing/tensor_testing.h"
 

@@ -1,7 +1,8 @@
 #include "relay/trainer/batch.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <numeric>

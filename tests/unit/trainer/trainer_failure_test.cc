@@ -3,7 +3,8 @@
 // trainer that refuses every later step and checkpoint.
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <map>
