@@ -75,8 +75,8 @@ Expression draw_expression(const ArithmeticTaskConfig& c, SplitMix64& rng) {
 }
 
 // '*' binds tighter: a running product `term` is added to (or subtracted
-// from) `total` when a '+' or '-' ends it. make_arithmetic_task has checked
-// that no partial result can overflow.
+// from) `total` when a '+' or '-' ends it. check(ArithmeticTaskConfig), run
+// by make_task, has checked that no partial result can overflow.
 int64_t evaluate(const Expression& e) {
   int64_t total = 0;
   int64_t term = e.operands[0];
@@ -167,7 +167,6 @@ std::optional<int64_t> largest_value(const ArithmeticTaskConfig& c) {
 
 StatusOr<std::unique_ptr<Task>> make_arithmetic_task(const ArithmeticTaskConfig& config,
                                                      uint64_t seed) {
-  RELAY_RETURN_IF_ERROR(check_options(config, "task.arithmetic"));
   return std::unique_ptr<Task>(std::make_unique<ArithmeticTask>(config, seed));
 }
 

@@ -15,8 +15,8 @@
 
 namespace relay::rollout {
 
-// Each checks what it needs from its config and names the offending
-// "task.<...>" field (or the file and line) in its error.
+// Called by make_task once check(TaskConfig) has passed, so the configs obey
+// their rules; errors name the file and line of bad data.
 StatusOr<std::unique_ptr<Task>> make_arithmetic_task(const ArithmeticTaskConfig& config,
                                                      uint64_t seed);
 // `chat_template` is the format the prompts will be rendered in (JsonlKeys).

@@ -359,7 +359,8 @@ StatusOr<std::unique_ptr<Task>> make_math_answer_task(const std::string& path,
       return InvalidArgumentError(absl::StrCat(p.id, ": field 'answer': empty"));
     }
   }
-  return std::unique_ptr<Task>(std::make_unique<MathAnswerTask>(std::move(prompts), config.format_reward));
+  return std::unique_ptr<Task>(
+      std::make_unique<MathAnswerTask>(std::move(prompts), config.format_reward));
 }
 
 }  // namespace relay::rollout

@@ -32,7 +32,7 @@ struct ToolCall {
 // What went wrong with one block, for the observation the model reads.
 struct ToolCallError {
   int index = 0;        // the block's position among the turn's blocks, from 0
-  std::string message;  // "not JSON: ...", "\"name\" must be a non-empty string", ...
+  std::string message;  // "not a JSON object", "\"name\" must be a non-empty string", ...
 };
 
 struct ParsedTurn {
