@@ -118,6 +118,13 @@ StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Polic
                                        const PromptSplit& split, rollout::SafeVerifier& verifier,
                                        const EvalOptions& o) {
   if (o.n < 0) return InvalidArgumentError(absl::StrCat("eval.n: must be >= 0, got ", o.n));
+  if (s.environment) {
+    // Held-out evaluation generates single responses (rollout::generate);
+    // scoring an episode's first turn as if it were the answer would be wrong.
+    return UnimplementedError(
+        "eval: task.environment episodes are not evaluated yet (evaluation generates single "
+        "responses); set eval.every 0");
+  }
   RELAY_ASSIGN_OR_RETURN(const EvalPrompts prompts, encode_eval_prompts(s, split));
   EvalResult r;
   r.prompts = static_cast<int64_t>(prompts.ids.size());

@@ -54,7 +54,8 @@ InProcessGroupSource::InProcessGroupSource(const RolloutSetup& s, const PromptSp
       verifier_(verifier),
       engine_(std::move(engine)),
       options_(options),
-      filler_(filler_options(options)) {}
+      filler_(filler_options(options)),
+      episodes_(episode_driver(s, *engine_)) {}
 
 StatusOr<std::vector<rollout::TrajectoryGroup>> InProcessGroupSource::generate_batch() {
   std::map<std::string, rollout::TaskPrompt> prompts;
@@ -67,12 +68,14 @@ StatusOr<std::vector<rollout::TrajectoryGroup>> InProcessGroupSource::generate_b
         prompt_group(s_, p, id,
                      rollout::sequence_seed(s_.config.run.seed,
                                             static_cast<uint64_t>(generated_ * 1000003 + i))));
+    if (episodes_) episodes_->begin_group(id, episode_start(p));
     RELAY_RETURN_IF_ERROR(engine_->submit(std::move(g)));
     prompts.emplace(id, std::move(p));
   }
   ++generated_;
   RELAY_ASSIGN_OR_RETURN(std::vector<rollout::TrajectoryGroup> groups, engine_->run());
   for (rollout::TrajectoryGroup& g : groups) {
+    if (episodes_) episodes_->end_group(g.group_id);
     RELAY_RETURN_IF_ERROR(score_group(s_, *verifier_, prompts.at(g.group_id), g));
   }
   return groups;

@@ -16,6 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "relay/common/file_io.h"
 #include "relay/common/progress.h"
+#include "relay/env/tool_environment.h"
+#include "relay/env/tool_prompt.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/device.h"
@@ -152,6 +154,23 @@ Status make_task(const SetupArgs& args, RolloutSetup& s) {
   RELAY_ASSIGN_OR_RETURN(chat.chat_template,
                          model::resolve_chat_template(s.config.model.chat_template, *s.tokenizer));
   chat.system_prompt = s.config.model.system_prompt;
+  s.chat_template = chat.chat_template;
+  if (s.config.task.environment == rollout::EnvironmentKind::kCalculator) {
+    auto factory = std::make_shared<env::ToolEnvironmentFactory>(
+        std::vector<env::ToolSpec>{env::calculator_tool()});
+    // The prompt lists the tools as Qwen's templates do; without a template
+    // the prompt is the task's text, and the format comes from a warm start.
+    if (chat.chat_template == model::ChatTemplate::kLlama3) {
+      return InvalidArgumentError(
+          "task.environment: calculator answers <tool_call> blocks in the Qwen/Hermes format; "
+          "model.chat_template llama3 has another tool format (use chatml or none)");
+    }
+    if (chat.chat_template == model::ChatTemplate::kChatml) {
+      RELAY_ASSIGN_OR_RETURN(chat.system_prompt, env::tools_system_content(
+                                                     chat.system_prompt, factory->tool_schemas()));
+    }
+    s.environment = std::move(factory);
+  }
   RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Task> task,
                          rollout::make_task(s.config.task, s.config.run.seed, chat));
   s.task = std::move(task);
@@ -281,6 +300,7 @@ StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout
   g.seed = seed;
   // ReMax's baseline is the reward of a greedy response to the same prompt.
   g.greedy_baseline = s.config.trainer.advantage.estimator == trainer::AdvantageEstimator::kRemax;
+  g.episode = s.environment != nullptr;
   StatusOr<std::vector<int64_t>> ids = s.tokenizer->encode(p.prompt);
   if (!ids.ok()) {
     return Status(ids.status().code(), absl::StrCat(p.id, ": prompt: ", ids.status().message()));
@@ -297,13 +317,30 @@ StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout
   return g;
 }
 
+std::unique_ptr<rollout::EpisodeDriver> episode_driver(const RolloutSetup& s,
+                                                       rollout::Engine& engine) {
+  if (!s.environment) return nullptr;
+  rollout::EpisodeDriverOptions o;
+  o.chat_template = s.chat_template;
+  return std::make_unique<rollout::EpisodeDriver>(engine, s.environment, s.tokenizer, o);
+}
+
+env::EpisodeStart episode_start(const rollout::TaskPrompt& p) {
+  return {p.id, p.prompt, p.reference};
+}
+
 Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
                    const rollout::TaskPrompt& prompt, rollout::TrajectoryGroup& g,
                    const ScoredFn& on_scored) {
   auto score_one = [&](int64_t index, rollout::Trajectory& t) -> Status {
-    RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(t.response_tokens));
+    // An episode's answer is its last model turn.
+    RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(t.answer_tokens()));
     std::string error;
     rollout::Score score = verifier.score(prompt, text, &error);
+    if (!t.turns.empty()) {
+      score.sub_scores["environment"] = t.environment_reward();
+      score.reward += t.environment_reward();
+    }
     t.reward = score.reward;
     t.sub_scores = score.sub_scores;
     if (on_scored) on_scored(index, t, text, score, error);

@@ -134,6 +134,7 @@ comm::SubmissionLimits submission_limits(const RolloutSetup& s) {
   limits.num_experts = pc.num_experts;
   limits.max_context = pc.max_position_embeddings;
   limits.max_response_tokens = s.config.rollout.engine.max_new_tokens;
+  limits.max_episode_tokens = s.config.rollout.engine.response_budget(/*episode=*/true);
   limits.require_behavior_logprobs = !s.config.trainer.allow_missing_logprobs;
   return limits;
 }

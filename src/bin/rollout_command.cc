@@ -71,6 +71,20 @@ nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& 
        {{"admitted", t.admitted_s}, {"first_token", t.first_token_s}, {"finished", t.finished_s}}}};
   if (!t.raw_logprobs.empty()) j["raw_logprobs"] = nullable_floats(t.raw_logprobs);
   if (!verifier_error.empty()) j["verifier_error"] = verifier_error;
+  if (!t.turns.empty()) {
+    // An episode: `response` is the answer (the last model turn); the turns
+    // say which tokens are the environment's.
+    nlohmann::json turns = nlohmann::json::array();
+    for (const rollout::EpisodeTurn& turn : t.turns) {
+      turns.push_back({{"model_end", turn.model_end},
+                       {"env_end", turn.env_end},
+                       {"reward", std::isfinite(turn.reward) ? nlohmann::json(turn.reward)
+                                                             : nlohmann::json()}});
+    }
+    j["turns"] = std::move(turns);
+    j["env_mask"] = t.env_mask;
+    if (!t.finish_detail.empty()) j["finish_detail"] = t.finish_detail;
+  }
   return j;
 }
 
@@ -89,11 +103,14 @@ StatusOr<Sampled> sample(app::RolloutSetup& s, const RolloutArgs& args) {
   Sampled out;
   RELAY_ASSIGN_OR_RETURN(out.engine,
                          rollout::Engine::create(s.policy, s.engine, /*version=*/0, digest));
+  // task.environment answers episode turns while the engine runs.
+  std::unique_ptr<rollout::EpisodeDriver> episodes = app::episode_driver(s, *out.engine);
   for (int64_t i = args.start; i < args.start + args.prompts; ++i) {
     RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(i));
     RELAY_ASSIGN_OR_RETURN(
         rollout::PromptGroup g,
         app::prompt_group(s, p, p.id, rollout::sequence_seed(s.config.run.seed, i)));
+    if (episodes) episodes->begin_group(p.id, app::episode_start(p));
     RELAY_RETURN_IF_ERROR(out.engine->submit(std::move(g)));
     out.prompts.emplace(p.id, std::move(p));
   }

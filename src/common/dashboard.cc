@@ -181,6 +181,7 @@ std::string samples_jsonl_line(int64_t step, int64_t version,
                     {"logprobs", std::move(logprobs)},
                     {"versions", s.versions}});
     if (!s.routing.empty()) list.back()["routing"] = s.routing;
+    if (!s.env_mask.empty()) list.back()["env_mask"] = s.env_mask;
   }
   return dump({{"step", step}, {"version", version}, {"samples", std::move(list)}});
 }

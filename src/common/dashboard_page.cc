@@ -67,6 +67,7 @@ const char kDashboardPage[] = R"page(<!DOCTYPE html>
   .prompt { color: var(--muted); }
   .tok { border-radius: 2px; padding: 0 1px; margin-right: 1px; }
   .tok.empty::after { content: "\2205"; color: var(--muted); }
+  .tok.env { font-style: italic; color: var(--muted); outline: 1px dashed var(--muted); }
   .scale { display: inline-flex; align-items: center; gap: 6px; font-size: 12px; color: var(--muted); }
   .scale i { display: inline-block; width: 120px; height: 10px; border-radius: 2px;
              background: linear-gradient(90deg, hsl(0,75%,80%), hsl(60,75%,80%), hsl(120,75%,80%)); }
@@ -376,11 +377,15 @@ const char kDashboardPage[] = R"page(<!DOCTYPE html>
         smp.pieces.forEach((piece, i) => {
           const lp = smp.logprobs[i];
           const ok = typeof lp === 'number';
-          const t = h('span', {'class': piece === '' ? 'tok empty' : 'tok', 'data-logprob': ok ? String(lp) : 'null',
-                               title: (ok ? `log p ${lp.toFixed(4)}  (p ${Math.exp(lp).toFixed(3)})` : 'log p unknown') +
+          // An episode's environment tokens: context the model read, not sampled.
+          const env = !!(smp.env_mask && smp.env_mask[i]);
+          const t = h('span', {'class': (piece === '' ? 'tok empty' : 'tok') + (env ? ' env' : ''),
+                               'data-logprob': ok ? String(lp) : 'null',
+                               title: (env ? 'environment (not sampled; out of the loss)'
+                                           : ok ? `log p ${lp.toFixed(4)}  (p ${Math.exp(lp).toFixed(3)})` : 'log p unknown') +
                                       (smp.token_ids ? `  id ${smp.token_ids[i]}` : '') +
                                       (smp.versions ? `  v${smp.versions[i]}` : '')}, piece);
-          t.style.background = tokenColor(lp);
+          if (!env) t.style.background = tokenColor(lp);
           td.appendChild(t);
           ++tokens;
         });

@@ -127,6 +127,10 @@ Status Engine::submit(PromptGroup group) {
   if (group.k < 1)
     return InvalidArgumentError(absl::StrCat(where, ": k: must be >= 1, got ", group.k));
   if (group.prompt.empty()) return InvalidArgumentError(absl::StrCat(where, ": prompt: empty"));
+  if (group.episode && group.greedy_baseline) {
+    return InvalidArgumentError(absl::StrCat(
+        where, ": greedy_baseline: not with an episode (its turns need an environment)"));
+  }
   // Prompts may hold any id of the model; forced target tokens are scored as
   // samples are, so they must lie in the sampling support.
   auto check_ids = [&](const std::vector<int64_t>& ids, const char* field,
@@ -149,23 +153,63 @@ Status Engine::submit(PromptGroup group) {
                                              " leaves no room in a sequence of ", capacity_,
                                              " positions"));
   }
-  const int64_t need = std::min(capacity_, prompt_len + options_.max_new_tokens);
+  const int64_t budget = options_.response_budget(group.episode);
+  const int64_t need = std::min(capacity_, prompt_len + budget);
   if (cache_.blocks_for(need) > cache_.num_blocks()) {
     const double gib = static_cast<double>(cache_.blocks_for(need) * cache_.block_size() *
                                            cache_.bytes_per_position()) /
                        (1ull << 30);
     return InvalidArgumentError(absl::StrFormat(
-        "%s: prompt of %d tokens + max_new_tokens %d need %d KV positions; the budget holds %d "
+        "%s: prompt of %d tokens + %s %d need %d KV positions; the budget holds %d "
         "(rollout.kv_cache_gb: at least %.4g GiB)",
-        where, prompt_len, options_.max_new_tokens, need, cache_.num_blocks() * cache_.block_size(),
-        gib));
+        where, prompt_len, group.episode ? "the episode's token budget" : "max_new_tokens", budget,
+        need, cache_.num_blocks() * cache_.block_size(), gib));
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (group.episode && !turn_handler_) {
+    return FailedPreconditionError(
+        absl::StrCat(where, ": an episode needs a turn handler (set_turn_handler) first"));
+  }
   if (!open_ids_.insert(group.group_id).second) {
     return InvalidArgumentError(absl::StrCat(where, ": group_id: already queued or in flight"));
   }
   if (group.prefix_step < 0) group.prefix_step = version_snapshot_;
   submitted_.push_back({std::move(group), seconds_since(start_time_)});
+  input_cv_.notify_all();
+  return OkStatus();
+}
+
+void Engine::set_turn_handler(TurnHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  turn_handler_ = std::move(handler);
+}
+
+Status Engine::reply(const std::string& group_id, int sample, TurnReply reply) {
+  const std::string where = absl::StrCat("reply to group '", group_id, "' sample ", sample);
+  if (reply.end && *reply.end != FinishReason::kStop && *reply.end != FinishReason::kEnvDone &&
+      *reply.end != FinishReason::kEnvError) {
+    return InvalidArgumentError(absl::StrCat(
+        where, ": end: must be stop, env_done or env_error, got ", finish_reason_name(*reply.end)));
+  }
+  if (!reply.end && reply.observation.empty()) {
+    return InvalidArgumentError(
+        absl::StrCat(where, ": observation: empty, but the episode goes on (set end to stop it)"));
+  }
+  const int64_t vocab = policy_->config().vocab_size;
+  for (size_t i = 0; i < reply.observation.size(); ++i) {
+    if (reply.observation[i] < 0 || reply.observation[i] >= vocab) {
+      return InvalidArgumentError(absl::StrCat(where, ": observation[", i, "]: token id ",
+                                               reply.observation[i], " outside the vocabulary [0, ",
+                                               vocab, ")"));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (awaiting_.erase({group_id, sample}) == 0) {
+    return FailedPreconditionError(
+        absl::StrCat(where, ": that sample is not waiting for an environment's answer"));
+  }
+  replies_.push_back({group_id, sample, std::move(reply)});
+  input_cv_.notify_all();
   return OkStatus();
 }
 
@@ -198,12 +242,14 @@ Status Engine::update_weights(int64_t version, uint64_t digest,
   }
   staged_version_ = version;
   updates_.push_back({version, digest, std::move(tensors)});
+  input_cv_.notify_all();
   return OkStatus();
 }
 
 void Engine::abort() {
   std::lock_guard<std::mutex> lock(mu_);
   abort_requested_ = true;
+  input_cv_.notify_all();
 }
 
 bool Engine::idle() const {
@@ -258,13 +304,27 @@ StatusOr<std::vector<TrajectoryGroup>> Engine::step() {
   }
   collect_done(s.done);
   publish(s);
+  // Outside the lock: the handler may answer at once (reply()).
+  for (TurnEnd& end : s.turn_ends) turn_handler_(std::move(end));
   return std::move(s.done);
 }
 
 void Engine::take_inputs(StepState& s) {
-  const int64_t live = std::count_if(slots_.begin(), slots_.end(), [](Sequence* q) { return q; });
-  std::lock_guard<std::mutex> lock(mu_);
+  // Sequences in the middle of a turn; parked ones wait for an environment.
+  const int64_t live = std::count_if(slots_.begin(), slots_.end(),
+                                     [](Sequence* q) { return q != nullptr && !q->parked; });
+  const int64_t parked = std::count_if(slots_.begin(), slots_.end(),
+                                       [](Sequence* q) { return q != nullptr && q->parked; });
+  std::unique_lock<std::mutex> lock(mu_);
+  if (live == 0 && waiting_.empty() && parked > 0) {
+    // Nothing can run until an environment answers (or something else
+    // arrives); bounded, so the caller's loop keeps its heartbeats.
+    input_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
+      return !replies_.empty() || !submitted_.empty() || !updates_.empty() || abort_requested_;
+    });
+  }
   s.incoming.swap(submitted_);
+  s.replies.swap(replies_);
   s.abort = abort_requested_;
   abort_requested_ = false;
   if (updates_.empty()) return;
@@ -282,6 +342,8 @@ void Engine::take_inputs(StepState& s) {
 Status Engine::advance(StepState& s) {
   try {
     if (s.update) apply_update(*s.update);
+    for (PendingReply& r : s.replies) apply_reply(r, s.now);
+    for (Sequence* seq : slots_) stats_.parked_sequence_steps += seq != nullptr && seq->parked;
     if (!s.draining && !s.newer_pending) admit(s.now);
     run_model(s);
     sample_and_retire(s);
@@ -294,7 +356,15 @@ Status Engine::advance(StepState& s) {
 
 void Engine::publish(const StepState& s) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const TrajectoryGroup& g : s.done) open_ids_.erase(g.group_id);
+  for (const TrajectoryGroup& g : s.done) {
+    open_ids_.erase(g.group_id);
+    // An aborted episode's sample may still be listed as waiting.
+    for (auto it = awaiting_.lower_bound({g.group_id, 0});
+         it != awaiting_.end() && it->first == g.group_id;) {
+      it = awaiting_.erase(it);
+    }
+  }
+  for (const TurnEnd& end : s.turn_ends) awaiting_.insert({end.group_id, end.sample});
   version_snapshot_ = version_;
   live_snapshot_ = std::count_if(slots_.begin(), slots_.end(), [](Sequence* q) { return q; });
   stats_snapshot_ = stats_;

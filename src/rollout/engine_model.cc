@@ -84,7 +84,7 @@ void Engine::run_model(StepState& s) {
   ContextPass ctx;
   ctx.leader_of.assign(static_cast<size_t>(options_.num_slots), nullptr);
   for (Sequence* seq : slots_) {
-    if (seq != nullptr) place_context(*seq, ctx);
+    if (seq != nullptr && !seq->parked) place_context(*seq, ctx);
   }
   run_context(ctx);
   // Phase 2: every live sequence runs its remaining tokens.
@@ -160,7 +160,7 @@ void Engine::run_new_tokens(StepState& s) {
   std::vector<Sequence*> decode_rows, score_rows;
   std::vector<int64_t> decode_ends, score_ends;
   for (Sequence* seq : slots_) {
-    if (seq == nullptr) continue;
+    if (seq == nullptr || seq->parked) continue;  // waiting for its environment
     const auto end = static_cast<int64_t>(seq->tokens.size());
     if (end - seq->kv_len == 1) {
       decode_rows.push_back(seq);
@@ -211,6 +211,7 @@ void Engine::record_scores(Sequence& seq, const at::Tensor& logits, int64_t star
     Trajectory& t = seq.out;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t r = from + i - seq.prompt_len;
+      if (t.is_env_token(static_cast<size_t>(r))) continue;  // context, never the model's
       if (t.offpolicy_mask[r] && t.token_versions[r] < 0) {
         // A forced token, scored for the first time: the current policy's
         // log-prob, recorded as its behavior value.
@@ -260,12 +261,16 @@ at::Tensor to_host(const std::vector<at::Tensor>& parts) {
 
 void Engine::sample_and_retire(StepState& s) {
   // A sequence whose forced prefix ended in a stop token is complete without
-  // sampling.
+  // sampling (an episode's first turn is).
   std::vector<std::pair<Sequence*, at::Tensor>> rows;
   for (auto& [seq, logits] : s.next_logits) {
     if (!seq->forced.empty() && seq->response_len() == static_cast<int64_t>(seq->forced.size()) &&
         is_stop(seq->forced.back())) {
-      finish(*seq, FinishReason::kStop, s.now);
+      if (seq->episode) {
+        end_turn(*seq, s);
+      } else {
+        finish(*seq, FinishReason::kStop, s.now);
+      }
     } else {
       rows.emplace_back(seq, logits);
     }
@@ -298,13 +303,14 @@ void Engine::sample_and_retire(StepState& s) {
   const at::Tensor own = to_host(d.own);
   const at::Tensor raw = so.record_raw_logprobs ? to_host(d.raw) : at::Tensor();
   for (size_t b = 0; b < rows.size(); ++b) {
-    append_token(*rows[b].first, static_cast<int64_t>(b), tokens, logprobs, own, raw, s.now);
+    append_token(*rows[b].first, static_cast<int64_t>(b), tokens, logprobs, own, raw, s);
   }
 }
 
 void Engine::append_token(Sequence& seq, int64_t b, const at::Tensor& tokens,
                           const at::Tensor& logprobs, const at::Tensor& own, const at::Tensor& raw,
-                          double now) {
+                          StepState& s) {
+  const double now = s.now;
   const int64_t token = tokens.data_ptr<int64_t>()[b];
   Trajectory& t = seq.out;
   seq.tokens.push_back(token);
@@ -315,14 +321,20 @@ void Engine::append_token(Sequence& seq, int64_t b, const at::Tensor& tokens,
   t.proximal_logprobs.push_back(kNaN);
   t.proximal_versions.push_back(-1);
   t.offpolicy_mask.push_back(0);
+  if (seq.episode) t.env_mask.push_back(0);
   seq.own_logprobs.push_back(own.data_ptr<float>()[b]);
   if (t.first_token_s == 0.0) t.first_token_s = now - seq.group->submitted_s;
   ++stats_.sampled_tokens;
   if (seq.greedy) ++stats_.baseline_tokens;
 
   if (is_stop(token)) {
-    finish(seq, FinishReason::kStop, now);
-  } else if (seq.response_len() >= options_.max_new_tokens ||
+    if (seq.episode) {
+      end_turn(seq, s);  // the environment answers; the budget is checked then
+    } else {
+      finish(seq, FinishReason::kStop, now);
+    }
+  } else if (seq.turn_len() >= options_.max_new_tokens ||
+             seq.response_len() >= options_.response_budget(seq.episode) ||
              static_cast<int64_t>(seq.tokens.size()) >= capacity_) {
     finish(seq, FinishReason::kLength, now);
   }

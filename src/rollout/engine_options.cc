@@ -32,6 +32,16 @@ void check(const PrefixOptions& prefix, Problems p) {
   }
 }
 
+void check(const EpisodeOptions& e, Problems p) {
+  p.at_least("max_turns", e.max_turns, 1);
+  p.at_least("max_tokens", e.max_tokens, 0);
+}
+
+int64_t EngineOptions::response_budget(bool is_episode) const {
+  if (!is_episode) return max_new_tokens;
+  return episode.max_tokens > 0 ? episode.max_tokens : episode.max_turns * max_new_tokens;
+}
+
 void check(const EngineOptions& o, Problems p) {
   p.at_least("num_slots", o.num_slots, 1);
   p.at_least("max_seq_len", o.max_seq_len, 0);
@@ -46,6 +56,7 @@ void check(const EngineOptions& o, Problems p) {
   }
   p.at_least("kv_block_size", o.kv_block_size, 1);
   check(o.prefix, p.at("prefix"));
+  check(o.episode, p.at("episode"));
 }
 
 }  // namespace relay::rollout

@@ -31,6 +31,8 @@ void Engine::enqueue(Submission submission) {
     seq->group = group.get();
     seq->rng = SequenceRng(sequence_seed(req.seed, j));
     seq->prompt_len = static_cast<int64_t>(req.prompt.size());
+    seq->episode = req.episode;
+    seq->sample = j;
     int64_t n =
         prefix_length(ratios[j], static_cast<int64_t>(req.target.size()), options_.prefix.max_len);
     // Leave room for at least one sampled token, and stop at a stop token:
@@ -99,12 +101,16 @@ void Engine::apply_update(PendingUpdate& update) {
         seq->out.stale_kv = true;
         break;
       case InterruptPolicy::kFinish:
-        break;  // not reached: kFinish applies updates with nothing in flight
-      case InterruptPolicy::kRestart:
-        ++seq->out.restarts;
+        // Only parked episodes are in flight here: their next turn runs on
+        // a cache rebuilt under the new weights.
         reset_cache(*seq);
-        begin_response(*seq);
-        seq->routing.clear();  // everything is run again under the new weights
+        break;
+      case InterruptPolicy::kRestart:
+        reset_cache(*seq);
+        if (!seq->parked) {  // a parked episode has no partial turn to drop
+          ++seq->out.restarts;
+          restart_turn(*seq);
+        }
         break;
     }
   }
@@ -114,6 +120,32 @@ void Engine::reset_cache(Sequence& seq) {
   cache_.reset(seq.slot);
   seq.kv_len = 0;
   seq.kv_epoch = -1;
+}
+
+void Engine::restart_turn(Sequence& seq) {
+  if (!seq.episode || seq.out.turns.empty()) {
+    begin_response(seq);
+    seq.routing.clear();  // everything is run again under the new weights
+    return;
+  }
+  // Keep the prompt, the earlier turns and their observations.
+  const auto keep = static_cast<size_t>(seq.turn_start - seq.prompt_len);
+  Trajectory& t = seq.out;
+  seq.tokens.resize(seq.turn_start);
+  t.response_tokens.resize(keep);
+  t.behavior_logprobs.resize(keep);
+  if (!t.raw_logprobs.empty()) t.raw_logprobs.resize(keep);
+  t.token_versions.resize(keep);
+  t.proximal_logprobs.resize(keep);
+  t.proximal_versions.resize(keep);
+  t.offpolicy_mask.resize(keep);
+  t.env_mask.resize(keep);
+  seq.own_logprobs.resize(keep);
+  if (routing_width_ > 0) {
+    seq.routing.resize(std::min<size_t>(seq.routing.size(), seq.turn_start * routing_width_));
+  }
+  seq.score_from = static_cast<int64_t>(seq.tokens.size());
+  seq.proximal_pass = false;
 }
 
 // Sets the response to the forced prefix alone (not yet scored).
@@ -130,6 +162,10 @@ void Engine::begin_response(Sequence& seq) {
   t.proximal_logprobs.assign(n, kNaN);
   t.proximal_versions.assign(n, -1);
   t.offpolicy_mask.assign(n, 1);
+  t.env_mask.assign(seq.episode ? n : 0, 0);
+  t.turns.clear();
+  seq.turn_start = seq.prompt_len;
+  seq.parked = false;
   seq.own_logprobs.assign(n, kNaN);
   seq.score_from = seq.prompt_len;  // forced tokens are scored; else only the next-token logits
   if (n == 0) seq.score_from = static_cast<int64_t>(seq.tokens.size());
@@ -137,7 +173,7 @@ void Engine::begin_response(Sequence& seq) {
 }
 
 int64_t Engine::reserved_positions(const Sequence& seq) const {
-  return std::min(capacity_, seq.prompt_len + options_.max_new_tokens);
+  return std::min(capacity_, seq.prompt_len + options_.response_budget(seq.episode));
 }
 
 void Engine::admit(double now) {
@@ -188,7 +224,15 @@ void Engine::finish(Sequence& seq, FinishReason reason, double now) {
     t.proximal_logprobs.resize(keep);
     t.proximal_versions.resize(keep);
     t.offpolicy_mask.resize(keep);
+    if (seq.episode) t.env_mask.resize(keep);
   }
+  // An episode's last turn ends where the response does (cut short by a
+  // limit, or aborted mid-turn: no observation follows it).
+  const int64_t R = static_cast<int64_t>(t.response_tokens.size());
+  if (seq.episode && (t.turns.empty() || t.turns.back().env_end < R)) {
+    t.turns.push_back({R, R, std::numeric_limits<double>::quiet_NaN()});
+  }
+  seq.parked = false;
   // Routing of every position run, prompt + response - 1 (the last response
   // token is never run); a sequence cut short of that carries none.
   const int64_t positions = seq.prompt_len + static_cast<int64_t>(t.response_tokens.size()) - 1;
@@ -214,6 +258,76 @@ void Engine::finish(Sequence& seq, FinishReason reason, double now) {
   }
   ++seq.group->finished;
   if (seq.greedy) ++stats_.baseline_sequences;
+}
+
+void Engine::end_turn(Sequence& seq, StepState& s) {
+  Trajectory& t = seq.out;
+  const int64_t R = seq.response_len();
+  t.turns.push_back({R, R, std::numeric_limits<double>::quiet_NaN()});
+  seq.parked = true;
+  ++stats_.turns_ended;
+  TurnEnd end;
+  end.group_id = seq.group->request.group_id;
+  end.sample = seq.sample;
+  end.turn = static_cast<int>(t.turns.size()) - 1;
+  end.context.assign(seq.tokens.begin(), seq.tokens.begin() + seq.turn_start);
+  end.tokens.assign(seq.tokens.begin() + seq.turn_start, seq.tokens.end());
+  end.version = version_;
+  s.turn_ends.push_back(std::move(end));
+}
+
+void Engine::apply_reply(PendingReply& reply, double now) {
+  Sequence* seq = nullptr;
+  for (const auto& g : groups_) {
+    if (g->request.group_id == reply.group_id &&
+        reply.sample < static_cast<int>(g->samples.size())) {
+      seq = g->samples[reply.sample].get();
+    }
+  }
+  if (seq == nullptr || !seq->parked || seq->done) return;  // aborted meanwhile
+  Trajectory& t = seq->out;
+  TurnReply& r = reply.reply;
+  t.turns.back().reward = r.reward;
+  if (r.end) {
+    t.finish_detail = std::move(r.detail);
+    finish(*seq, *r.end, now);
+    return;
+  }
+  // The environment asks for another turn.
+  if (static_cast<int64_t>(t.turns.size()) >= options_.episode.max_turns) {
+    finish(*seq, FinishReason::kToolBudget, now);
+    return;
+  }
+  // Room for the observation and at least one model token after it.
+  const auto n = static_cast<int64_t>(r.observation.size());
+  if (seq->response_len() + n + 1 > options_.response_budget(true) ||
+      static_cast<int64_t>(seq->tokens.size()) + n + 1 > capacity_) {
+    finish(*seq, FinishReason::kLength, now);
+    return;
+  }
+  const int64_t old_size = static_cast<int64_t>(seq->tokens.size());
+  for (int64_t token : r.observation) {
+    seq->tokens.push_back(token);
+    t.response_tokens.push_back(token);
+    t.behavior_logprobs.push_back(kNaN);
+    if (options_.sampling.record_raw_logprobs) t.raw_logprobs.push_back(kNaN);
+    t.token_versions.push_back(version_);
+    t.proximal_logprobs.push_back(kNaN);
+    t.proximal_versions.push_back(-1);
+    t.offpolicy_mask.push_back(0);
+    t.env_mask.push_back(1);
+    seq->own_logprobs.push_back(kNaN);
+  }
+  stats_.env_tokens += n;
+  t.turns.back().env_end = seq->response_len();
+  seq->turn_start = static_cast<int64_t>(seq->tokens.size());
+  seq->parked = false;
+  // The observation is context: cached up to its last token, which is run
+  // by the decode call that samples the next turn's first token. A pending
+  // proximal pass (an update landed while parked) starts earlier and stays.
+  if (!seq->proximal_pass && seq->score_from >= old_size - 1) {
+    seq->score_from = static_cast<int64_t>(seq->tokens.size());
+  }
 }
 
 void Engine::abort_all(double now) {

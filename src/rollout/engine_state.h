@@ -52,10 +52,18 @@ struct Engine::Sequence {
   int64_t score_from = 0;
   bool proximal_pass = false;  // the next pass records proximal values
   bool done = false;
+  // Episodes: the group is one; index in its samples; the current model
+  // turn begins at tokens[turn_start]; parked = the turn ended and the
+  // sequence waits for the environment (it keeps its slot, runs nothing).
+  bool episode = false;
+  int sample = 0;
+  int64_t turn_start = 0;
+  bool parked = false;
   // MoE routing of positions [0, routing.size() / width), first run wins.
   std::vector<int32_t> routing;
 
   int64_t response_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+  int64_t turn_len() const { return static_cast<int64_t>(tokens.size()) - turn_start; }
 };
 
 struct Engine::Group {
@@ -69,6 +77,7 @@ struct Engine::Group {
 struct Engine::StepState {
   // take_inputs
   std::deque<Submission> incoming;      // submitted since the last step
+  std::deque<PendingReply> replies;     // environments' answers since the last step
   std::optional<PendingUpdate> update;  // applied before this step's model pass
   bool abort = false;                   // abort() was called: end everything, run nothing
   bool draining = false;       // kFinish holds an update back until the sequences in flight end
@@ -79,6 +88,8 @@ struct Engine::StepState {
   std::vector<std::pair<Sequence*, at::Tensor>> next_logits;
   // collect_done -> publish: the groups this step finished.
   std::vector<TrajectoryGroup> done;
+  // Episode turns that ended this step, for the turn handler after publish.
+  std::vector<TurnEnd> turn_ends;
 };
 
 // The context phase of run_model: which sequences compute their context in

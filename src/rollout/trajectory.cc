@@ -14,6 +14,12 @@ const char* finish_reason_name(FinishReason reason) {
       return "length";
     case FinishReason::kAborted:
       return "aborted";
+    case FinishReason::kToolBudget:
+      return "tool_budget";
+    case FinishReason::kEnvDone:
+      return "env_done";
+    case FinishReason::kEnvError:
+      return "env_error";
   }
   return "?";
 }
@@ -21,6 +27,85 @@ const char* finish_reason_name(FinishReason reason) {
 int64_t Trajectory::num_forced() const {
   return std::count(offpolicy_mask.begin(), offpolicy_mask.end(), 1);
 }
+
+int64_t Trajectory::num_env_tokens() const {
+  return std::count(env_mask.begin(), env_mask.end(), 1);
+}
+
+std::vector<int64_t> Trajectory::answer_tokens() const {
+  if (turns.empty()) return response_tokens;
+  const int64_t begin = turns.size() > 1 ? turns[turns.size() - 2].env_end : 0;
+  const int64_t end =
+      std::min<int64_t>(turns.back().model_end, static_cast<int64_t>(response_tokens.size()));
+  if (begin >= end) return {};
+  return std::vector<int64_t>(response_tokens.begin() + begin, response_tokens.begin() + end);
+}
+
+double Trajectory::environment_reward() const {
+  double sum = 0.0;
+  for (const EpisodeTurn& turn : turns) {
+    if (std::isfinite(turn.reward)) sum += turn.reward;
+  }
+  return sum;
+}
+
+namespace {
+
+// env_mask and turns: environment tokens carry nothing sampled, and the
+// turns tile the response, model tokens first in each.
+Status check_episode(const Trajectory& t) {
+  const auto n = static_cast<int64_t>(t.response_tokens.size());
+  if (!t.env_mask.empty() && static_cast<int64_t>(t.env_mask.size()) != n) {
+    return InvalidArgumentError(
+        absl::StrCat("env_mask: ", t.env_mask.size(), " entries for ", n, " response tokens"));
+  }
+  for (int64_t j = 0; j < static_cast<int64_t>(t.env_mask.size()); ++j) {
+    if (t.env_mask[j] > 1) {
+      return InvalidArgumentError(
+          absl::StrCat("env_mask[", j, "]: must be 0 or 1, got ", int{t.env_mask[j]}));
+    }
+    if (!t.env_mask[j]) continue;
+    if (!std::isnan(t.behavior_logprobs[j]) ||
+        (!t.raw_logprobs.empty() && !std::isnan(t.raw_logprobs[j])) ||
+        t.proximal_versions[j] != -1 || t.offpolicy_mask[j]) {
+      return InvalidArgumentError(absl::StrCat(
+          "env_mask[", j, "]: an environment token must have NaN log-probs, proximal version -1 ",
+          "and no offpolicy_mask, got behavior log-prob ", t.behavior_logprobs[j]));
+    }
+  }
+  if (t.turns.empty()) {
+    if (t.num_env_tokens() > 0) {
+      return InvalidArgumentError("turns: empty, but env_mask marks environment tokens");
+    }
+    return OkStatus();
+  }
+  int64_t start = 0;
+  for (size_t i = 0; i < t.turns.size(); ++i) {
+    const EpisodeTurn& turn = t.turns[i];
+    if (turn.model_end < start || turn.env_end < turn.model_end || turn.env_end > n) {
+      return InvalidArgumentError(absl::StrCat("turns[", i, "]: model_end ", turn.model_end,
+                                               ", env_end ", turn.env_end, " must satisfy ", start,
+                                               " <= model_end <= env_end <= ", n));
+    }
+    for (int64_t j = start; j < turn.env_end; ++j) {
+      const bool env = t.is_env_token(static_cast<size_t>(j));
+      if (env != (j >= turn.model_end)) {
+        return InvalidArgumentError(absl::StrCat("env_mask[", j, "]: ", env ? 1 : 0,
+                                                 " disagrees with turns[", i, "] (model tokens [",
+                                                 start, ", ", turn.model_end, "), environment [",
+                                                 turn.model_end, ", ", turn.env_end, "))"));
+      }
+    }
+    start = turn.env_end;
+  }
+  if (start != n) {
+    return InvalidArgumentError(
+        absl::StrCat("turns: end at token ", start, " of a response of ", n));
+  }
+  return OkStatus();
+}
+
+}  // namespace
 
 Status check_trajectory(const Trajectory& t) {
   const size_t n = t.response_tokens.size();
@@ -64,6 +149,7 @@ Status check_trajectory(const Trajectory& t) {
     }
     if (pv >= 0) used.insert(pv);
   }
+  RELAY_RETURN_IF_ERROR(check_episode(t));
   if (!t.routed_experts.empty() || t.routing_layers != 0 || t.routing_top_k != 0) {
     if (t.routing_layers < 1 || t.routing_top_k < 1) {
       return InvalidArgumentError(absl::StrCat("routing_layers / routing_top_k: must be >= 1 with ",

@@ -16,6 +16,12 @@ v1::FinishReason finish_to_proto(rollout::FinishReason r) {
       return v1::FINISH_REASON_LENGTH;
     case rollout::FinishReason::kAborted:
       return v1::FINISH_REASON_ABORTED;
+    case rollout::FinishReason::kToolBudget:
+      return v1::FINISH_REASON_TOOL_BUDGET;
+    case rollout::FinishReason::kEnvDone:
+      return v1::FINISH_REASON_ENV_DONE;
+    case rollout::FinishReason::kEnvError:
+      return v1::FINISH_REASON_ENV_ERROR;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -70,6 +76,14 @@ void to_proto(const rollout::Trajectory& t, v1::Trajectory* out) {
   out->mutable_routed_experts()->Add(t.routed_experts.begin(), t.routed_experts.end());
   out->set_routing_layers(t.routing_layers);
   out->set_routing_top_k(t.routing_top_k);
+  for (uint8_t m : t.env_mask) out->add_env_mask(m != 0);
+  for (const rollout::EpisodeTurn& turn : t.turns) {
+    v1::EpisodeTurn* o = out->add_turns();
+    o->set_model_end(turn.model_end);
+    o->set_env_end(turn.env_end);
+    o->set_reward(turn.reward);
+  }
+  out->set_finish_detail(t.finish_detail);
 }
 
 void to_proto(const rollout::TrajectoryGroup& g, v1::TrajectoryGroup* out) {
@@ -99,10 +113,19 @@ StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in, bool check) {
     case v1::FINISH_REASON_ABORTED:
       t.finish_reason = rollout::FinishReason::kAborted;
       break;
+    case v1::FINISH_REASON_TOOL_BUDGET:
+      t.finish_reason = rollout::FinishReason::kToolBudget;
+      break;
+    case v1::FINISH_REASON_ENV_DONE:
+      t.finish_reason = rollout::FinishReason::kEnvDone;
+      break;
+    case v1::FINISH_REASON_ENV_ERROR:
+      t.finish_reason = rollout::FinishReason::kEnvError;
+      break;
     default:
       return InvalidArgumentError(
           absl::StrCat("finish_reason: ", static_cast<int>(in.finish_reason()),
-                       " is not stop, length or aborted"));
+                       " is not stop, length, aborted, tool_budget, env_done or env_error"));
   }
   switch (in.interrupt_policy()) {
     case v1::INTERRUPT_POLICY_RECOMPUTE:
@@ -122,6 +145,11 @@ StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in, bool check) {
           absl::StrCat("interrupt_policy: ", static_cast<int>(in.interrupt_policy()),
                        " is not recompute, keep, finish or restart"));
   }
+  for (bool m : in.env_mask()) t.env_mask.push_back(m ? 1 : 0);
+  for (const v1::EpisodeTurn& turn : in.turns()) {
+    t.turns.push_back({turn.model_end(), turn.env_end(), turn.reward()});
+  }
+  t.finish_detail = in.finish_detail();
   t.interruptions = in.interruptions();
   t.stale_kv = in.stale_kv();
   t.restarts = in.restarts();

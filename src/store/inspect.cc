@@ -89,14 +89,28 @@ std::string report_text(const StoreReport& r) {
       const rollout::Trajectory& t = g.group.trajectories.front();
       absl::StrAppend(&out, "  trajectory 0: reward ", t.reward, ", ",
                       rollout::finish_reason_name(t.finish_reason), ", prompt ",
-                      t.prompt_tokens.size(), " tokens\n");
-      absl::StrAppend(&out, absl::StrFormat("  %4s %8s %10s %8s %10s %9s %4s\n", "j", "token",
-                                            "behavior", "version", "proximal", "prox_ver", "off"));
+                      t.prompt_tokens.size(), " tokens");
+      if (!t.turns.empty()) {
+        absl::StrAppend(&out, ", ", t.turns.size(), " turns, ", t.num_env_tokens(),
+                        " environment tokens");
+      }
+      if (!t.finish_detail.empty()) absl::StrAppend(&out, " (", t.finish_detail, ")");
+      absl::StrAppend(&out, "\n");
+      // `src`: who wrote the token, model or env (masked out of the loss);
+      // `turn`: the episode turn it belongs to.
+      absl::StrAppend(&out, absl::StrFormat("  %4s %8s %10s %8s %10s %9s %4s %5s %4s\n", "j",
+                                            "token", "behavior", "version", "proximal", "prox_ver",
+                                            "off", "src", "turn"));
+      size_t turn = 0;
       for (size_t j = 0; j < t.response_tokens.size(); ++j) {
-        absl::StrAppend(&out, absl::StrFormat("  %4d %8d %10s %8d %10s %9d %4d\n", j,
+        while (turn + 1 < t.turns.size() && static_cast<int64_t>(j) >= t.turns[turn].env_end) {
+          ++turn;
+        }
+        absl::StrAppend(&out, absl::StrFormat("  %4d %8d %10s %8d %10s %9d %4d %5s %4d\n", j,
                                               t.response_tokens[j], logprob(t.behavior_logprobs[j]),
                                               t.token_versions[j], logprob(t.proximal_logprobs[j]),
-                                              t.proximal_versions[j], t.offpolicy_mask[j]));
+                                              t.proximal_versions[j], t.offpolicy_mask[j],
+                                              t.is_env_token(j) ? "env" : "model", turn));
       }
     }
   }
@@ -147,7 +161,17 @@ std::string report_json(const StoreReport& r) {
         {"token_versions", t.token_versions},
         {"proximal_logprobs", floats(t.proximal_logprobs)},
         {"proximal_versions", t.proximal_versions},
-        {"offpolicy_mask", t.offpolicy_mask}};
+        {"offpolicy_mask", t.offpolicy_mask},
+        {"env_mask", t.env_mask},
+        {"finish_reason", rollout::finish_reason_name(t.finish_reason)}};
+    nlohmann::json turns = nlohmann::json::array();
+    for (const rollout::EpisodeTurn& turn : t.turns) {
+      turns.push_back({{"model_end", turn.model_end},
+                       {"env_end", turn.env_end},
+                       {"reward", std::isfinite(turn.reward) ? nlohmann::json(turn.reward)
+                                                             : nlohmann::json()}});
+    }
+    j["sample"]["turns"] = turns;
   }
   return j.dump(2);
 }

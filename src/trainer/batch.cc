@@ -126,6 +126,7 @@ void allocate(TrainBatch& batch, const Shape& s, int64_t pad_token_id) {
   batch.proximal_versions = torch::full({B, L}, -1, torch::kInt64);
   batch.token_versions = torch::full({B, L}, -1, torch::kInt64);
   batch.offpolicy_mask = torch::zeros({B, L}, torch::kBool);
+  batch.env_mask = torch::zeros({B, L}, torch::kBool);
   batch.rewards = torch::empty({B}, torch::kFloat32);
   batch.group_index = torch::empty({B}, torch::kInt64);
   batch.truncated = torch::zeros({B}, torch::kBool);
@@ -147,6 +148,7 @@ class RowWriter {
         prox_v_(batch.proximal_versions.accessor<int64_t, 2>()),
         vers_(batch.token_versions.accessor<int64_t, 2>()),
         off_(batch.offpolicy_mask.accessor<bool, 2>()),
+        env_(batch.env_mask.accessor<bool, 2>()),
         lengths_(batch.lengths.accessor<int64_t, 1>()),
         prompt_lengths_(batch.prompt_lengths.accessor<int64_t, 1>()),
         response_lengths_(batch.response_lengths.accessor<int64_t, 1>()),
@@ -163,7 +165,9 @@ class RowWriter {
     for (int64_t i = 0; i < P; ++i) ids_[b][i] = t.prompt_tokens[i];
     for (int64_t j = 0; j < R; ++j) {
       ids_[b][P + j] = t.response_tokens[j];
-      mask_[b][j] = true;
+      // An environment token is context, not an action: out of the loss.
+      env_[b][j] = t.is_env_token(static_cast<size_t>(j));
+      mask_[b][j] = !env_[b][j];
       behav_[b][j] = t.behavior_logprobs[j];  // NaN stays NaN
       prox_[b][j] = t.proximal_logprobs[j];
       prox_v_[b][j] = t.proximal_versions[j];
@@ -195,7 +199,7 @@ class RowWriter {
   at::TensorAccessor<bool, 2> mask_;
   at::TensorAccessor<float, 2> behav_, prox_;
   at::TensorAccessor<int64_t, 2> prox_v_, vers_;
-  at::TensorAccessor<bool, 2> off_;
+  at::TensorAccessor<bool, 2> off_, env_;
   at::TensorAccessor<int64_t, 1> lengths_, prompt_lengths_, response_lengths_;
   at::TensorAccessor<float, 1> rewards_;
   at::TensorAccessor<int64_t, 1> group_index_;
@@ -268,6 +272,7 @@ TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows
   out.proximal_versions = rows_of(batch.proximal_versions, L);
   out.token_versions = rows_of(batch.token_versions, L);
   out.offpolicy_mask = rows_of(batch.offpolicy_mask, L);
+  out.env_mask = rows_of(batch.env_mask, L);
   out.rewards = batch.rewards.index_select(0, index);
   out.group_index = batch.group_index.index_select(0, index);
   out.truncated = batch.truncated.index_select(0, index);

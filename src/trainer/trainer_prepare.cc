@@ -6,6 +6,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -146,7 +147,13 @@ StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::Trajector
   // Invariant 5: missing behavior log-probs are refused unless allowed. A
   // row that cannot be trained on fails the step before anything changes,
   // naming its group (see step()).
+  // Over the tokens the model sampled: an episode's environment tokens have
+  // no behavior log-prob by design and are counted apart.
   m["frac_old_logprobs_valid"] = frac_behavior_logprobs_valid(batch);
+  {
+    const double env = batch.env_mask.sum().item<double>();
+    m["episode/env_token_fraction"] = env / std::max(1.0, env + batch.num_tokens());
+  }
   if (std::vector<StepFault> f = input_faults(batch, !o.allow_missing_logprobs); !f.empty()) {
     *faults = f;
     return FailedPreconditionError(absl::StrCat("trainer step at version ", version_, ": ",

@@ -395,6 +395,117 @@ TEST_F(CliTest, RolloutRendersChatPromptsAndStopsAtTheEndOfTurn) {
   fs::remove_all(base);
 }
 
+// Episodes with the calculator tool through `relay rollout`: the prompt
+// lists the tool as Qwen's template does, the forced first turn is a tool
+// call, the tool's answer follows it as the template renders a tool turn
+// (token-in/token-out, marked as the environment's), and the model takes
+// its next turn from there.
+// A byte-level model with ChatML's tokens, and one arithmetic question whose
+// target is a calculator call (forced whole, so the first turn calls the tool).
+struct AgentFixture {
+  std::string base, model, data, call;
+};
+
+AgentFixture make_agent_fixture(const std::string& name) {
+  AgentFixture f;
+  f.base = ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(f.base);
+  f.model = f.base + "/model";
+  CliResult r = RelayCli("init " + kTinyConfig + " --out " + f.model +
+                         " model.init.vocab=259 model.init.max_seq_len=1024");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  fs::remove(f.model + "/relay_tokenizer.json");
+  std::ofstream(f.model + "/tokenizer.json")
+      << relay::testing::byte_tokenizer_json({"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
+             .dump();
+  f.call =
+      "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"6*7\"}}\n"
+      "</tool_call>";
+  nlohmann::json line = {{"prompt", "What is 6*7?"}, {"answer", "42"}, {"target", f.call}};
+  f.data = f.base + "/agent.jsonl";
+  std::ofstream(f.data) << line.dump() << "\n" << line.dump() << "\n";
+  return f;
+}
+
+const char kAgentArgs[] =
+    " task.name=jsonl task.environment=calculator model.chat_template=auto"
+    " rollout.max_new_tokens=96 rollout.episode.max_turns=2"
+    " rollout.prefix.n_prefix=-1 rollout.prefix.strategy=fixed"
+    " rollout.prefix.min_ratio=1.0 rollout.prefix.max_ratio=1.0";
+
+TEST_F(CliTest, RolloutRunsCalculatorEpisodes) {
+  const AgentFixture f = make_agent_fixture("cli_agent");
+  const std::string& call = f.call;
+  const std::string out = f.base + "/rollout.jsonl";
+  CliResult r = RelayCli("rollout " + kTinyConfig + " --model " + f.model + " --prompts 1 --out " +
+                         out + " task.path=" + f.data + " rollout.n=2" + kAgentArgs);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(out);
+  std::string text;
+  ASSERT_TRUE(std::getline(in, text));
+  const nlohmann::json g = nlohmann::json::parse(text);
+  const std::string prompt = g["prompt"];
+  EXPECT_EQ(prompt.rfind("<|im_start|>system\n# Tools\n\nYou may call one or more functions", 0),
+            0u)
+      << prompt;
+  EXPECT_NE(prompt.find("{\"type\": \"function\", \"function\": {\"name\": \"calculator\""),
+            std::string::npos)
+      << prompt;
+  const std::string observation =
+      "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+      "<|im_start|>assistant\n";
+  for (const nlohmann::json& t : g["trajectories"]) {
+    ASSERT_TRUE(t.contains("turns")) << t.dump();
+    const auto tokens = t["response_tokens"].get<std::vector<int64_t>>();
+    const auto env = t["env_mask"].get<std::vector<int>>();
+    ASSERT_EQ(env.size(), tokens.size());
+    const int64_t model_end = t["turns"][0]["model_end"], env_end = t["turns"][0]["env_end"];
+    // The first turn is the forced call, ending with <|im_end|> (258).
+    EXPECT_EQ(model_end, static_cast<int64_t>(call.size()) + 1);
+    EXPECT_EQ(tokens[model_end - 1], 258);
+    // Then the tool's answer, byte for byte (chat tokens as single ids).
+    std::string got;
+    for (int64_t j = model_end; j < env_end; ++j) {
+      EXPECT_EQ(env[j], 1) << j;
+      got += tokens[j] == 257 ? std::string("<|im_start|>")
+             : tokens[j] == 258 ? std::string("<|im_end|>")
+                                : std::string(1, static_cast<char>(tokens[j]));
+    }
+    EXPECT_EQ(got, observation);
+    for (int64_t j = env_end; j < static_cast<int64_t>(tokens.size()); ++j) EXPECT_EQ(env[j], 0);
+    for (int64_t j = model_end; j < env_end; ++j) EXPECT_TRUE(t["behavior_logprobs"][j].is_null());
+    const std::string finish = t["finish_reason"];
+    EXPECT_TRUE(finish == "stop" || finish == "length" || finish == "tool_budget") << finish;
+    EXPECT_TRUE(t["sub_scores"].contains("environment"));
+  }
+}
+
+// The same episodes through `relay run`: the worker answers the turns, the
+// trainer takes the environment's tokens as context (out of the loss, out of
+// frac_old_logprobs_valid) and scores the model's tokens exactly as the
+// engine sampled them.
+TEST_F(CliTest, RunTrainsOnCalculatorEpisodes) {
+  const AgentFixture f = make_agent_fixture("run_agent");
+  const std::string metrics = f.base + "/metrics.jsonl";
+  CliResult r = RelayCli("run " + kTinyConfig + " --model " + f.model +
+                         " --steps 2 --groups-per-step 2 --eval-every 0 --metrics-out " + metrics +
+                         " experiment.output_dir=" + f.base + " task.path=" + f.data +
+                         " rollout.n=2" + kAgentArgs);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  std::ifstream in(metrics);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] != "rl") continue;
+    ++steps;
+    EXPECT_EQ(j["frac_old_logprobs_valid"].get<double>(), 1.0) << line;
+    EXPECT_GT(j["episode/env_token_fraction"].get<double>(), 0.05) << line;
+    EXPECT_LT(j["mismatch/engine_k3"].get<double>(), 1e-6) << "same weights, same numbers";
+  }
+  EXPECT_EQ(steps, 2);
+}
+
 TEST_F(CliTest, RolloutRejectsAStopTextThatIsNotOneToken) {
   CliResult r =
       RelayCli("rollout " + kTinyConfig + " --model " + *model_dir_ + " rollout.stop=[\\\"12\\\"]");

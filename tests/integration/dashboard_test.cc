@@ -231,6 +231,7 @@ class DashboardBrowserTest : public ::testing::Test {
         r.versions = {step, step, step + 1, step + 1};
         r.reward = j == 0 ? 1.0 : NAN;
         r.finish_reason = "stop";
+        if (j == 1) r.env_mask = {0, 1, 1, 0};  // an episode: two environment tokens
         records.push_back(r);
       }
       samples += samples_jsonl_line(step, step + 1, records) + "\n";
@@ -249,6 +250,9 @@ class DashboardBrowserTest : public ::testing::Test {
     // The last 4 steps, 2 samples of 4 tokens each.
     EXPECT_EQ(int_attr(p.dom, "id=\"samples\"", "data-tokens"), 4 * 2 * 4);
     EXPECT_EQ(tags_with(p.dom, "class=\"tok").size(), 4u * 2 * 4);
+    // The environment's tokens are drawn apart, without a log-prob colour.
+    EXPECT_EQ(tags_with(p.dom, "class=\"tok env").size(), 4u * 2);
+    EXPECT_NE(p.dom.find("environment (not sampled; out of the loss)"), std::string::npos);
     // The injected markup is text on the page, and did nothing.
     EXPECT_NE(p.dom.find("&lt;/script&gt;&lt;script&gt;document.title='pwned'"), std::string::npos);
     EXPECT_EQ(p.dom.find("<img"), std::string::npos);

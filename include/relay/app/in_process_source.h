@@ -55,6 +55,9 @@ class InProcessGroupSource : public GroupSource {
   std::unique_ptr<rollout::Engine> engine_;
   InProcessSourceOptions options_;
   trainer::BatchFiller filler_;
+  // task.environment's driver (null without one); after engine_, so it goes
+  // first.
+  std::unique_ptr<rollout::EpisodeDriver> episodes_;
   int64_t generated_ = 0;  // generation batches so far: prompts and seeds move on
   std::vector<rollout::TrajectoryGroup> last_;
 };

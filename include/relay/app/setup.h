@@ -14,10 +14,12 @@
 
 #include "relay/common/status.h"
 #include "relay/config/config.h"
+#include "relay/env/environment.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/engine.h"
+#include "relay/rollout/episode_driver.h"
 #include "relay/rollout/task.h"
 #include "relay/trainer/trainer.h"
 
@@ -48,6 +50,10 @@ struct RolloutSetup {
   std::shared_ptr<model::Tokenizer> tokenizer;
   std::shared_ptr<rollout::Task> task;
   rollout::EngineOptions engine;
+  model::ChatTemplate chat_template = model::ChatTemplate::kNone;  // model.chat_template, resolved
+  // task.environment: what answers the turns of every sample, which is then
+  // an episode (rollout/episode_driver.h); null = single-turn responses.
+  std::shared_ptr<const env::EnvironmentFactory> environment;
 };
 
 // Prompt indices: a finite task keeps its last `eval` prompts for evaluation
@@ -99,9 +105,18 @@ StatusOr<uint64_t> weights_digest(const model::PolicyImpl& policy);
 StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout::TaskPrompt& p,
                                             std::string group_id, uint64_t seed);
 
+// The driver that answers `engine`'s episode turns with s.environment, or
+// null without one (single-turn). It must go before the engine.
+std::unique_ptr<rollout::EpisodeDriver> episode_driver(const RolloutSetup& s,
+                                                       rollout::Engine& engine);
+// A task prompt as the start of an episode.
+env::EpisodeStart episode_start(const rollout::TaskPrompt& p);
+
 // Decodes and scores every response of `g` (samples and greedy baseline) in
 // place; `on_scored` sees each (index, trajectory, text, score, verifier
-// error), the baseline with index -1.
+// error), the baseline with index -1. An episode's text is its last model
+// turn (Trajectory::answer_tokens), and the environment's turn rewards add
+// to the verifier's (sub-score "environment").
 Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
                    const rollout::TaskPrompt& prompt, rollout::TrajectoryGroup& g,
                    const ScoredFn& on_scored = nullptr);

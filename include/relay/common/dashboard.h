@@ -40,7 +40,10 @@ struct SampleRecord {
   std::vector<float> logprobs;    // behavior log-prob (what the sampler drew it with)
   std::vector<int64_t> versions;  // policy version that sampled each token
   double reward = std::numeric_limits<double>::quiet_NaN();  // NaN = unscored
-  std::string finish_reason;                                 // "stop" | "length" | "aborted"
+  std::string finish_reason;  // "stop" | "length" | "aborted" | "tool_budget" | "env_done" | ...
+  // Episodes: 1 for a token the environment wrote (drawn apart on the page,
+  // with no log-prob); empty for a single-turn response.
+  std::vector<uint8_t> env_mask;
   // MoE models: per response token, the experts of each layer its
   // distribution came through ([R][layers][k], from the trajectory's
   // routed_experts); empty for dense models.

@@ -32,12 +32,43 @@
 // with the sampled rows before the one read-back, and it draws nothing from
 // any random stream. It comes back in TrajectoryGroup::baseline.
 //
-// Threads: one thread drives step() / run(); submit(), update_weights() and
-// abort() may be called from any thread at any time.
+// Episodes. A group submitted with PromptGroup::episode is K multi-turn
+// episodes of one task instance. When a sample of it samples a stop token,
+// its model turn ends: the engine records the turn, hands a TurnEnd to the
+// turn handler and parks the sequence, which keeps its slot and KV cache and
+// leaves the batch while the other sequences go on decoding. reply() gives
+// the environment's answer: an observation, whose tokens are appended to the
+// sequence as they are (token-in/token-out: nothing is re-tokenized, so the
+// trainer scores exactly the tokens the model saw) and marked as the
+// environment's (Trajectory::env_mask), after which the next turn is sampled;
+// or the end of the episode (stop, env_done, env_error). Limits:
+// max_new_tokens per turn; EpisodeOptions::max_turns turns (an environment
+// that answers the last one with an observation ends it as tool_budget);
+// EpisodeOptions::max_tokens response tokens in all, observations included
+// (an observation that would leave no room for a model token ends it as
+// length, unappended). A turn cut short by a length limit ends the episode
+// with no environment call.
+//
+// Weight updates reach parked sequences like any other: recompute rebuilds
+// the cache (the proximal pass runs when the sequence resumes, scoring model
+// tokens only), keep flags stale_kv, finish and restart apply per turn
+// (finish waits only for sequences in the middle of a turn, and a parked
+// sequence's cache is rebuilt under the new weights; restart drops only the
+// partial turn in progress). Environment tokens carry the version held when
+// they were appended and NaN log-probs.
+//
+// Threads: one thread drives step() / run(); submit(), update_weights(),
+// reply() and abort() may be called from any thread at any time. The turn
+// handler runs on the engine thread at the end of step(), outside the
+// engine's lock, so it may call reply() itself (an in-process environment)
+// or hand the turn to another thread and return at once.
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -77,7 +108,37 @@ struct EngineStats {
   int64_t kv_peak_positions = 0;
   int64_t kv_bytes_per_position = 0;
   int64_t admission_waits = 0;
+  // Episodes: model turns ended (handed to the turn handler), observation
+  // tokens appended, and the sum over steps of sequences parked waiting for
+  // an environment (their slots decoded nothing that step).
+  int64_t turns_ended = 0;
+  int64_t env_tokens = 0;
+  int64_t parked_sequence_steps = 0;
 };
+
+// A model turn of an episode has ended (engine.h, "Episodes").
+struct TurnEnd {
+  std::string group_id;
+  int sample = 0;  // index among the group's K samples
+  int turn = 0;    // 0 for the first model turn
+  // The model's tokens of this turn, its stop token last; the whole sequence
+  // so far is `context` (prompt, earlier turns and observations), then these.
+  std::vector<int64_t> tokens;
+  std::vector<int64_t> context;
+  int64_t version = 0;  // the engine's version when the turn ended
+};
+
+// The environment's answer to a TurnEnd.
+struct TurnReply {
+  // nullopt: the episode goes on with `observation` appended. Else how it
+  // ends: kStop (the model is done: no tool call, a final answer), kEnvDone or
+  // kEnvError (with `detail`).
+  std::optional<FinishReason> end;
+  std::vector<int64_t> observation;  // token ids; non-empty when the episode goes on
+  double reward = std::numeric_limits<double>::quiet_NaN();  // for this turn; NaN = none
+  std::string detail;                                        // kEnvError: what failed
+};
+using TurnHandler = std::function<void(TurnEnd)>;
 
 class Engine {
  public:
@@ -101,6 +162,17 @@ class Engine {
   // has copied them; the caller must not write to them meanwhile.
   Status update_weights(int64_t version, uint64_t digest,
                         std::unordered_map<std::string, at::Tensor> tensors);
+
+  // Where ended turns go; set before submitting an episode group (submit
+  // refuses one otherwise) and not changed after.
+  void set_turn_handler(TurnHandler handler);
+
+  // Answers the TurnEnd of (group_id, sample), applied at the next step.
+  // InvalidArgument for an observation id outside the vocabulary, an empty
+  // observation when the episode goes on, or an `end` other than kStop,
+  // kEnvDone, kEnvError; FailedPrecondition when that sample is not waiting
+  // for an answer (never ended a turn, already answered, or aborted).
+  Status reply(const std::string& group_id, int sample, TurnReply reply);
 
   // Ends every group in flight or queued at the next step: partial responses
   // finish as kAborted and are returned, nothing is dropped silently.
@@ -128,6 +200,11 @@ class Engine {
   struct Submission {
     PromptGroup group;
     double at_s = 0.0;  // seconds since the engine started
+  };
+  struct PendingReply {
+    std::string group_id;
+    int sample = 0;
+    TurnReply reply;
   };
   struct PendingUpdate {
     int64_t version = 0;
@@ -157,6 +234,13 @@ class Engine {
   void begin_response(Sequence& seq);
   void admit(double now);
   void finish(Sequence& seq, FinishReason reason, double now);
+  // Episodes: ends seq's model turn at its stop token and parks it.
+  void end_turn(Sequence& seq, StepState& s);
+  // Applies an environment's answer to a parked sequence.
+  void apply_reply(PendingReply& reply, double now);
+  // kRestart: drops the partial turn in progress (the whole response outside
+  // episodes) and sets the sequence to sample it again.
+  void restart_turn(Sequence& seq);
   void abort_all(double now);
   void collect_done(std::vector<TrajectoryGroup>& done);
 
@@ -187,7 +271,7 @@ class Engine {
   // Appends row b of the step's draws to `seq` and finishes it at a stop
   // token or its length limit.
   void append_token(Sequence& seq, int64_t b, const at::Tensor& tokens, const at::Tensor& logprobs,
-                    const at::Tensor& own, const at::Tensor& raw, double now);
+                    const at::Tensor& own, const at::Tensor& raw, StepState& s);
   double seconds_since(std::chrono::steady_clock::time_point t) const;
 
   model::Policy policy_;
@@ -214,6 +298,13 @@ class Engine {
   int64_t staged_version_ = 0;  // highest version held or staged
   bool abort_requested_ = false;
   std::set<std::string> open_ids_;  // groups submitted and not yet returned
+  std::deque<PendingReply> replies_;
+  // (group id, sample) of parked sequences not yet answered.
+  std::set<std::pair<std::string, int>> awaiting_;
+  TurnHandler turn_handler_;
+  // Signalled by submit, update_weights, reply and abort: step() waits on it
+  // when every sequence in flight is parked.
+  std::condition_variable input_cv_;
   int64_t version_snapshot_ = 0;
   int64_t live_snapshot_ = 0;
   EngineStats stats_snapshot_;

@@ -48,6 +48,16 @@ struct PrefixOptions {
   int64_t max_len = 8192;           // at most this many forced tokens
 };
 
+// Multi-turn episodes (engine.h, "Episodes"): the limits on a group submitted
+// with PromptGroup::episode. max_new_tokens bounds each model turn.
+struct EpisodeOptions {
+  int64_t max_turns = 4;  // model turns; an environment that asks for more ends it as tool_budget
+  // Response tokens of an episode, the model's and the environment's
+  // together (the KV budget reserves prompt + this much); 0 = max_turns x
+  // max_new_tokens.
+  int64_t max_tokens = 0;
+};
+
 struct EngineOptions {
   int64_t num_slots = 64;       // sequences decoding at once, at most
   int64_t max_seq_len = 0;      // positions per sequence; 0 = the model's max_position_embeddings
@@ -74,6 +84,11 @@ struct EngineOptions {
   // MoE models: record each position's routing into the trajectories
   // (Trajectory::routed_experts), for router replay in the trainer.
   bool record_routing = true;
+  EpisodeOptions episode;
+
+  // Response tokens one sequence may reach: max_new_tokens, or an episode's
+  // token budget.
+  int64_t response_budget(bool episode) const;
 };
 
 // The rules on each, every broken one reported. What depends on the model
@@ -81,6 +96,7 @@ struct EngineOptions {
 // one sequence) is checked by Engine::create.
 void check(const SamplingOptions& options, Problems problems);
 void check(const PrefixOptions& options, Problems problems);
+void check(const EpisodeOptions& options, Problems problems);
 void check(const EngineOptions& options, Problems problems);
 
 }  // namespace relay::rollout

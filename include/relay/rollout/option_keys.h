@@ -21,6 +21,12 @@ void visit_fields(V& v, PrefixOptions& c) {
   v.field("max_len", c.max_len);
 }
 
+template <class V>
+void visit_fields(V& v, EpisodeOptions& c) {
+  v.field("max_turns", c.max_turns);
+  v.field("max_tokens", c.max_tokens);
+}
+
 }  // namespace rollout
 
 // The engine's keys sit flat in the section (rollout.temperature, not
@@ -42,6 +48,7 @@ void visit_fields(V& v, RolloutConfig& c) {
   v.field("workers", c.workers);
   v.field("groups_in_flight", c.groups_in_flight);
   v.section("prefix", e.prefix);
+  v.section("episode", e.episode);
 }
 
 template <class V>
@@ -71,6 +78,7 @@ void visit_fields(V& v, TaskConfig& c) {
   v.field("name", c.name, rollout::kTaskKindNames);
   v.field("path", c.path);
   v.field("verifier_timeout_s", c.verifier_timeout_s);
+  v.field("environment", c.environment, rollout::kEnvironmentKindNames);
   v.section("arithmetic", c.arithmetic);
   v.section("math_answer", c.math_answer);
   v.section("jsonl", c.jsonl);

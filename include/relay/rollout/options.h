@@ -24,6 +24,14 @@ inline const NameTable<TaskKind> kTaskKindNames{"task",
                                                  {"math_answer", TaskKind::kMathAnswer},
                                                  {"jsonl", TaskKind::kJsonl}}};
 
+// The environment that answers a model's turns (relay/env/environment.h):
+// none = single-turn responses; calculator = multi-turn episodes with the
+// built-in calculator tool (env/tool_environment.h).
+enum class EnvironmentKind { kNone, kCalculator };
+inline const NameTable<EnvironmentKind> kEnvironmentKindNames{
+    "environment",
+    {{"none", EnvironmentKind::kNone}, {"calculator", EnvironmentKind::kCalculator}}};
+
 // How a jsonl task compares a response's answer with the prompt's.
 enum class AnswerMatch {
   kExact,  // the extracted answer equals the expected text
@@ -71,6 +79,10 @@ struct TaskConfig {
   rollout::TaskKind name = rollout::TaskKind::kArithmetic;  // arithmetic | math_answer | jsonl
   std::string path;                                         // JSONL file for math_answer and jsonl
   double verifier_timeout_s = 5.0;  // a verifier running longer scores 0 and counts an error
+  // none: one response per sample. Otherwise every sample is an episode
+  // (rollout.episode) whose turns this environment answers; the verifier
+  // scores the last model turn, and the environment's rewards add to it.
+  rollout::EnvironmentKind environment = rollout::EnvironmentKind::kNone;
   ArithmeticTaskConfig arithmetic;
   MathAnswerTaskConfig math_answer;
   JsonlTaskConfig jsonl;

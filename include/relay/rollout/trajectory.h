@@ -22,12 +22,19 @@
 
 namespace relay::rollout {
 
+// How a response (or an episode: engine.h, "Episodes") ended.
 enum class FinishReason {
-  kStop,     // a stop token was sampled (it is the last response token)
-  kLength,   // max_new_tokens or the slot's capacity was reached
+  kStop,     // a stop token was sampled (it is the last response token); in an
+             // episode, the environment had nothing more to say to the model
+  kLength,   // max_new_tokens, the episode's token budget or the slot's capacity was reached
   kAborted,  // the engine was told to abort; the response is partial
+  // Episodes only.
+  kToolBudget,  // the model asked for more after rollout.episode.max_turns turns
+  kEnvDone,     // the environment ended the episode
+  kEnvError,    // the environment failed (Trajectory::finish_detail says how)
 };
-const char* finish_reason_name(FinishReason reason);  // "stop" | "length" | "aborted"
+// "stop" | "length" | "aborted" | "tool_budget" | "env_done" | "env_error"
+const char* finish_reason_name(FinishReason reason);
 
 // What happens to sequences in flight when new weights arrive (AReaL's
 // partial rollout and its alternatives). The one applied is recorded on each
@@ -74,6 +81,21 @@ struct PromptGroup {
   // sequence. It comes back in TrajectoryGroup::baseline, not among the
   // samples.
   bool greedy_baseline = false;
+  // A multi-turn episode (engine.h, "Episodes"): each sample's stop token
+  // ends a model turn, not the response, and the sample waits for the
+  // environment's answer. Not with greedy_baseline.
+  bool episode = false;
+};
+
+// One model turn of an episode and the environment's answer to it. Response
+// tokens [start, model_end) are the model's, where start is the previous
+// turn's env_end (0 for the first), and [model_end, env_end) the
+// environment's observation (empty after the last turn).
+struct EpisodeTurn {
+  int64_t model_end = 0;
+  int64_t env_end = 0;
+  // The environment's reward for this turn; NaN when it gave none.
+  double reward = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct Trajectory {
@@ -98,7 +120,18 @@ struct Trajectory {
   std::vector<float> proximal_logprobs;
   std::vector<int64_t> proximal_versions;
   std::vector<uint8_t> offpolicy_mask;  // 1 = forced token copied from the target
+  // Episodes: 1 = the token came from the environment (a tool's output, an
+  // observation), appended as given, never sampled. Such a token has NaN
+  // behavior, raw and proximal log-probs (proximal version -1), is not
+  // forced, carries the version the engine held when it was appended, and is
+  // masked out of the loss. Empty = every token is the model's (single turn).
+  std::vector<uint8_t> env_mask;
+  // Episodes: the turns, in order; the last one's env_end is the response
+  // length. Empty for a single-turn response.
+  std::vector<EpisodeTurn> turns;
   FinishReason finish_reason = FinishReason::kLength;
+  // Why the environment failed (kEnvError), else "".
+  std::string finish_detail;
   InterruptPolicy interrupt_policy = InterruptPolicy::kRecompute;  // the engine's policy
   int interruptions = 0;      // weight updates applied while this sequence was in flight
   bool stale_kv = false;      // kKeep: some tokens were sampled over a KV cache from older weights
@@ -128,7 +161,14 @@ struct Trajectory {
   int32_t routing_layers = 0;  // MoE layers of the model
   int32_t routing_top_k = 0;   // experts per token
 
-  int64_t num_forced() const;  // number of offpolicy_mask entries set
+  int64_t num_forced() const;      // number of offpolicy_mask entries set
+  int64_t num_env_tokens() const;  // number of env_mask entries set
+  bool is_env_token(size_t j) const { return j < env_mask.size() && env_mask[j] != 0; }
+  // What a verifier scores: the last model turn's tokens for an episode (its
+  // final answer), the whole response otherwise.
+  std::vector<int64_t> answer_tokens() const;
+  // The sum of the environment's finite turn rewards (0 when none).
+  double environment_reward() const;
 };
 
 struct TrajectoryGroup {
@@ -150,7 +190,9 @@ struct TrajectoryGroup {
 // Checks the per-token invariants: every per-token field sized like the
 // response, versions non-decreasing, proximal_versions in {-1, v, v + 1},
 // behavior log-probs <= 0 or NaN (missing), digests for every version used,
-// routed_experts empty or sized (P + R - 1) x layers x top_k with ids >= 0.
+// routed_experts empty or sized (P + R - 1) x layers x top_k with ids >= 0;
+// env_mask empty or sized like the response, its tokens with no log-prob and
+// not forced, and the turns covering the response in order, agreeing with it.
 // Names the field and index of the first violation.
 Status check_trajectory(const Trajectory& t);
 

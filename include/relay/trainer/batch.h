@@ -44,7 +44,10 @@ struct TrainBatch {
   at::Tensor prompt_lengths;    // [B] int64: P
   at::Tensor response_lengths;  // [B] int64: R
   // Response layout, [B, L].
-  at::Tensor response_mask;      // bool: a real response token
+  at::Tensor response_mask;  // bool: a response token the model sampled (or was forced)
+  // bool: a token the environment wrote into an episode (Trajectory::env_mask):
+  // in the sequence, out of response_mask and so out of every loss and metric.
+  at::Tensor env_mask;
   at::Tensor behavior_logprobs;  // fp32; NaN where the worker sent none
   at::Tensor proximal_logprobs;  // fp32; NaN where unknown
   at::Tensor proximal_versions;  // int64; -1 where unknown (and padding)

@@ -39,6 +39,7 @@ std::vector<SampleRecord> sample_records(const std::vector<rollout::TrajectoryGr
       r.versions = t.token_versions;
       r.reward = t.reward;
       r.finish_reason = rollout::finish_reason_name(t.finish_reason);
+      r.env_mask = t.env_mask;
       if (!t.routed_experts.empty()) {
         // Response token j came from position P - 1 + j's routing.
         const size_t P = t.prompt_tokens.size(), L = t.routing_layers, k = t.routing_top_k;

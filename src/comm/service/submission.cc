@@ -13,13 +13,16 @@ Status bad(const std::string& where, const std::string& what) {
   return InvalidArgumentError(absl::StrCat(where, ": ", what));
 }
 
+// `env_mask`: an episode's environment tokens, which have no log-prob by
+// design (Trajectory::env_mask), so none is required of them.
 Status check_logprobs(const std::vector<float>& values, const std::string& where, const char* field,
-                      const SubmissionLimits& l, bool required) {
+                      const SubmissionLimits& l, bool required,
+                      const std::vector<uint8_t>& env_mask = {}) {
   const double tolerance = l.logprob_tolerance;
   for (size_t j = 0; j < values.size(); ++j) {
     const float lp = values[j];
     if (std::isnan(lp)) {
-      if (!required) continue;
+      if (!required || (j < env_mask.size() && env_mask[j])) continue;
       return bad(absl::StrCat(where, ".", field, "[", j, "]"),
                  "NaN (missing), but trainer.allow_missing_logprobs is off: every sampled "
                  "token needs the log-prob it was sampled with (DESIGN.md invariant 5)");
@@ -86,11 +89,15 @@ Status check_lengths(const rollout::Trajectory& t, const std::string& where,
                                    " response tokens exceed the model's context of ", l.max_context,
                                    " (max_position_embeddings)"));
   }
-  if (l.max_response_tokens > 0 &&
-      static_cast<int64_t>(t.response_tokens.size()) > l.max_response_tokens) {
+  // An episode's response holds several turns and their observations.
+  const bool episode = !t.turns.empty();
+  const int64_t limit = episode ? l.max_episode_tokens : l.max_response_tokens;
+  if (limit > 0 && static_cast<int64_t>(t.response_tokens.size()) > limit) {
     return bad(absl::StrCat(where, ".response_tokens"),
-               absl::StrCat(t.response_tokens.size(),
-                            " tokens exceed rollout.max_new_tokens = ", l.max_response_tokens));
+               absl::StrCat(t.response_tokens.size(), " tokens exceed ",
+                            episode ? "the episode budget (rollout.episode.max_tokens) = "
+                                    : "rollout.max_new_tokens = ",
+                            limit));
   }
   return OkStatus();
 }
@@ -118,7 +125,7 @@ Status check_token_ids(const rollout::Trajectory& t, const std::string& where,
 Status check_logprob_fields(const rollout::Trajectory& t, const std::string& where,
                             const SubmissionLimits& l, bool sampled) {
   RELAY_RETURN_IF_ERROR(check_logprobs(t.behavior_logprobs, where, "behavior_logprobs", l,
-                                       sampled && l.require_behavior_logprobs));
+                                       sampled && l.require_behavior_logprobs, t.env_mask));
   RELAY_RETURN_IF_ERROR(check_logprobs(t.proximal_logprobs, where, "proximal_logprobs", l, false));
   RELAY_RETURN_IF_ERROR(check_logprobs(t.raw_logprobs, where, "raw_logprobs", l, false));
   // check_trajectory wants behavior log-probs <= 0: test a clamped copy, so

@@ -25,14 +25,18 @@ RolloutWorker::RolloutWorker(std::unique_ptr<TrainerClient> client, model::Polic
                              std::shared_ptr<const rollout::Task> task,
                              std::shared_ptr<const model::Tokenizer> tokenizer,
                              std::chrono::milliseconds verifier_timeout,
-                             RolloutWorkerOptions options)
+                             RolloutWorkerOptions options,
+                             std::shared_ptr<const env::EnvironmentFactory> environment,
+                             model::ChatTemplate chat_template)
     : client_(std::move(client)),
       policy_(std::move(policy)),
       engine_options_(std::move(engine_options)),
       task_(std::move(task)),
       tokenizer_(std::move(tokenizer)),
       verifier_(task_, verifier_timeout),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      environment_(std::move(environment)),
+      chat_template_(chat_template) {}
 
 RolloutWorker::~RolloutWorker() = default;
 
@@ -41,6 +45,7 @@ int64_t RolloutWorker::version() const { return engine_ ? engine_->version() : -
 Status RolloutWorker::start() {
   // Also a restart after the trainer went away: leases of the old
   // registration cannot be submitted any more.
+  episodes_.reset();  // before the engine whose turns it answers
   engine_.reset();
   receiver_.reset();
   waiting_for_ = -1;
@@ -74,6 +79,11 @@ Status RolloutWorker::start() {
   RELAY_RETURN_IF_ERROR(load_weights(w));
   RELAY_ASSIGN_OR_RETURN(engine_, rollout::Engine::create(policy_, engine_options_,
                                                           w.manifest.version, w.manifest.digest));
+  if (environment_) {
+    rollout::EpisodeDriverOptions eo;
+    eo.chat_template = chat_template_;
+    episodes_ = std::make_unique<rollout::EpisodeDriver>(*engine_, environment_, tokenizer_, eo);
+  }
   latest_known_ = staged_version_ = w.manifest.version;
   running_digest_ = w.manifest.digest;
   RELAY_RETURN_IF_ERROR(join_weight_sync(reg.weight_sync_endpoint()));
@@ -155,6 +165,10 @@ Status RolloutWorker::fill_leases() {
     g.k = l.k();
     g.seed = l.seed();
     g.greedy_baseline = l.greedy_baseline();
+    if (episodes_) {
+      g.episode = true;
+      episodes_->begin_group(l.group_id(), {prompt.id, prompt.prompt, prompt.reference});
+    }
     RELAY_RETURN_IF_ERROR(engine_->submit(std::move(g)));
     in_flight_[l.group_id()] = Leased{l.lease_id(), std::move(prompt)};
   }
@@ -216,7 +230,8 @@ Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> grou
           absl::StrCat("worker: finished group '", g.group_id, "' was not leased"));
     }
     auto score = [&](rollout::Trajectory& t) -> Status {
-      StatusOr<std::string> text = tokenizer_->decode(t.response_tokens);
+      // An episode's answer is its last model turn.
+      StatusOr<std::string> text = tokenizer_->decode(t.answer_tokens());
       if (!text.ok()) {
         // A model whose vocabulary is padded past the tokenizer's can sample
         // an id with no text: that response earns nothing, and is counted.
@@ -227,12 +242,17 @@ Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> grou
         return OkStatus();
       }
       rollout::Score s = verifier_.score(it->second.prompt, *text);
+      if (!t.turns.empty()) {
+        s.sub_scores["environment"] = t.environment_reward();
+        s.reward += t.environment_reward();
+      }
       t.reward = s.reward;
       t.sub_scores = s.sub_scores;
       return OkStatus();
     };
     for (rollout::Trajectory& t : g.trajectories) RELAY_RETURN_IF_ERROR(score(t));
     if (g.baseline) RELAY_RETURN_IF_ERROR(score(*g.baseline));
+    if (episodes_) episodes_->end_group(g.group_id);
     batch.emplace_back(it->second.lease_id, std::move(g));
     in_flight_.erase(it);
   }

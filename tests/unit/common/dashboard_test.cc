@@ -181,6 +181,9 @@ TEST(SamplesJsonlLineTest, NanIsNullAndBrokenUtf8IsReplaced) {
   EXPECT_TRUE(s["reward"].is_null());  // unscored
   EXPECT_EQ(s["versions"], json({4, 5}));
   EXPECT_EQ(s["finish_reason"], "stop");
+  EXPECT_FALSE(s.contains("env_mask"));  // single turn: no mask written
+  r.env_mask = {0, 1};
+  EXPECT_EQ(json::parse(samples_jsonl_line(12, 6, {r}))["samples"][0]["env_mask"], json({0, 1}));
 }
 
 int count(const std::string& text, const std::string& what) {

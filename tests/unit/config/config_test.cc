@@ -224,10 +224,14 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    steps: 300\n"
             "    share_across_group: false\n"
             "    max_len: 8192\n"
+            "  episode:\n"
+            "    max_turns: 4\n"
+            "    max_tokens: 0\n"
             "task:\n"
             "  name: arithmetic\n"
             "  path: \"\"\n"
             "  verifier_timeout_s: 5.0\n"
+            "  environment: none\n"
             "  arithmetic:\n"
             "    min_operands: 2\n"
             "    max_operands: 3\n"
@@ -532,7 +536,7 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
       {"no close key", "rollout:\n  beam_width: 4\n",
        "x.yaml:2: rollout.beam_width: unknown key; known keys: n, max_new_tokens, temperature, "
        "top_k, top_p, stop, record_raw_logprobs, num_slots, kv_cache_gb, kv_cache_fraction, "
-       "interrupt, workers, groups_in_flight, prefix"},
+       "interrupt, workers, groups_in_flight, prefix, episode"},
       {"unknown section", "optimizer:\n  lr: 1\n",
        "x.yaml:1: optimizer: unknown key; known keys: experiment, eval, run, model, rollout, task, "
        "trainer, "

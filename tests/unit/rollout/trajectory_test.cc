@@ -69,6 +69,62 @@ TEST(TrajectoryTest, CheckNamesTheFirstViolation) {
   }
 }
 
+// An episode of two turns: model [0, 2), environment [2, 4), model [4, 5).
+Trajectory episode() {
+  Trajectory t;
+  t.prompt_tokens = {1, 2};
+  t.response_tokens = {5, 6, 20, 21, 7};
+  t.behavior_logprobs = {-1.0f, -0.5f, NAN, NAN, -2.0f};
+  t.token_versions = {0, 0, 1, 1, 1};
+  t.proximal_logprobs = {-1.1f, -0.4f, NAN, NAN, -2.0f};
+  t.proximal_versions = {1, 1, -1, -1, 1};
+  t.offpolicy_mask = {0, 0, 0, 0, 0};
+  t.env_mask = {0, 0, 1, 1, 0};
+  t.turns = {{2, 4, 0.0}, {5, 5, 1.0}};
+  t.finish_reason = FinishReason::kStop;
+  t.version_digests = {{0, 10}, {1, 11}};
+  return t;
+}
+
+TEST(TrajectoryTest, EpisodesTileTheResponseWithTurns) {
+  EXPECT_TRUE(check_trajectory(episode()).ok()) << check_trajectory(episode());
+  EXPECT_EQ(episode().num_env_tokens(), 2);
+  EXPECT_TRUE(episode().is_env_token(3));
+  EXPECT_FALSE(episode().is_env_token(4));
+  EXPECT_FALSE(valid().is_env_token(0));  // no mask: every token is the model's
+  struct Case {
+    std::function<void(Trajectory&)> change;
+    std::string message;
+  };
+  const Case cases[] = {
+      {[](Trajectory& t) { t.env_mask.pop_back(); }, "env_mask: 4 entries for 5 response tokens"},
+      {[](Trajectory& t) { t.behavior_logprobs[2] = -0.3f; },
+       "env_mask[2]: an environment token must have NaN log-probs, proximal version -1 and no "
+       "offpolicy_mask, got behavior log-prob -0.3"},
+      {[](Trajectory& t) { t.turns.clear(); },
+       "turns: empty, but env_mask marks environment tokens"},
+      {[](Trajectory& t) { t.turns[0].env_end = 3; },
+       "env_mask[3]: 1 disagrees with turns[1] (model tokens [3, 5), environment [5, 5))"},
+      {[](Trajectory& t) { t.turns.pop_back(); }, "turns: end at token 4 of a response of 5"},
+      {[](Trajectory& t) { t.turns[1].model_end = 3; },
+       "turns[1]: model_end 3, env_end 5 must satisfy 4 <= model_end <= env_end <= 5"},
+      {[](Trajectory& t) { t.env_mask[0] = 2; }, "env_mask[0]: must be 0 or 1, got 2"},
+  };
+  for (const Case& c : cases) {
+    Trajectory t = episode();
+    c.change(t);
+    Status s = check_trajectory(t);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(std::string(s.message()), c.message);
+  }
+}
+
+TEST(TrajectoryTest, FinishReasonNames) {
+  EXPECT_STREQ(finish_reason_name(FinishReason::kToolBudget), "tool_budget");
+  EXPECT_STREQ(finish_reason_name(FinishReason::kEnvDone), "env_done");
+  EXPECT_STREQ(finish_reason_name(FinishReason::kEnvError), "env_error");
+}
+
 TEST(TrajectoryTest, PolicyNamesRoundTrip) {
   for (InterruptPolicy p : {InterruptPolicy::kRecompute, InterruptPolicy::kKeep,
                             InterruptPolicy::kFinish, InterruptPolicy::kRestart}) {

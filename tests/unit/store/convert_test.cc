@@ -62,6 +62,15 @@ void expect_same(const rollout::Trajectory& a, const rollout::Trajectory& b) {
   EXPECT_EQ(a.finished_s, b.finished_s);
   EXPECT_EQ(a.reward, b.reward);
   EXPECT_EQ(a.sub_scores, b.sub_scores);
+  EXPECT_EQ(a.env_mask, b.env_mask);
+  ASSERT_EQ(a.turns.size(), b.turns.size());
+  for (size_t i = 0; i < a.turns.size(); ++i) {
+    EXPECT_EQ(a.turns[i].model_end, b.turns[i].model_end);
+    EXPECT_EQ(a.turns[i].env_end, b.turns[i].env_end);
+    EXPECT_TRUE(a.turns[i].reward == b.turns[i].reward ||
+                (std::isnan(a.turns[i].reward) && std::isnan(b.turns[i].reward)));
+  }
+  EXPECT_EQ(a.finish_detail, b.finish_detail);
 }
 
 TEST(ConvertTest, GroupRoundTripsEveryFieldThroughBytes) {
@@ -91,6 +100,32 @@ TEST(ConvertTest, GroupRoundTripsEveryFieldThroughBytes) {
   g.baseline.reset();
   to_proto(g, &wire);
   EXPECT_FALSE(from_proto(wire)->baseline.has_value());
+}
+
+// An episode's turns, its environment tokens and how it ended survive the
+// wire, every new finish reason included.
+TEST(ConvertTest, EpisodesRoundTrip) {
+  rollout::Trajectory t = sample_trajectory();
+  t.behavior_logprobs[1] = std::numeric_limits<float>::quiet_NaN();
+  t.raw_logprobs.clear();  // NaN would not compare equal in expect_same
+  t.proximal_logprobs[1] = std::numeric_limits<float>::quiet_NaN();
+  t.proximal_versions[1] = -1;
+  t.env_mask = {0, 1, 0};
+  t.turns = {{1, 2, 0.5}, {3, 3, std::numeric_limits<double>::quiet_NaN()}};
+  for (rollout::FinishReason r :
+       {rollout::FinishReason::kToolBudget, rollout::FinishReason::kEnvDone,
+        rollout::FinishReason::kEnvError}) {
+    t.finish_reason = r;
+    t.finish_detail = r == rollout::FinishReason::kEnvError ? "environment at :7070 hung up" : "";
+    rollout::TrajectoryGroup g;
+    g.group_id = "agent/3";
+    g.trajectories = {t};
+    v1::TrajectoryGroup wire;
+    to_proto(g, &wire);
+    StatusOr<rollout::TrajectoryGroup> back = from_proto(wire);
+    ASSERT_TRUE(back.ok()) << back.status();
+    expect_same(t, back->trajectories.at(0));
+  }
 }
 
 TEST(ConvertTest, BadRecordsNameTheTrajectoryAndField) {

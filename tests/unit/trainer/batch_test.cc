@@ -237,6 +237,37 @@ TEST(BatchTest, MissingBehaviorLogprobsAreCountedAndRefused) {
       << s;
 }
 
+// An episode's environment tokens are in the sequence but out of the loss:
+// out of response_mask (so out of the missing-log-prob count, and of
+// num_tokens), marked in env_mask, and carried through select_rows.
+TEST(BatchTest, EnvironmentTokensAreContextOutOfTheMaskAndCountedApart) {
+  auto groups = two_groups();
+  rollout::Trajectory& t = groups[0].trajectories[1];  // response {9, 10, 11, 12}
+  t.behavior_logprobs[1] = NAN;
+  t.behavior_logprobs[2] = NAN;
+  t.env_mask = {0, 1, 1, 0};
+  t.turns = {{1, 3, 0.0}, {4, 4, 1.0}};
+  ASSERT_TRUE(rollout::check_trajectory(t).ok()) << rollout::check_trajectory(t);
+  auto built = build_batch(groups, BatchOptions{});
+  ASSERT_TRUE(built.ok()) << built.status();
+  const TrainBatch& batch = *built;
+  EXPECT_TRUE(torch::equal(batch.response_mask[1], torch::tensor({true, false, false, true})));
+  EXPECT_TRUE(torch::equal(batch.env_mask[1], torch::tensor({false, true, true, false})));
+  EXPECT_EQ(batch.env_mask.sum().item<int64_t>(), 2);
+  // The tokens stay in the sequence the trainer scores.
+  EXPECT_EQ(batch.input_ids[1][4].item<int64_t>(), 10);
+  EXPECT_EQ(batch.lengths[1].item<int64_t>(), 7);
+  EXPECT_EQ(batch.num_tokens(), 5);
+  EXPECT_DOUBLE_EQ(frac_behavior_logprobs_valid(batch), 1.0);
+  EXPECT_TRUE(check_behavior_logprobs(batch).ok());
+  // A model token without its log-prob is still missing.
+  groups[0].trajectories[1].behavior_logprobs[3] = NAN;
+  auto missing = build_batch(groups, BatchOptions{});
+  EXPECT_DOUBLE_EQ(frac_behavior_logprobs_valid(*missing), 4.0 / 5.0);
+  TrainBatch sub = select_rows(batch, {1});
+  EXPECT_TRUE(torch::equal(sub.env_mask[0], batch.env_mask[1]));
+}
+
 }  // namespace
 }  // namespace relay::trainer
 

@@ -23,6 +23,7 @@ struct SubmissionLimits {
   // stops there, so a longer response did not come from the run's settings.
   // <= 0 = unchecked.
   int64_t max_response_tokens = 0;
+  int64_t max_episode_tokens = 0;  // the same for an episode's (rollout.episode.max_tokens)
   // Invariant 5: with trainer.allow_missing_logprobs off, a sample's behavior
   // log-probs must all be present (not NaN); the trainer would refuse the
   // whole step otherwise. The greedy baseline is never trained on: exempt.

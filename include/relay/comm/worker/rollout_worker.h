@@ -22,6 +22,7 @@
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/engine.h"
+#include "relay/rollout/episode_driver.h"
 #include "relay/rollout/task.h"
 
 namespace relay::comm {
@@ -57,11 +58,15 @@ class RolloutWorker {
   // `client` reaches the trainer (GrpcTrainerClient; a fake in tests).
   // `policy` has the trainer's architecture (its weights are replaced by the
   // fetched ones); `task` maps a leased prompt index to what the verifier
-  // needs; `tokenizer` decodes responses for it.
+  // needs; `tokenizer` decodes responses for it. With an `environment`
+  // every leased group is a group of episodes whose turns it answers
+  // (rollout/episode_driver.h), observations rendered in `chat_template`.
   RolloutWorker(std::unique_ptr<TrainerClient> client, model::Policy policy,
                 rollout::EngineOptions engine_options, std::shared_ptr<const rollout::Task> task,
                 std::shared_ptr<const model::Tokenizer> tokenizer,
-                std::chrono::milliseconds verifier_timeout, RolloutWorkerOptions options);
+                std::chrono::milliseconds verifier_timeout, RolloutWorkerOptions options,
+                std::shared_ptr<const env::EnvironmentFactory> environment = nullptr,
+                model::ChatTemplate chat_template = model::ChatTemplate::kNone);
   ~RolloutWorker();
 
   // Registers, downloads the current version and starts the engine. Called
@@ -97,6 +102,11 @@ class RolloutWorker {
   rollout::SafeVerifier verifier_;
   RolloutWorkerOptions options_;
   std::unique_ptr<rollout::Engine> engine_;
+  std::shared_ptr<const env::EnvironmentFactory> environment_;
+  model::ChatTemplate chat_template_;
+  // Answers the engine's episode turns; declared after engine_, so it goes
+  // first (it is the engine's turn handler).
+  std::unique_ptr<rollout::EpisodeDriver> episodes_;
   std::unique_ptr<WeightReceiver> receiver_;  // null = fetch only
   int64_t waiting_for_ = -1;                  // newest announced version not staged yet
   int64_t waiting_since_ms_ = 0;              // ... known since
