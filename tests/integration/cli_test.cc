@@ -467,7 +467,7 @@ TEST_F(CliTest, RolloutRunsCalculatorEpisodes) {
     std::string got;
     for (int64_t j = model_end; j < env_end; ++j) {
       EXPECT_EQ(env[j], 1) << j;
-      got += tokens[j] == 257 ? std::string("<|im_start|>")
+      got += tokens[j] == 257   ? std::string("<|im_start|>")
              : tokens[j] == 258 ? std::string("<|im_end|>")
                                 : std::string(1, static_cast<char>(tokens[j]));
     }
