@@ -38,6 +38,13 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# node and npm run the official openai client against `relay serve`
+# (ctest openai_node_client). Any node on PATH will do (a nodesource one
+# included); Debian's are installed only when there is none.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  missing+=(nodejs npm)
+fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
   exit 0

@@ -4,6 +4,8 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "relay/common/file_io.h"
 #include "relay/common/progress.h"
+#include "relay/env/remote_environment.h"
 #include "relay/env/tool_environment.h"
 #include "relay/env/tool_prompt.h"
 #include "relay/model/chat_template.h"
@@ -147,6 +150,34 @@ Status place_on_device(RolloutSetup& s) {
   return OkStatus();
 }
 
+// task.environment's factory; null for none. A remote server is asked for
+// its tools here, so one that is not up fails the start, naming its address.
+StatusOr<std::shared_ptr<const env::EnvironmentFactory>> make_environment(const TaskConfig& task) {
+  switch (task.environment) {
+    case rollout::EnvironmentKind::kNone:
+      return std::shared_ptr<const env::EnvironmentFactory>();
+    case rollout::EnvironmentKind::kCalculator:
+      return std::shared_ptr<const env::EnvironmentFactory>(
+          std::make_shared<env::ToolEnvironmentFactory>(
+              std::vector<env::ToolSpec>{env::calculator_tool()}));
+    case rollout::EnvironmentKind::kRemote: {
+      env::RemoteEnvironmentOptions o;
+      o.address = task.environment_address;
+      o.deadline = std::chrono::milliseconds(
+          static_cast<int64_t>(std::ceil(task.environment_timeout_s * 1000)));
+      o.connect_timeout = std::min(o.connect_timeout, o.deadline);
+      StatusOr<std::shared_ptr<const env::EnvironmentFactory>> f =
+          env::connect_remote_environment(o);
+      if (!f.ok()) {
+        return Status(f.status().code(),
+                      absl::StrCat("task.environment_address: ", f.status().message()));
+      }
+      return f;
+    }
+  }
+  return InternalError("unknown task.environment");
+}
+
 // The task, rendering prompts and targets with the chat template, which
 // needs the tokenizer (its special tokens, for auto).
 Status make_task(const SetupArgs& args, RolloutSetup& s) {
@@ -155,21 +186,21 @@ Status make_task(const SetupArgs& args, RolloutSetup& s) {
                          model::resolve_chat_template(s.config.model.chat_template, *s.tokenizer));
   chat.system_prompt = s.config.model.system_prompt;
   s.chat_template = chat.chat_template;
-  if (s.config.task.environment == rollout::EnvironmentKind::kCalculator) {
-    auto factory = std::make_shared<env::ToolEnvironmentFactory>(
-        std::vector<env::ToolSpec>{env::calculator_tool()});
+  RELAY_ASSIGN_OR_RETURN(s.environment, make_environment(s.config.task));
+  if (s.environment) {
+    const std::vector<std::string> tools = s.environment->tool_schemas();
     // The prompt lists the tools as Qwen's templates do; without a template
     // the prompt is the task's text, and the format comes from a warm start.
-    if (chat.chat_template == model::ChatTemplate::kLlama3) {
-      return InvalidArgumentError(
-          "task.environment: calculator answers <tool_call> blocks in the Qwen/Hermes format; "
-          "model.chat_template llama3 has another tool format (use chatml or none)");
+    if (!tools.empty() && chat.chat_template == model::ChatTemplate::kLlama3) {
+      return InvalidArgumentError(absl::StrCat(
+          "task.environment: ", rollout::kEnvironmentKindNames.name(s.config.task.environment),
+          ": its tools are called with <tool_call> blocks in the Qwen/Hermes format; "
+          "model.chat_template llama3 has another tool format (use chatml or none)"));
     }
-    if (chat.chat_template == model::ChatTemplate::kChatml) {
-      RELAY_ASSIGN_OR_RETURN(chat.system_prompt, env::tools_system_content(
-                                                     chat.system_prompt, factory->tool_schemas()));
+    if (!tools.empty() && chat.chat_template == model::ChatTemplate::kChatml) {
+      RELAY_ASSIGN_OR_RETURN(chat.system_prompt,
+                             env::tools_system_content(chat.system_prompt, tools));
     }
-    s.environment = std::move(factory);
   }
   RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Task> task,
                          rollout::make_task(s.config.task, s.config.run.seed, chat));
@@ -317,12 +348,19 @@ StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout
   return g;
 }
 
+rollout::EpisodeDriverOptions episode_driver_options(const RolloutSetup& s) {
+  rollout::EpisodeDriverOptions o;
+  o.chat_template = s.chat_template;
+  o.step_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(s.config.task.environment_timeout_s * 1000)));
+  return o;
+}
+
 std::unique_ptr<rollout::EpisodeDriver> episode_driver(const RolloutSetup& s,
                                                        rollout::Engine& engine) {
   if (!s.environment) return nullptr;
-  rollout::EpisodeDriverOptions o;
-  o.chat_template = s.chat_template;
-  return std::make_unique<rollout::EpisodeDriver>(engine, s.environment, s.tokenizer, o);
+  return std::make_unique<rollout::EpisodeDriver>(engine, s.environment, s.tokenizer,
+                                                  episode_driver_options(s));
 }
 
 env::EpisodeStart episode_start(const rollout::TaskPrompt& p) {

@@ -61,7 +61,7 @@ StatusOr<std::unique_ptr<comm::RolloutWorker>> make_worker(const WorkerRunArgs& 
       std::move(client), s.policy, s.engine, s.task, s.tokenizer,
       std::chrono::milliseconds(
           static_cast<int64_t>(std::ceil(s.config.task.verifier_timeout_s * 1000))),
-      wo, s.environment, s.chat_template);
+      wo, s.environment, episode_driver_options(s));
 }
 
 // Registers, retrying while the trainer is unreachable (still starting, or

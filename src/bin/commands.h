@@ -39,6 +39,7 @@ Command add_eval_command(CLI::App& relay);         // eval: held-out accuracy an
 Command add_store_command(CLI::App& relay);        // store inspect: the rollout store
 Command add_train_local_command(CLI::App& relay);  // train-local: the loop in one process
 Command add_report_command(CLI::App& relay);       // report: the dashboard as one HTML file
+Command add_serve_command(CLI::App& relay);        // serve: the OpenAI-compatible endpoint
 
 // Prints "relay <command>: <status message>" on stderr; returns 1.
 int fail(const std::string& command, const Status& status);

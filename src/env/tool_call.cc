@@ -7,7 +7,8 @@
 namespace relay::env {
 namespace {
 
-using nlohmann::json;
+// ordered: the arguments keep the order the model wrote them in.
+using json = nlohmann::ordered_json;
 
 std::string_view trim(std::string_view s) {
   const auto space = [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; };

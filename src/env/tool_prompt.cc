@@ -45,6 +45,19 @@ constexpr char kToolsOutro[] =
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
     "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
 
+// Message i of a ChatML conversation that is not the assistant's: system and
+// user as themselves, consecutive tool results sharing one user turn.
+void append_chatml(const std::vector<model::ChatMessage>& messages, size_t i, std::string& out) {
+  const model::ChatMessage& m = messages[i];
+  if (m.role != "tool") {
+    absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
+    return;
+  }
+  if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+  absl::StrAppend(&out, "\n<tool_response>\n", m.content, "\n</tool_response>");
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+}
+
 }  // namespace
 
 StatusOr<std::string> python_json(std::string_view json) {
@@ -101,17 +114,88 @@ StatusOr<std::string> render_observation(model::ChatTemplate t,
   }
   out = "\n";
   for (size_t i = 0; i < messages.size(); ++i) {
-    const model::ChatMessage& m = messages[i];
-    if (m.role == "user") {
-      absl::StrAppend(&out, "<|im_start|>user\n", m.content, "<|im_end|>\n");
-      continue;
-    }
-    // Consecutive tool messages share one user turn.
-    if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
-    absl::StrAppend(&out, "\n<tool_response>\n", m.content, "\n</tool_response>");
-    if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    append_chatml(messages, i, out);
   }
   out += "<|im_start|>assistant\n";
+  return out;
+}
+
+StatusOr<std::string> render_conversation(model::ChatTemplate t,
+                                          const std::vector<ConversationMessage>& messages,
+                                          const std::vector<std::string>& tool_schemas,
+                                          bool add_generation_prompt) {
+  if (t == model::ChatTemplate::kNone) {
+    return InvalidArgumentError(
+        "messages: the model has no chat template (model.chat_template "
+        "none); send the prompt as text instead");
+  }
+  if (messages.empty()) return InvalidArgumentError("messages: empty");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ConversationMessage& m = messages[i];
+    const std::string at = absl::StrCat("messages[", i, "]");
+    if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
+      return InvalidArgumentError(
+          absl::StrCat(at, ".role: '", m.role, "'; expected system, user, assistant or tool"));
+    }
+    if (m.role == "system" && i > 0) {
+      return InvalidArgumentError(absl::StrCat(at, ".role: a system message comes first only"));
+    }
+    if (std::string_view token = model::find_chat_token(t, m.content); !token.empty()) {
+      return InvalidArgumentError(absl::StrCat(at, ".content: holds the chat token '",
+                                               std::string(token),
+                                               "', which would forge a turn boundary"));
+    }
+    if (t == model::ChatTemplate::kLlama3 && (m.role == "tool" || !m.tool_calls.empty())) {
+      return InvalidArgumentError(absl::StrCat(
+          at,
+          ": tool calls and results need chatml (Qwen2.5, Qwen3); the 'llama3' template's "
+          "tool format is another"));
+    }
+    if (!m.tool_calls.empty() && m.role != "assistant") {
+      return InvalidArgumentError(absl::StrCat(at, ".tool_calls: only an assistant makes calls"));
+    }
+  }
+  if (t == model::ChatTemplate::kLlama3) {
+    if (!tool_schemas.empty()) {
+      return InvalidArgumentError(
+          "tools: need chatml (Qwen2.5, Qwen3); the 'llama3' template's tool format is another");
+    }
+    std::vector<model::ChatMessage> plain;
+    for (const ConversationMessage& m : messages) plain.push_back({m.role, m.content});
+    return model::render_chat(t, plain, add_generation_prompt);
+  }
+  std::string out;
+  size_t first = 0;
+  if (!tool_schemas.empty()) {
+    const bool has_system = messages[0].role == "system";
+    RELAY_ASSIGN_OR_RETURN(
+        std::string system,
+        tools_system_content(has_system ? messages[0].content : "", tool_schemas));
+    absl::StrAppend(&out, "<|im_start|>system\n", system, "<|im_end|>\n");
+    first = has_system ? 1 : 0;
+  }
+  std::vector<model::ChatMessage> plain;
+  for (const ConversationMessage& m : messages) plain.push_back({m.role, m.content});
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ConversationMessage& m = messages[i];
+    if (m.role != "assistant") {
+      append_chatml(plain, i, out);
+      continue;
+    }
+    absl::StrAppend(&out, "<|im_start|>assistant\n", m.content);
+    for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+      if (c > 0 || !m.content.empty()) out += '\n';
+      StatusOr<std::string> arguments = python_json(m.tool_calls[c].arguments);
+      if (!arguments.ok()) {
+        return InvalidArgumentError(absl::StrCat("messages[", i, "].tool_calls[", c,
+                                                 "].function.arguments: not valid JSON"));
+      }
+      absl::StrAppend(&out, "<tool_call>\n{\"name\": ", Json(m.tool_calls[c].name).dump(),
+                      ", \"arguments\": ", *arguments, "}\n</tool_call>");
+    }
+    out += "<|im_end|>\n";
+  }
+  if (add_generation_prompt) out += "<|im_start|>assistant\n";
   return out;
 }
 

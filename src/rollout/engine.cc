@@ -8,6 +8,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "relay/model/device.h"
@@ -144,16 +145,35 @@ Status Engine::submit(PromptGroup group) {
     return OkStatus();
   };
   const int64_t vocab = policy_->config().vocab_size;
+  const int64_t support = options_.vocab_limit > 0 ? options_.vocab_limit : vocab;
   RELAY_RETURN_IF_ERROR(check_ids(group.prompt, "prompt", vocab));
-  RELAY_RETURN_IF_ERROR(
-      check_ids(group.target, "target", options_.vocab_limit > 0 ? options_.vocab_limit : vocab));
+  RELAY_RETURN_IF_ERROR(check_ids(group.target, "target", support));
+  RELAY_RETURN_IF_ERROR(check_ids(group.sampling.stop_tokens, "sampling.stop_tokens", support));
+  const GroupSampling& gs = group.sampling;
+  if (gs.temperature && !(*gs.temperature > 0 && std::isfinite(*gs.temperature))) {
+    return InvalidArgumentError(
+        absl::StrCat(where, ": sampling.temperature: must be > 0, got ", *gs.temperature));
+  }
+  if (gs.top_k && *gs.top_k < 0) {
+    return InvalidArgumentError(
+        absl::StrCat(where, ": sampling.top_k: must be >= 0 (0 = off), got ", *gs.top_k));
+  }
+  if (gs.top_p && !(*gs.top_p > 0 && *gs.top_p <= 1)) {
+    return InvalidArgumentError(
+        absl::StrCat(where, ": sampling.top_p: must be in (0, 1], got ", *gs.top_p));
+  }
+  if (gs.max_new_tokens < 0) {
+    return InvalidArgumentError(
+        absl::StrCat(where, ": sampling.max_new_tokens: must be >= 0 (0 = the engine's), got ",
+                     gs.max_new_tokens));
+  }
   const auto prompt_len = static_cast<int64_t>(group.prompt.size());
   if (prompt_len >= capacity_) {
     return InvalidArgumentError(absl::StrCat(where, ": prompt: length ", prompt_len,
                                              " leaves no room in a sequence of ", capacity_,
                                              " positions"));
   }
-  const int64_t budget = options_.response_budget(group.episode);
+  const int64_t budget = options_.response_budget(group.episode, gs.max_new_tokens);
   const int64_t need = std::min(capacity_, prompt_len + budget);
   if (cache_.blocks_for(need) > cache_.num_blocks()) {
     const double gib = static_cast<double>(cache_.blocks_for(need) * cache_.block_size() *
@@ -170,6 +190,10 @@ Status Engine::submit(PromptGroup group) {
     return FailedPreconditionError(
         absl::StrCat(where, ": an episode needs a turn handler (set_turn_handler) first"));
   }
+  if (group.stream_tokens && !token_handler_) {
+    return FailedPreconditionError(
+        absl::StrCat(where, ": stream_tokens needs a token handler (set_token_handler) first"));
+  }
   if (!open_ids_.insert(group.group_id).second) {
     return InvalidArgumentError(absl::StrCat(where, ": group_id: already queued or in flight"));
   }
@@ -182,6 +206,23 @@ Status Engine::submit(PromptGroup group) {
 void Engine::set_turn_handler(TurnHandler handler) {
   std::lock_guard<std::mutex> lock(mu_);
   turn_handler_ = std::move(handler);
+}
+
+void Engine::set_token_handler(TokenHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  token_handler_ = std::move(handler);
+}
+
+Status Engine::end_sample(const std::string& group_id, int sample, FinishReason reason) {
+  if (reason != FinishReason::kStop && reason != FinishReason::kAborted) {
+    return InvalidArgumentError(absl::StrCat("end_sample: group '", group_id,
+                                             "': reason: must be stop or aborted, got ",
+                                             finish_reason_name(reason)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ends_.push_back({group_id, sample, reason});
+  input_cv_.notify_all();
+  return OkStatus();
 }
 
 Status Engine::reply(const std::string& group_id, int sample, TurnReply reply) {
@@ -304,8 +345,9 @@ StatusOr<std::vector<TrajectoryGroup>> Engine::step() {
   }
   collect_done(s.done);
   publish(s);
-  // Outside the lock: the handler may answer at once (reply()).
+  // Outside the lock: the handlers may answer at once (reply(), end_sample()).
   for (TurnEnd& end : s.turn_ends) turn_handler_(std::move(end));
+  if (!s.sampled.empty()) token_handler_(std::move(s.sampled));
   return std::move(s.done);
 }
 
@@ -316,15 +358,18 @@ void Engine::take_inputs(StepState& s) {
   const int64_t parked = std::count_if(slots_.begin(), slots_.end(),
                                        [](Sequence* q) { return q != nullptr && q->parked; });
   std::unique_lock<std::mutex> lock(mu_);
-  if (live == 0 && waiting_.empty() && parked > 0) {
+  if (live == 0 && parked > 0 && (waiting_.empty() || admission_blocked_)) {
     // Nothing can run until an environment answers (or something else
-    // arrives); bounded, so the caller's loop keeps its heartbeats.
+    // arrives): every sequence in a slot is parked, and no waiting sample
+    // can take a slot. Bounded, so the caller's loop keeps its heartbeats.
     input_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
-      return !replies_.empty() || !submitted_.empty() || !updates_.empty() || abort_requested_;
+      return !replies_.empty() || !submitted_.empty() || !updates_.empty() || !ends_.empty() ||
+             abort_requested_;
     });
   }
   s.incoming.swap(submitted_);
   s.replies.swap(replies_);
+  s.ends.swap(ends_);
   s.abort = abort_requested_;
   abort_requested_ = false;
   if (updates_.empty()) return;
@@ -342,6 +387,7 @@ void Engine::take_inputs(StepState& s) {
 Status Engine::advance(StepState& s) {
   try {
     if (s.update) apply_update(*s.update);
+    for (const PendingEnd& e : s.ends) apply_end(e, s.now);
     for (PendingReply& r : s.replies) apply_reply(r, s.now);
     for (Sequence* seq : slots_) stats_.parked_sequence_steps += seq != nullptr && seq->parked;
     if (!s.draining && !s.newer_pending) admit(s.now);

@@ -200,9 +200,8 @@ void Engine::record_scores(Sequence& seq, const at::Tensor& logits, int64_t star
     at::Tensor rows = logits.narrow(0, from - 1 - start, count);
     at::Tensor targets =
         torch::tensor(std::vector<int64_t>(seq.tokens.begin() + from, seq.tokens.end()));
-    at::Tensor lp = tempered_logprobs(rows, targets, options_.sampling.temperature)
-                        .to(torch::kCPU)
-                        .contiguous();
+    at::Tensor lp =
+        tempered_logprobs(rows, targets, seq.sampling.temperature).to(torch::kCPU).contiguous();
     at::Tensor raw;
     if (options_.sampling.record_raw_logprobs) {
       raw = tempered_logprobs(rows, targets, 1.0).to(torch::kCPU).contiguous();
@@ -252,6 +251,11 @@ void draw(const std::vector<at::Tensor>& logits_rows, const std::vector<double>&
   if (o.record_raw_logprobs) out.raw.push_back(s.raw_logprobs.to(torch::kFloat32));
 }
 
+bool same_sampling(const SamplingOptions& a, const SamplingOptions& b) {
+  return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
+         a.greedy == b.greedy && a.record_raw_logprobs == b.record_raw_logprobs;
+}
+
 // The parts of all sampler calls, joined on the device and read back.
 at::Tensor to_host(const std::vector<at::Tensor>& parts) {
   return (parts.size() == 1 ? parts[0] : torch::cat(parts)).to(torch::kCPU).contiguous();
@@ -265,7 +269,7 @@ void Engine::sample_and_retire(StepState& s) {
   std::vector<std::pair<Sequence*, at::Tensor>> rows;
   for (auto& [seq, logits] : s.next_logits) {
     if (!seq->forced.empty() && seq->response_len() == static_cast<int64_t>(seq->forced.size()) &&
-        is_stop(seq->forced.back())) {
+        is_stop(*seq, seq->forced.back())) {
       if (seq->episode) {
         end_turn(*seq, s);
       } else {
@@ -277,26 +281,36 @@ void Engine::sample_and_retire(StepState& s) {
   }
   if (rows.empty()) return;
 
-  // Sampled rows first, then greedy baselines: one sampler call for each kind
-  // present, joined on the device so the results still come back in one read.
-  // A baseline row draws no uniform, so no sample's stream depends on it.
-  std::stable_partition(rows.begin(), rows.end(), [](const auto& r) { return !r.first->greedy; });
-  std::vector<at::Tensor> sampled, greedy;
-  std::vector<double> uniforms, halves;
-  for (auto& [seq, logits] : rows) {
-    (seq->greedy ? greedy : sampled).push_back(logits);
-    if (seq->greedy) {
-      halves.push_back(0.5);
-    } else {
-      uniforms.push_back(seq->rng.uniform());
-    }
+  // One sampler call per distinct sampling option set (the engine's, a
+  // group's own, argmax for greedy baselines), in order of first appearance,
+  // joined on the device so the results still come back in one read. A
+  // baseline row draws no uniform, so no sample's stream depends on it.
+  std::vector<const SamplingOptions*> kinds;
+  std::vector<size_t> kind_of(rows.size());
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const SamplingOptions& o = rows[b].first->sampling;
+    size_t k = 0;
+    while (k < kinds.size() && !same_sampling(*kinds[k], o)) ++k;
+    if (k == kinds.size()) kinds.push_back(&o);
+    kind_of[b] = k;
   }
-  const SamplingOptions& so = options_.sampling;
+  std::vector<std::pair<Sequence*, at::Tensor>> ordered;
+  ordered.reserve(rows.size());
   Draws d;
-  draw(sampled, uniforms, so, d);
-  SamplingOptions argmax = so;
-  argmax.greedy = true;
-  draw(greedy, halves, argmax, d);
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    std::vector<at::Tensor> logits;
+    std::vector<double> uniforms;
+    for (size_t b = 0; b < rows.size(); ++b) {
+      if (kind_of[b] != k) continue;
+      Sequence* seq = rows[b].first;
+      logits.push_back(rows[b].second);
+      uniforms.push_back(seq->greedy ? 0.5 : seq->rng.uniform());
+      ordered.push_back(std::move(rows[b]));
+    }
+    draw(logits, uniforms, *kinds[k], d);
+  }
+  rows = std::move(ordered);
+  const SamplingOptions& so = options_.sampling;
 
   // The step's one read back to the host.
   const at::Tensor tokens = to_host(d.tokens), logprobs = to_host(d.logprobs);
@@ -326,15 +340,18 @@ void Engine::append_token(Sequence& seq, int64_t b, const at::Tensor& tokens,
   if (t.first_token_s == 0.0) t.first_token_s = now - seq.group->submitted_s;
   ++stats_.sampled_tokens;
   if (seq.greedy) ++stats_.baseline_tokens;
+  if (seq.group->request.stream_tokens && !seq.greedy) {
+    s.sampled.push_back(
+        {seq.group->request.group_id, seq.sample, token, t.behavior_logprobs.back(), version_});
+  }
 
-  if (is_stop(token)) {
+  if (is_stop(seq, token)) {
     if (seq.episode) {
       end_turn(seq, s);  // the environment answers; the budget is checked then
     } else {
       finish(seq, FinishReason::kStop, now);
     }
-  } else if (seq.turn_len() >= options_.max_new_tokens ||
-             seq.response_len() >= options_.response_budget(seq.episode) ||
+  } else if (seq.turn_len() >= seq.max_new_tokens || seq.response_len() >= response_budget(seq) ||
              static_cast<int64_t>(seq.tokens.size()) >= capacity_) {
     finish(seq, FinishReason::kLength, now);
   }

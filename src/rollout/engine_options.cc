@@ -37,9 +37,10 @@ void check(const EpisodeOptions& e, Problems p) {
   p.at_least("max_tokens", e.max_tokens, 0);
 }
 
-int64_t EngineOptions::response_budget(bool is_episode) const {
-  if (!is_episode) return max_new_tokens;
-  return episode.max_tokens > 0 ? episode.max_tokens : episode.max_turns * max_new_tokens;
+int64_t EngineOptions::response_budget(bool is_episode, int64_t turn_tokens) const {
+  const int64_t per_turn = turn_tokens > 0 ? turn_tokens : max_new_tokens;
+  if (!is_episode) return per_turn;
+  return episode.max_tokens > 0 ? episode.max_tokens : episode.max_turns * per_turn;
 }
 
 void check(const EngineOptions& o, Problems p) {

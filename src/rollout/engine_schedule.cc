@@ -26,10 +26,20 @@ void Engine::enqueue(Submission submission) {
     ratios = prefix_ratios(options_.prefix, req.k, req.prefix_step,
                            sequence_seed(req.seed, std::numeric_limits<uint64_t>::max()));
   }
+  // The engine's sampling with the group's own in place.
+  SamplingOptions sampling = options_.sampling;
+  if (req.sampling.temperature) sampling.temperature = *req.sampling.temperature;
+  if (req.sampling.top_k) sampling.top_k = *req.sampling.top_k;
+  if (req.sampling.top_p) sampling.top_p = *req.sampling.top_p;
+  if (req.sampling.greedy) sampling.greedy = true;
+  const int64_t max_new =
+      req.sampling.max_new_tokens > 0 ? req.sampling.max_new_tokens : options_.max_new_tokens;
   for (int j = 0; j < req.k; ++j) {
     auto seq = std::make_unique<Sequence>();
     seq->group = group.get();
     seq->rng = SequenceRng(sequence_seed(req.seed, j));
+    seq->sampling = sampling;
+    seq->max_new_tokens = max_new;
     seq->prompt_len = static_cast<int64_t>(req.prompt.size());
     seq->episode = req.episode;
     seq->sample = j;
@@ -37,10 +47,10 @@ void Engine::enqueue(Submission submission) {
         prefix_length(ratios[j], static_cast<int64_t>(req.target.size()), options_.prefix.max_len);
     // Leave room for at least one sampled token, and stop at a stop token:
     // a forced stop token ends the response there.
-    n = std::min({n, options_.max_new_tokens - 1, capacity_ - seq->prompt_len - 1});
+    n = std::min({n, max_new - 1, capacity_ - seq->prompt_len - 1});
     for (int64_t i = 0; i < n; ++i) {
       seq->forced.push_back(req.target[i]);
-      if (is_stop(req.target[i])) break;
+      if (is_stop(*seq, req.target[i])) break;
     }
     seq->out.prefix_ratio = seq->forced.empty() ? 0.0 : ratios[j];
     seq->out.interrupt_policy = options_.interrupt;
@@ -53,6 +63,9 @@ void Engine::enqueue(Submission submission) {
     auto seq = std::make_unique<Sequence>();
     seq->group = group.get();
     seq->greedy = true;
+    seq->sampling = sampling;
+    seq->sampling.greedy = true;
+    seq->max_new_tokens = max_new;
     seq->prompt_len = static_cast<int64_t>(req.prompt.size());
     seq->out.interrupt_policy = options_.interrupt;
     waiting_.push_back(seq.get());
@@ -61,9 +74,15 @@ void Engine::enqueue(Submission submission) {
   groups_.push_back(std::move(group));
 }
 
-bool Engine::is_stop(int64_t token) const {
+bool Engine::is_stop(const Sequence& seq, int64_t token) const {
+  const std::vector<int64_t>& own = seq.group->request.sampling.stop_tokens;
   return std::find(options_.stop_tokens.begin(), options_.stop_tokens.end(), token) !=
-         options_.stop_tokens.end();
+             options_.stop_tokens.end() ||
+         std::find(own.begin(), own.end(), token) != own.end();
+}
+
+int64_t Engine::response_budget(const Sequence& seq) const {
+  return options_.response_budget(seq.episode, seq.max_new_tokens);
 }
 
 void Engine::apply_update(PendingUpdate& update) {
@@ -173,7 +192,7 @@ void Engine::begin_response(Sequence& seq) {
 }
 
 int64_t Engine::reserved_positions(const Sequence& seq) const {
-  return std::min(capacity_, seq.prompt_len + options_.response_budget(seq.episode));
+  return std::min(capacity_, seq.prompt_len + response_budget(seq));
 }
 
 void Engine::admit(double now) {
@@ -193,6 +212,8 @@ void Engine::admit(double now) {
     begin_response(*seq);
     seq->out.admitted_s = now - seq->group->submitted_s;
   }
+  // Samples left waiting have no slot or no KV room until a sequence leaves.
+  admission_blocked_ = !waiting_.empty();
 }
 
 void Engine::finish(Sequence& seq, FinishReason reason, double now) {
@@ -212,9 +233,10 @@ void Engine::finish(Sequence& seq, FinishReason reason, double now) {
       }
     }
   }
-  // An aborted sequence may hold forced tokens never scored: drop them, so
-  // every per-token field stays complete.
-  if (reason == FinishReason::kAborted) {
+  // A sequence ended from outside (abort, end_sample) may hold forced tokens
+  // never scored: drop them, so every per-token field stays complete. A
+  // sequence that ended by itself has scored them all, and keeps everything.
+  {
     int64_t keep = 0;
     while (keep < seq.response_len() && t.token_versions[keep] >= 0) ++keep;
     t.response_tokens.resize(keep);
@@ -300,7 +322,7 @@ void Engine::apply_reply(PendingReply& reply, double now) {
   }
   // Room for the observation and at least one model token after it.
   const auto n = static_cast<int64_t>(r.observation.size());
-  if (seq->response_len() + n + 1 > options_.response_budget(true) ||
+  if (seq->response_len() + n + 1 > response_budget(*seq) ||
       static_cast<int64_t>(seq->tokens.size()) + n + 1 > capacity_) {
     finish(*seq, FinishReason::kLength, now);
     return;
@@ -327,6 +349,24 @@ void Engine::apply_reply(PendingReply& reply, double now) {
   // proximal pass (an update landed while parked) starts earlier and stays.
   if (!seq->proximal_pass && seq->score_from >= old_size - 1) {
     seq->score_from = static_cast<int64_t>(seq->tokens.size());
+  }
+}
+
+void Engine::apply_end(const PendingEnd& end, double now) {
+  for (const auto& g : groups_) {
+    if (g->request.group_id != end.group_id) continue;
+    for (auto& seq : g->samples) {
+      if (seq->done || (end.sample >= 0 && seq->sample != end.sample) ||
+          (end.sample >= 0 && seq->greedy)) {
+        continue;
+      }
+      if (seq->slot < 0) {  // still waiting for a slot
+        waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq.get()));
+        begin_response(*seq);
+      }
+      finish(*seq, end.reason, now);
+    }
+    return;
   }
 }
 

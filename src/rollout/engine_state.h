@@ -35,6 +35,11 @@ struct Engine::Sequence {
   Group* group = nullptr;
   bool greedy = false;  // the group's greedy baseline: argmax, never forced, no draws
   SequenceRng rng{0};
+  // The engine's sampling with the group's own in place (PromptGroup::sampling);
+  // greedy for the baseline. Tokens are drawn, forced tokens and proximal
+  // values scored, at its temperature.
+  SamplingOptions sampling;
+  int64_t max_new_tokens = 0;  // per turn; the group's or the engine's
   int64_t prompt_len = 0;
   std::vector<int64_t> forced;  // prefix tokens copied from the target
   std::vector<int64_t> tokens;  // prompt + response
@@ -78,6 +83,7 @@ struct Engine::StepState {
   // take_inputs
   std::deque<Submission> incoming;      // submitted since the last step
   std::deque<PendingReply> replies;     // environments' answers since the last step
+  std::deque<PendingEnd> ends;          // end_sample() calls since the last step
   std::optional<PendingUpdate> update;  // applied before this step's model pass
   bool abort = false;                   // abort() was called: end everything, run nothing
   bool draining = false;       // kFinish holds an update back until the sequences in flight end
@@ -90,6 +96,8 @@ struct Engine::StepState {
   std::vector<TrajectoryGroup> done;
   // Episode turns that ended this step, for the turn handler after publish.
   std::vector<TurnEnd> turn_ends;
+  // Tokens sampled this step for groups with stream_tokens, for the token handler.
+  std::vector<SampledToken> sampled;
 };
 
 // The context phase of run_model: which sequences compute their context in

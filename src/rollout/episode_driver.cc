@@ -2,8 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "relay/env/tool_prompt.h"
@@ -112,24 +114,51 @@ TurnReply EpisodeDriver::answer(const TurnEnd& end) {
     episode = slot;
   }
   try {
-    if (fresh) {
-      StatusOr<std::unique_ptr<env::Environment>> made = factory_->make();
-      if (!made.ok())
-        return failed(absl::StrCat("making the environment: ", made.status().message()));
-      episode->env = *std::move(made);
-      if (Status s = episode->env->reset(start); !s.ok()) {
-        return failed(absl::StrCat("reset: ", s.message()));
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.episodes;
-    }
-    if (!episode->env) return failed("the environment could not be made at the first turn");
     // The turn without the stop token that ended it.
     std::vector<int64_t> body(end.tokens.begin(), end.tokens.end() - (end.tokens.empty() ? 0 : 1));
     StatusOr<std::string> text = tokenizer_->decode(body);
     if (!text.ok()) return failed(absl::StrCat("decoding the turn: ", text.status().message()));
+    if (fresh) {
+      StatusOr<std::unique_ptr<env::Environment>> made = factory_->make();
+      if (!made.ok()) {
+        return failed(absl::StrCat("making the environment: ", made.status().message()));
+      }
+      episode->env = *std::move(made);
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.episodes;
+    }
+    if (!episode->env) return failed("the environment could not be made at the first turn");
+    // reset (first turn) and step on a thread of their own, so a call that
+    // never returns costs its episode, not a driver thread.
+    auto result = std::make_shared<std::promise<StatusOr<env::EnvStep>>>();
+    std::future<StatusOr<env::EnvStep>> answered = result->get_future();
     const auto t0 = std::chrono::steady_clock::now();
-    StatusOr<env::EnvStep> step = episode->env->step({end.turn, *text});
+    std::thread([episode, result, fresh, start, turn = env::ModelTurn{end.turn, *text}] {
+      try {
+        if (fresh) {
+          if (Status s = episode->env->reset(start); !s.ok()) {
+            result->set_value(Status(s.code(), absl::StrCat("reset: ", s.message())));
+            return;
+          }
+        }
+        StatusOr<env::EnvStep> step = episode->env->step(turn);
+        if (!step.ok()) {
+          step = Status(step.status().code(), absl::StrCat("step: ", step.status().message()));
+        }
+        result->set_value(std::move(step));
+      } catch (const std::exception& e) {
+        result->set_value(InternalError(absl::StrCat("the environment threw: ", e.what())));
+      } catch (...) {
+        result->set_value(InternalError("the environment threw a non-exception"));
+      }
+    }).detach();
+    if (answered.wait_for(options_.step_timeout) != std::future_status::ready) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.env_timeouts;
+      return failed(absl::StrCat("no answer within ", options_.step_timeout.count(),
+                                 " ms (the call is abandoned)"));
+    }
+    StatusOr<env::EnvStep> step = answered.get();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
@@ -141,7 +170,7 @@ TurnReply EpisodeDriver::answer(const TurnEnd& end) {
         stats_.tool_errors += step->tool_errors;
       }
     }
-    if (!step.ok()) return failed(absl::StrCat("step: ", step.status().message()));
+    if (!step.ok()) return failed(std::string(step.status().message()));
     TurnReply reply;
     reply.reward = step->reward;
     switch (step->next) {

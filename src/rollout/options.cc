@@ -28,6 +28,18 @@ void check(const TaskConfig& task, Problems p) {
           task.path);
   }
   p.positive("verifier_timeout_s", task.verifier_timeout_s);
+  p.positive("environment_timeout_s", task.environment_timeout_s);
+  const bool remote = task.environment == rollout::EnvironmentKind::kRemote;
+  if (remote && task.environment_address.empty()) {
+    p.add("environment_address",
+          "must name the environment server (host:port) for environment 'remote'",
+          task.environment_address);
+  } else if (!remote && !task.environment_address.empty()) {
+    p.add("environment_address",
+          absl::StrCat("is only read with environment 'remote', and environment is '",
+                       rollout::kEnvironmentKindNames.name(task.environment), "'"),
+          task.environment_address);
+  }
   check(task.arithmetic, p.at("arithmetic"));
   p.at("math_answer").in_range("format_reward", task.math_answer.format_reward, 0, 1);
   Problems jsonl = p.at("jsonl");

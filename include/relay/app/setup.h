@@ -105,6 +105,9 @@ StatusOr<uint64_t> weights_digest(const model::PolicyImpl& policy);
 StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout::TaskPrompt& p,
                                             std::string group_id, uint64_t seed);
 
+// The episode driver's options: the resolved chat template and
+// task.environment_timeout_s.
+rollout::EpisodeDriverOptions episode_driver_options(const RolloutSetup& s);
 // The driver that answers `engine`'s episode turns with s.environment, or
 // null without one (single-turn). It must go before the engine.
 std::unique_ptr<rollout::EpisodeDriver> episode_driver(const RolloutSetup& s,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "relay/common/status.h"
+#include "relay/env/tool_call.h"
 #include "relay/model/chat_template.h"
 
 namespace relay::env {
@@ -53,5 +54,30 @@ StatusOr<std::string> tools_system_content(std::string_view system,
 // under llama3.
 StatusOr<std::string> render_observation(model::ChatTemplate t,
                                          const std::vector<model::ChatMessage>& messages);
+
+// One message of a conversation as an OpenAI chat client sends it.
+struct ConversationMessage {
+  std::string role;  // system | user | assistant | tool
+  std::string content;
+  std::vector<ToolCall> tool_calls;  // assistant: the calls it made, arguments as JSON objects
+};
+
+// A whole conversation as the chat template renders it, byte for byte like
+// Hugging Face's apply_chat_template(messages, tools=...) with Qwen2.5's and
+// Qwen3's templates (ChatML): the system message first, with the tool
+// section when `tool_schemas` is non-empty (tools_system_content); user
+// turns; assistant turns with their content, then each call as a
+// <tool_call> block holding {"name": ..., "arguments": ...} (tojson), a
+// newline before each block but a first one that follows no content;
+// consecutive tool messages as one user turn of <tool_response> blocks; and
+// the assistant header when `add_generation_prompt`. Qwen3's <think>
+// handling of earlier turns is not reproduced: relay keeps an episode's
+// earlier turns as the tokens that were sampled. llama3: system, user and
+// assistant messages without tools. kNone has no conversation format.
+// InvalidArgument naming the message: "messages[2].role: ...".
+StatusOr<std::string> render_conversation(model::ChatTemplate t,
+                                          const std::vector<ConversationMessage>& messages,
+                                          const std::vector<std::string>& tool_schemas,
+                                          bool add_generation_prompt = true);
 
 }  // namespace relay::env

@@ -57,11 +57,23 @@
 // partial turn in progress). Environment tokens carry the version held when
 // they were appended and NaN log-probs.
 //
+// Serving (an HTTP endpoint). A group may bring its own sampling and limits
+// (PromptGroup::sampling: temperature, top_k, top_p, max_new_tokens, more
+// stop tokens); rows of different sampling options are drawn in one sampler
+// call per distinct option set, so each sequence samples exactly what it
+// would alone. A group with stream_tokens has each token handed to the token
+// handler in the step that drew it, and end_sample() ends a sample from
+// outside: kStop when the caller's own rule says the response is complete (a
+// stop string matched in the decoded text), kAborted when nobody wants it
+// any more (a client went away). The token handler runs before the next
+// step, so a sample ended from it draws no further token.
+//
 // Threads: one thread drives step() / run(); submit(), update_weights(),
-// reply() and abort() may be called from any thread at any time. The turn
-// handler runs on the engine thread at the end of step(), outside the
-// engine's lock, so it may call reply() itself (an in-process environment)
-// or hand the turn to another thread and return at once.
+// reply(), end_sample() and abort() may be called from any thread at any
+// time. The turn and token handlers run on the engine thread at the end of
+// step(), outside the engine's lock, so they may call reply() or
+// end_sample() themselves or hand the work to another thread and return at
+// once.
 
 #include <chrono>
 #include <condition_variable>
@@ -140,6 +152,16 @@ struct TurnReply {
 };
 using TurnHandler = std::function<void(TurnEnd)>;
 
+// A token a step sampled for a group with stream_tokens.
+struct SampledToken {
+  std::string group_id;
+  int sample = 0;
+  int64_t token = 0;
+  float logprob = 0;    // its behavior log-prob (Trajectory::behavior_logprobs)
+  int64_t version = 0;  // the weights' version that sampled it
+};
+using TokenHandler = std::function<void(std::vector<SampledToken>)>;
+
 class Engine {
  public:
   // `policy` is the engine's own inference copy: update_weights() writes into
@@ -166,6 +188,19 @@ class Engine {
   // Where ended turns go; set before submitting an episode group (submit
   // refuses one otherwise) and not changed after.
   void set_turn_handler(TurnHandler handler);
+
+  // Where streamed tokens go: every step that sampled tokens for groups with
+  // stream_tokens hands them over in one call, in sampling order. Set before
+  // submitting such a group (submit refuses one otherwise).
+  void set_token_handler(TokenHandler handler);
+
+  // Ends sample `sample` of `group_id` (every sample when -1) at the next
+  // step, before it draws again: kStop keeps the tokens so far as the
+  // complete response (as if the last one were a stop token); kAborted marks
+  // it cut short. A sample not yet admitted ends with an empty response; an
+  // episode waiting for its environment ends too. InvalidArgument for
+  // another reason; a group no longer in flight is ignored (it finished).
+  Status end_sample(const std::string& group_id, int sample, FinishReason reason);
 
   // Answers the TurnEnd of (group_id, sample), applied at the next step.
   // InvalidArgument for an observation id outside the vocabulary, an empty
@@ -206,6 +241,11 @@ class Engine {
     int sample = 0;
     TurnReply reply;
   };
+  struct PendingEnd {
+    std::string group_id;
+    int sample = -1;  // -1 = all
+    FinishReason reason = FinishReason::kStop;
+  };
   struct PendingUpdate {
     int64_t version = 0;
     uint64_t digest = 0;
@@ -226,7 +266,11 @@ class Engine {
 
   // Scheduling (engine_schedule.cc).
   void enqueue(Submission submission);
-  bool is_stop(int64_t token) const;
+  bool is_stop(const Sequence& seq, int64_t token) const;
+  // The sequence's response-token limit in all (Sequence::max_new_tokens per turn).
+  int64_t response_budget(const Sequence& seq) const;
+  // Ends what end_sample() asked for.
+  void apply_end(const PendingEnd& end, double now);
   void apply_update(PendingUpdate& update);
   void reset_cache(Sequence& seq);
   // Positions `seq` may reach: prompt + max_new_tokens, within a sequence's capacity.
@@ -288,6 +332,7 @@ class Engine {
   std::deque<std::unique_ptr<Group>> groups_;  // not yet returned, in submission order
   std::vector<Sequence*> slots_;               // slot -> live sequence, or null
   std::deque<Sequence*> waiting_;              // samples not yet admitted, in order
+  bool admission_blocked_ = false;             // the last admit() left samples waiting
   const std::chrono::steady_clock::time_point start_time_;
   EngineStats stats_;
 
@@ -299,9 +344,11 @@ class Engine {
   bool abort_requested_ = false;
   std::set<std::string> open_ids_;  // groups submitted and not yet returned
   std::deque<PendingReply> replies_;
+  std::deque<PendingEnd> ends_;
   // (group id, sample) of parked sequences not yet answered.
   std::set<std::pair<std::string, int>> awaiting_;
   TurnHandler turn_handler_;
+  TokenHandler token_handler_;
   // Signalled by submit, update_weights, reply and abort: step() waits on it
   // when every sequence in flight is parked.
   std::condition_variable input_cv_;

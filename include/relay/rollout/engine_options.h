@@ -86,9 +86,9 @@ struct EngineOptions {
   bool record_routing = true;
   EpisodeOptions episode;
 
-  // Response tokens one sequence may reach: max_new_tokens, or an episode's
-  // token budget.
-  int64_t response_budget(bool episode) const;
+  // Response tokens one sequence may reach: its turn limit (turn_tokens, or
+  // max_new_tokens when 0), or an episode's token budget.
+  int64_t response_budget(bool episode, int64_t turn_tokens = 0) const;
 };
 
 // The rules on each, every broken one reported. What depends on the model

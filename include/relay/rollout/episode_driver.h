@@ -14,11 +14,12 @@
 //      appended by Engine::reply (token-in/token-out). kAnswered ends the
 //      episode as stop, kDone as env_done.
 //
-// An environment that fails (an error status, a throw, an observation the
-// template or the tokenizer cannot take, a turn the tokenizer cannot decode)
-// ends that episode as env_error with the reason in finish_detail; the other
-// episodes and the worker go on.
+// An environment that fails (an error status, a throw, no answer within
+// step_timeout, an observation the template or the tokenizer cannot take, a
+// turn the tokenizer cannot decode) ends that episode as env_error with the
+// reason in finish_detail; the other episodes and the worker go on.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -40,6 +41,10 @@ namespace relay::rollout {
 struct EpisodeDriverOptions {
   model::ChatTemplate chat_template = model::ChatTemplate::kNone;
   int threads = 2;  // environment calls at once
+  // Deadline of one Environment::reset + step. A call past it ends the
+  // episode as env_error; C++ cannot cancel it, so it is abandoned on its own
+  // thread (which owns the environment) and counted, like SafeVerifier's.
+  std::chrono::milliseconds step_timeout{60000};
 };
 
 // Counters since construction.
@@ -49,6 +54,7 @@ struct EpisodeDriverStats {
   int64_t tool_calls = 0;    // EnvStep::tool_calls, summed
   int64_t tool_errors = 0;   // EnvStep::tool_errors, summed
   int64_t env_errors = 0;    // episodes ended as env_error
+  int64_t env_timeouts = 0;  // of those, calls abandoned at step_timeout
   double env_seconds = 0.0;  // wall time inside Environment::step, summed
 };
 

@@ -79,6 +79,8 @@ void visit_fields(V& v, TaskConfig& c) {
   v.field("path", c.path);
   v.field("verifier_timeout_s", c.verifier_timeout_s);
   v.field("environment", c.environment, rollout::kEnvironmentKindNames);
+  v.field("environment_address", c.environment_address);
+  v.field("environment_timeout_s", c.environment_timeout_s);
   v.section("arithmetic", c.arithmetic);
   v.section("math_answer", c.math_answer);
   v.section("jsonl", c.jsonl);

@@ -26,11 +26,15 @@ inline const NameTable<TaskKind> kTaskKindNames{"task",
 
 // The environment that answers a model's turns (relay/env/environment.h):
 // none = single-turn responses; calculator = multi-turn episodes with the
-// built-in calculator tool (env/tool_environment.h).
-enum class EnvironmentKind { kNone, kCalculator };
+// built-in calculator tool (env/tool_environment.h); remote = episodes whose
+// turns a server at task.environment_address answers
+// (env/remote_environment.h, proto/relay/v1/environment.proto).
+enum class EnvironmentKind { kNone, kCalculator, kRemote };
 inline const NameTable<EnvironmentKind> kEnvironmentKindNames{
     "environment",
-    {{"none", EnvironmentKind::kNone}, {"calculator", EnvironmentKind::kCalculator}}};
+    {{"none", EnvironmentKind::kNone},
+     {"calculator", EnvironmentKind::kCalculator},
+     {"remote", EnvironmentKind::kRemote}}};
 
 // How a jsonl task compares a response's answer with the prompt's.
 enum class AnswerMatch {
@@ -83,6 +87,11 @@ struct TaskConfig {
   // (rollout.episode) whose turns this environment answers; the verifier
   // scores the last model turn, and the environment's rewards add to it.
   rollout::EnvironmentKind environment = rollout::EnvironmentKind::kNone;
+  // remote: host:port of the environment server; required then, and only then.
+  std::string environment_address;
+  // One environment call (reset + step) running longer ends its episode as
+  // env_error; the call is abandoned, the worker goes on.
+  double environment_timeout_s = 60.0;
   ArithmeticTaskConfig arithmetic;
   MathAnswerTaskConfig math_answer;
   JsonlTaskConfig jsonl;

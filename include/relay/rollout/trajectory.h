@@ -60,6 +60,21 @@ inline const NameTable<InterruptPolicy> kInterruptPolicyNames{
      {"finish", InterruptPolicy::kFinish},
      {"restart", InterruptPolicy::kRestart}}};
 
+// A group's own sampling and limits in place of the engine's (an OpenAI
+// request's temperature, top_p, max_tokens; relay/rollout/engine.h). Unset
+// fields take the engine's value; the engine's raw-log-prob recording and its
+// stop tokens always apply.
+struct GroupSampling {
+  std::optional<double> temperature;  // > 0
+  std::optional<int64_t> top_k;       // >= 0; 0 = off
+  std::optional<double> top_p;        // in (0, 1]
+  bool greedy = false;  // argmax (OpenAI's temperature 0); see SamplingOptions::greedy
+  // Response tokens per sample (per turn in an episode); 0 = the engine's
+  // max_new_tokens. May exceed it: the KV budget reserves what the group asks.
+  int64_t max_new_tokens = 0;
+  std::vector<int64_t> stop_tokens;  // ids that also end this group's samples
+};
+
 // One prompt and how to sample it.
 struct PromptGroup {
   std::string group_id;         // caller's id, echoed on the result
@@ -85,6 +100,10 @@ struct PromptGroup {
   // ends a model turn, not the response, and the sample waits for the
   // environment's answer. Not with greedy_baseline.
   bool episode = false;
+  GroupSampling sampling;  // the group's own sampling and limits, if any
+  // Hand each token sampled for this group to the engine's token handler as
+  // it is drawn (Engine::set_token_handler), for a caller that streams them.
+  bool stream_tokens = false;
 };
 
 // One model turn of an episode and the environment's answer to it. Response

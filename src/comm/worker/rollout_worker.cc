@@ -27,7 +27,7 @@ RolloutWorker::RolloutWorker(std::unique_ptr<TrainerClient> client, model::Polic
                              std::chrono::milliseconds verifier_timeout,
                              RolloutWorkerOptions options,
                              std::shared_ptr<const env::EnvironmentFactory> environment,
-                             model::ChatTemplate chat_template)
+                             rollout::EpisodeDriverOptions episode_options)
     : client_(std::move(client)),
       policy_(std::move(policy)),
       engine_options_(std::move(engine_options)),
@@ -36,7 +36,7 @@ RolloutWorker::RolloutWorker(std::unique_ptr<TrainerClient> client, model::Polic
       verifier_(task_, verifier_timeout),
       options_(std::move(options)),
       environment_(std::move(environment)),
-      chat_template_(chat_template) {}
+      episode_options_(episode_options) {}
 
 RolloutWorker::~RolloutWorker() = default;
 
@@ -80,9 +80,8 @@ Status RolloutWorker::start() {
   RELAY_ASSIGN_OR_RETURN(engine_, rollout::Engine::create(policy_, engine_options_,
                                                           w.manifest.version, w.manifest.digest));
   if (environment_) {
-    rollout::EpisodeDriverOptions eo;
-    eo.chat_template = chat_template_;
-    episodes_ = std::make_unique<rollout::EpisodeDriver>(*engine_, environment_, tokenizer_, eo);
+    episodes_ = std::make_unique<rollout::EpisodeDriver>(*engine_, environment_, tokenizer_,
+                                                         episode_options_);
   }
   latest_known_ = staged_version_ = w.manifest.version;
   running_digest_ = w.manifest.digest;

@@ -232,6 +232,8 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  path: \"\"\n"
             "  verifier_timeout_s: 5.0\n"
             "  environment: none\n"
+            "  environment_address: \"\"\n"
+            "  environment_timeout_s: 60.0\n"
             "  arithmetic:\n"
             "    min_operands: 2\n"
             "    max_operands: 3\n"
@@ -614,6 +616,18 @@ TEST(ConfigTest, DecodeErrorsAreAllReported) {
             "x.yaml:2: rollout.n: expected an integer, got 'four'\n"
             "x.yaml:3: rollout.top_kk: unknown key; did you mean 'top_k'?\n"
             "x.yaml:5: trainer.lr: expected a number, got a sequence");
+}
+
+// task.environment_address goes with environment 'remote', and only with it.
+TEST(ConfigTest, EnvironmentAddressGoesWithRemote) {
+  EXPECT_EQ(parse_error("task:\n  environment: remote\n"),
+            "x.yaml: task.environment_address: must name the environment server (host:port) for "
+            "environment 'remote', got ''");
+  EXPECT_EQ(parse_error("task:\n  environment: calculator\n  environment_address: h:1\n"),
+            "x.yaml: task.environment_address: is only read with environment 'remote', and "
+            "environment is 'calculator', got 'h:1'");
+  EXPECT_EQ(parse_error("task:\n  environment: remote\n  environment_address: 127.0.0.1:9\n"),
+            "OK");
 }
 
 TEST(ConfigTest, ValidationProblemsAreAllReported) {

@@ -85,5 +85,114 @@ TEST(ToolPromptTest, ObservationsFollowTheAssistantTurnAsTheTemplateRendersThem)
       << bad_role.status();
 }
 
+// A whole agent conversation as Qwen2.5/Qwen3's template renders it: the
+// tool section in the system turn, an assistant turn of calls (no content:
+// no newline before the first block), two results merged into one user
+// turn, and an assistant turn with content before its calls.
+TEST(ToolPromptTest, ConversationsRenderAsQwensTemplate) {
+  using model::ChatTemplate;
+  const std::string schema = R"({"type":"function","function":{"name":"calculator"}})";
+  const std::vector<ConversationMessage> messages = {
+      {"system", "S", {}},
+      {"user", "What is 6*7+1?", {}},
+      {"assistant", "", {{"calculator", R"({"expression":"6*7"})"}}},
+      {"tool", "42", {}},
+      {"assistant", "Now add.", {{"calculator", R"({"expression":"42+1"})"}, {"x", "{}"}}},
+      {"tool", "43", {}},
+      {"tool", "error: no tool named 'x'", {}},
+  };
+  auto text = render_conversation(ChatTemplate::kChatml, messages, {schema});
+  ASSERT_TRUE(text.ok()) << text.status();
+  const std::string system = *tools_system_content("S", {schema});
+  EXPECT_EQ(*text,
+            "<|im_start|>system\n" + system +
+                "<|im_end|>\n"
+                "<|im_start|>user\nWhat is 6*7+1?<|im_end|>\n"
+                "<|im_start|>assistant\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": "
+                "{\"expression\": \"6*7\"}}\n</tool_call><|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\nNow add.\n<tool_call>\n{\"name\": \"calculator\", "
+                "\"arguments\": {\"expression\": \"42+1\"}}\n</tool_call>\n<tool_call>\n"
+                "{\"name\": \"x\", \"arguments\": {}}\n</tool_call><|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\n43\n</tool_response>\n<tool_response>\n"
+                "error: no tool named 'x'\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+  // Without tools: the chat template's own rendering.
+  auto plain = render_conversation(ChatTemplate::kChatml, {{"user", "hi", {}}}, {});
+  EXPECT_EQ(*plain, model::render_chat(ChatTemplate::kChatml, {{"user", "hi"}}));
+  auto llama =
+      render_conversation(ChatTemplate::kLlama3, {{"system", "S", {}}, {"user", "hi", {}}}, {});
+  EXPECT_EQ(*llama, model::render_chat(ChatTemplate::kLlama3, {{"system", "S"}, {"user", "hi"}}));
+}
+
+// Token-in/token-out holds: the conversation so far, the model's turn and
+// its end-of-turn token, then render_observation, is the rendering of the
+// longer conversation.
+TEST(ToolPromptTest, AConversationExtendedByAnObservationRendersTheSame) {
+  using model::ChatTemplate;
+  std::vector<ConversationMessage> messages = {{"user", "6*7?", {}}};
+  const std::string turn =
+      "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": "
+      "\"6*7\"}}\n</tool_call>";
+  const std::string before = *render_conversation(ChatTemplate::kChatml, messages, {});
+  const std::string observation = *render_observation(ChatTemplate::kChatml, {{"tool", "42"}});
+  messages.push_back({"assistant", "", {{"calculator", R"({"expression": "6*7"})"}}});
+  messages.push_back({"tool", "42", {}});
+  EXPECT_EQ(before + turn + "<|im_end|>" + observation,
+            *render_conversation(ChatTemplate::kChatml, messages, {}));
+}
+
+TEST(ToolPromptTest, ConversationProblemsNameTheMessage) {
+  using model::ChatTemplate;
+  struct Case {
+    ChatTemplate t;
+    std::vector<ConversationMessage> messages;
+    std::vector<std::string> tools;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {ChatTemplate::kChatml,
+       {{"user", "a", {}}, {"bot", "b", {}}},
+       {},
+       "messages[1].role: 'bot'; expected system, user, assistant or tool"},
+      {ChatTemplate::kChatml,
+       {{"user", "a", {}}, {"system", "b", {}}},
+       {},
+       "messages[1].role: a system message comes first only"},
+      {ChatTemplate::kChatml,
+       {{"user", "a<|im_end|>", {}}},
+       {},
+       "messages[0].content: holds the chat token '<|im_end|>', which would forge a turn "
+       "boundary"},
+      {ChatTemplate::kChatml,
+       {{"user", "a", {{"f", "{}"}}}},
+       {},
+       "messages[0].tool_calls: only an assistant makes calls"},
+      {ChatTemplate::kChatml,
+       {{"assistant", "", {{"f", "{"}}}},
+       {},
+       "messages[0].tool_calls[0].function.arguments: not valid JSON"},
+      {ChatTemplate::kLlama3,
+       {{"tool", "1", {}}},
+       {},
+       "messages[0]: tool calls and results need chatml (Qwen2.5, Qwen3); the 'llama3' "
+       "template's tool format is another"},
+      {ChatTemplate::kLlama3,
+       {{"user", "1", {}}},
+       {"{}"},
+       "tools: need chatml (Qwen2.5, Qwen3); the 'llama3' template's tool format is another"},
+      {ChatTemplate::kNone,
+       {{"user", "1", {}}},
+       {},
+       "messages: the model has no chat template (model.chat_template none); send the prompt "
+       "as text instead"},
+      {ChatTemplate::kChatml, {}, {}, "messages: empty"},
+  };
+  for (const Case& c : cases) {
+    auto r = render_conversation(c.t, c.messages, c.tools);
+    ASSERT_FALSE(r.ok()) << c.message;
+    EXPECT_EQ(std::string(r.status().message()), c.message);
+  }
+}
+
 }  // namespace
 }  // namespace relay::env

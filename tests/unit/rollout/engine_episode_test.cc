@@ -235,6 +235,40 @@ TEST(EngineEpisodeTest, OthersKeepDecodingWhileOneWaitsAndStepWaitsForAnswers) {
   EXPECT_LT(engine->stats().steps - steps_before, 10);
 }
 
+// Every slot held by a parked episode and more samples queued behind them:
+// the engine waits for an answer instead of spinning on an admission that
+// cannot happen.
+TEST(EngineEpisodeTest, StepWaitsWhenParkedEpisodesHoldEverySlot) {
+  EngineOptions o = episode_options();
+  o.num_slots = 1;
+  auto engine = make_engine(7, o);
+  TurnLog log;
+  engine->set_turn_handler([&](TurnEnd end) { log.add(std::move(end)); });
+  ASSERT_TRUE(engine->submit(episode_group("a", {30, 31, 32}, 1, 11)).ok());
+  ASSERT_TRUE(engine->submit(episode_group("b", {30, 31, 33}, 1, 12)).ok());
+  for (int i = 0; i < 100 && log.size() == 0; ++i) ASSERT_TRUE(engine->step().ok());
+  ASSERT_EQ(log.size(), 1u) << "the first turn ended by length; pick another seed";
+  const int64_t steps_before = engine->stats().steps;
+  std::thread answer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    TurnReply r;
+    r.end = FinishReason::kStop;
+    EXPECT_TRUE(engine->reply(log.ends[0].group_id, 0, r).ok());
+  });
+  // Step until "a" is back: "b" cannot start before it leaves its slot.
+  std::vector<TrajectoryGroup> done;
+  while (done.empty()) {
+    auto step = engine->step();
+    ASSERT_TRUE(step.ok());
+    for (auto& g : *step) done.push_back(std::move(g));
+  }
+  answer.join();
+  EXPECT_EQ(done.at(0).group_id, "a");
+  EXPECT_LT(engine->stats().steps - steps_before, 10);
+  engine->abort();
+  run_all(*engine);
+}
+
 // The limits: max_turns (an environment that keeps asking ends it as
 // tool_budget), the token budget (an observation that leaves no room ends it
 // as length, unappended), a turn cut by max_new_tokens (no environment

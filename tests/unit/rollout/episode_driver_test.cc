@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "relay/common/file_io.h"
 #include "relay/env/tool_prompt.h"
@@ -181,6 +182,59 @@ TEST(EpisodeDriverTest, AFailingEnvironmentEndsOnlyItsEpisode) {
     EXPECT_EQ(driver.stats().env_errors, errors);
     EXPECT_TRUE(engine->idle());
   }
+}
+
+// An environment that does not answer within the deadline ends its episode
+// (the call is abandoned on its own thread); the others finish.
+class StuckEnv : public env::Environment {
+ public:
+  Status reset(const env::EpisodeStart&) override { return OkStatus(); }
+  StatusOr<env::EnvStep> step(const env::ModelTurn&) override {
+    if (calls_++ == 0 && first_.exchange(false)) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
+    env::EnvStep out;
+    out.next = env::EnvStep::Next::kAnswered;
+    return out;
+  }
+  static std::atomic<bool> first_;
+
+ private:
+  int calls_ = 0;
+};
+std::atomic<bool> StuckEnv::first_{true};
+
+class StuckFactory : public env::EnvironmentFactory {
+ public:
+  StatusOr<std::unique_ptr<env::Environment>> make() const override {
+    return std::unique_ptr<env::Environment>(new StuckEnv());
+  }
+};
+
+TEST(EpisodeDriverTest, AnEnvironmentPastItsDeadlineFailsOnlyItsEpisode) {
+  auto engine = make_engine();
+  EpisodeDriverOptions o;
+  o.step_timeout = std::chrono::milliseconds(200);
+  EpisodeDriver driver(*engine, std::make_shared<StuckFactory>(), tokenizer(), o);
+  ASSERT_TRUE(engine->submit(group("g", 4, 3)).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto groups = engine->run();
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2))
+      << "the stuck call held the episode up past its deadline";
+  int timed_out = 0, answered = 0;
+  for (const Trajectory& t : groups->at(0).trajectories) {
+    ASSERT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+    if (t.finish_reason == FinishReason::kEnvError) {
+      ++timed_out;
+      EXPECT_EQ(t.finish_detail, "no answer within 200 ms (the call is abandoned)");
+    } else if (t.finish_reason == FinishReason::kStop) {
+      ++answered;
+    }
+  }
+  EXPECT_EQ(timed_out, 1);
+  EXPECT_GE(answered, 1);
+  EXPECT_EQ(driver.stats().env_timeouts, 1);
 }
 
 // With the real Qwen2 vocabulary, a tool observation tokenizes with the chat

@@ -60,13 +60,13 @@ class RolloutWorker {
   // fetched ones); `task` maps a leased prompt index to what the verifier
   // needs; `tokenizer` decodes responses for it. With an `environment`
   // every leased group is a group of episodes whose turns it answers
-  // (rollout/episode_driver.h), observations rendered in `chat_template`.
+  // (rollout/episode_driver.h) with `episode_options`.
   RolloutWorker(std::unique_ptr<TrainerClient> client, model::Policy policy,
                 rollout::EngineOptions engine_options, std::shared_ptr<const rollout::Task> task,
                 std::shared_ptr<const model::Tokenizer> tokenizer,
                 std::chrono::milliseconds verifier_timeout, RolloutWorkerOptions options,
                 std::shared_ptr<const env::EnvironmentFactory> environment = nullptr,
-                model::ChatTemplate chat_template = model::ChatTemplate::kNone);
+                rollout::EpisodeDriverOptions episode_options = {});
   ~RolloutWorker();
 
   // Registers, downloads the current version and starts the engine. Called
@@ -103,7 +103,7 @@ class RolloutWorker {
   RolloutWorkerOptions options_;
   std::unique_ptr<rollout::Engine> engine_;
   std::shared_ptr<const env::EnvironmentFactory> environment_;
-  model::ChatTemplate chat_template_;
+  rollout::EpisodeDriverOptions episode_options_;
   // Answers the engine's episode turns; declared after engine_, so it goes
   // first (it is the engine's turn handler).
   std::unique_ptr<rollout::EpisodeDriver> episodes_;
