@@ -22,6 +22,7 @@ std::map<std::string, double> EvalResult::metrics() const {
     for (const auto& [k, v] : pass_at_k) m[absl::StrCat("pass@", k)] = v;
     m["sample_reward"] = sample_reward;
   }
+  if (tool_use >= 0) m["tool_use"] = tool_use;
   return m;
 }
 
@@ -112,20 +113,94 @@ Status generate_and_score(EvalRun& run, int64_t begin, const std::vector<std::ve
   return OkStatus();
 }
 
+// Episodes of every held-out prompt, k each, greedy or sampled at the eval
+// temperature, through an engine and the run's environment.
+StatusOr<std::vector<rollout::TrajectoryGroup>> run_episodes(const RolloutSetup& s,
+                                                             const model::Policy& policy,
+                                                             const EvalPrompts& prompts,
+                                                             const EvalOptions& o, bool greedy,
+                                                             int64_t k) {
+  rollout::EngineOptions eo = s.engine;
+  eo.sampling.greedy = greedy;
+  eo.sampling.temperature = o.temperature;
+  eo.prefix = {};  // no forced prefixes in an evaluation
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Engine> engine,
+                         rollout::Engine::create(model::clone_policy(*policy), eo, 0, 0));
+  std::unique_ptr<rollout::EpisodeDriver> driver = episode_driver(s, *engine);
+  for (size_t i = 0; i < prompts.ids.size(); ++i) {
+    rollout::PromptGroup g;
+    g.group_id = std::to_string(i);
+    g.prompt = prompts.ids[i];
+    g.k = static_cast<int>(k);
+    g.seed = rollout::sequence_seed(s.config.run.seed ^ 0x6576616cULL, i);
+    g.episode = true;
+    driver->begin_group(g.group_id, episode_start(prompts.tasks[i]));
+    RELAY_RETURN_IF_ERROR(engine->submit(std::move(g)));
+  }
+  return engine->run();
+}
+
+// A greedy episode used its tools well: at least one call ran, none refused.
+bool used_tools(const rollout::Trajectory& t) {
+  int64_t calls = 0, errors = 0;
+  for (const rollout::EpisodeTurn& turn : t.turns) {
+    calls += turn.tool_calls;
+    errors += turn.tool_errors;
+  }
+  return calls > 0 && errors == 0;
+}
+
+StatusOr<EvalResult> evaluate_episodes(const RolloutSetup& s, const model::Policy& policy,
+                                       const EvalPrompts& prompts, rollout::SafeVerifier& verifier,
+                                       const EvalOptions& o) {
+  EvalResult r;
+  r.prompts = static_cast<int64_t>(prompts.ids.size());
+  r.n = o.n;
+  if (prompts.ids.empty()) return r;
+  std::vector<int64_t> correct(prompts.ids.size(), 0);
+  double tool_use = 0, greedy_correct = 0, greedy_reward = 0, sample_reward = 0;
+  for (const bool greedy : {true, false}) {
+    if (!greedy && o.n == 0) break;
+    RELAY_ASSIGN_OR_RETURN(std::vector<rollout::TrajectoryGroup> groups,
+                           run_episodes(s, policy, prompts, o, greedy, greedy ? 1 : o.n));
+    for (rollout::TrajectoryGroup& g : groups) {
+      const size_t i = std::stoul(g.group_id);
+      RELAY_RETURN_IF_ERROR(score_group(s, verifier, prompts.tasks[i], g, nullptr));
+      for (const rollout::Trajectory& t : g.trajectories) {
+        rollout::Score score;
+        score.reward = t.reward;
+        score.sub_scores = t.sub_scores;
+        const bool ok = rollout::is_correct(score);
+        if (greedy) {
+          greedy_correct += ok ? 1 : 0;
+          greedy_reward += t.reward;
+          tool_use += used_tools(t) ? 1 : 0;
+        } else {
+          correct[i] += ok ? 1 : 0;
+          sample_reward += t.reward;
+        }
+      }
+    }
+  }
+  const auto P = static_cast<double>(r.prompts);
+  r.accuracy = greedy_correct / P;
+  r.reward = greedy_reward / P;
+  r.tool_use = tool_use / P;
+  if (o.n > 0) {
+    r.pass_at_k = rollout::mean_pass_at_k(correct, o.n);
+    r.sample_reward = sample_reward / (P * static_cast<double>(o.n));
+  }
+  return r;
+}
+
 }  // namespace
 
 StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Policy& policy,
                                        const PromptSplit& split, rollout::SafeVerifier& verifier,
                                        const EvalOptions& o) {
   if (o.n < 0) return InvalidArgumentError(absl::StrCat("eval.n: must be >= 0, got ", o.n));
-  if (s.environment) {
-    // Held-out evaluation generates single responses (rollout::generate);
-    // scoring an episode's first turn as if it were the answer would be wrong.
-    return UnimplementedError(
-        "eval: task.environment episodes are not evaluated yet (evaluation generates single "
-        "responses); set eval.every 0");
-  }
   RELAY_ASSIGN_OR_RETURN(const EvalPrompts prompts, encode_eval_prompts(s, split));
+  if (s.environment) return evaluate_episodes(s, policy, prompts, verifier, o);
   EvalResult r;
   r.prompts = static_cast<int64_t>(prompts.ids.size());
   r.n = o.n;

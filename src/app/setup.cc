@@ -21,6 +21,7 @@
 #include "relay/env/remote_environment.h"
 #include "relay/env/tool_environment.h"
 #include "relay/env/tool_prompt.h"
+#include "relay/model/bpe_tokenizer.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/device.h"
@@ -119,17 +120,23 @@ Status load_or_build_model(const std::string& dir, RolloutSetup& s) {
     RELAY_ASSIGN_OR_RETURN(s.tokenizer, model::load_tokenizer(dir));
     return OkStatus();
   }
-  if (s.config.model.tokenizer != "char") {
-    return InvalidArgumentError(absl::StrCat(
-        "model.path: empty; a fresh model (model.init) needs model.tokenizer: char, got '",
-        s.config.model.tokenizer, "'; give a model directory with --model or model.path"));
+  // model.tokenizer: relay's char tokenizer, or a tokenizer.json file.
+  if (s.config.model.tokenizer == "char") {
+    RELAY_ASSIGN_OR_RETURN(model::CharTokenizer chars, model::CharTokenizer::create());
+    s.tokenizer = std::make_shared<model::CharTokenizer>(std::move(chars));
+  } else {
+    StatusOr<std::unique_ptr<model::Tokenizer>> file =
+        model::load_tokenizer_file(s.config.model.tokenizer);
+    if (!file.ok()) {
+      return Status(file.status().code(),
+                    absl::StrCat("model.tokenizer: ", file.status().message()));
+    }
+    s.tokenizer = *std::move(file);
   }
-  RELAY_ASSIGN_OR_RETURN(model::CharTokenizer tokenizer, model::CharTokenizer::create());
-  RELAY_ASSIGN_OR_RETURN(model::PolicyConfig pc, policy_config_from_init(s.config, tokenizer));
+  RELAY_ASSIGN_OR_RETURN(model::PolicyConfig pc, policy_config_from_init(s.config, *s.tokenizer));
   s.policy = model::Policy(pc);
   model::init_weights(*s.policy, s.config.run.seed);
   s.policy->to(model::scalar_type(s.config.model.dtype));
-  s.tokenizer = std::make_shared<model::CharTokenizer>(std::move(tokenizer));
   return OkStatus();
 }
 
@@ -298,6 +305,12 @@ StatusOr<model::SaveOptions> model_save_options(const RolloutSetup& s) {
   o.overwrite = true;
   if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
     o.extra_files[model::kCharTokenizerFile] = ct->to_json();
+    return o;
+  }
+  // A fresh model (model.init) takes model.tokenizer's file along.
+  if (s.model_dir.empty() && s.config.model.tokenizer != "char") {
+    RELAY_ASSIGN_OR_RETURN(o.extra_files[model::kHfTokenizerFile],
+                           read_file(s.config.model.tokenizer));
     return o;
   }
   // The files HF tools look for next to the weights; whichever the source

@@ -5,10 +5,82 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "relay/env/tool_prompt.h"
+#include "relay/model/chat_template.h"
 
 namespace relay::app {
 
-// A demonstration: the task's target solution as the response.
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Appends `ids` to t's response: the model's (a demonstration's, so forced)
+// or the environment's.
+void append(rollout::Trajectory& t, const std::vector<int64_t>& ids, int64_t version, bool env) {
+  for (int64_t id : ids) {
+    t.response_tokens.push_back(id);
+    t.behavior_logprobs.push_back(kNaN);
+    t.token_versions.push_back(version);
+    t.proximal_logprobs.push_back(kNaN);
+    t.proximal_versions.push_back(-1);
+    t.offpolicy_mask.push_back(env ? 0 : 1);
+    t.env_mask.push_back(env ? 1 : 0);
+  }
+}
+
+// An episode's demonstration: the target is the model's first turn; the
+// environment answers it exactly as it answers a sampled turn (made and
+// reset for the task instance, its messages rendered in the chat template
+// and tokenized once); then the reference, as the template writes a reply,
+// is the model's next turn. A target the environment takes for the final
+// answer is the whole episode. The environment's tokens stay out of the
+// loss (env_mask), as in RL.
+Status episode_demonstration(const RolloutSetup& s, const rollout::TaskPrompt& p, int64_t version,
+                             rollout::Trajectory& t) {
+  const std::string eot = model::end_of_turn(s.chat_template);
+  std::string turn = *p.target;  // the chat wrapper ended it with the end-of-turn token
+  if (!eot.empty() && turn.size() >= eot.size() &&
+      turn.compare(turn.size() - eot.size(), eot.size(), eot) == 0) {
+    turn.resize(turn.size() - eot.size());
+  }
+  RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> first, s.tokenizer->encode(*p.target));
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<env::Environment> environment, s.environment->make());
+  RELAY_RETURN_IF_ERROR(environment->reset(episode_start(p)));
+  StatusOr<env::EnvStep> step = environment->step({0, turn});
+  if (!step.ok()) {
+    return Status(step.status().code(), absl::StrCat(p.id,
+                                                     ": the environment's answer to the "
+                                                     "demonstration: ",
+                                                     step.status().message()));
+  }
+  append(t, first, version, /*env=*/false);
+  const auto model_end = static_cast<int64_t>(t.response_tokens.size());
+  rollout::EpisodeTurn head{model_end, model_end, step->reward, step->tool_calls,
+                            step->tool_errors};
+  if (step->next != env::EnvStep::Next::kContinue) {
+    t.turns.push_back(head);
+    return OkStatus();
+  }
+  RELAY_ASSIGN_OR_RETURN(std::string observation,
+                         env::render_observation(s.chat_template, step->messages));
+  RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> obs, s.tokenizer->encode(observation));
+  append(t, obs, version, /*env=*/true);
+  head.env_end = static_cast<int64_t>(t.response_tokens.size());
+  t.turns.push_back(head);
+  const std::string answer = s.chat_template == model::ChatTemplate::kNone
+                                 ? p.reference
+                                 : model::chat_response(s.chat_template, p.reference);
+  RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> last, s.tokenizer->encode(answer));
+  append(t, last, version, /*env=*/false);
+  const auto R = static_cast<int64_t>(t.response_tokens.size());
+  t.turns.push_back({R, R, std::numeric_limits<double>::quiet_NaN()});
+  return OkStatus();
+}
+
+}  // namespace
+
+// A demonstration: the task's target solution as the response (an episode:
+// the target's turn, the environment's answer, the reference).
 StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t index,
                                                  int64_t version) {
   RELAY_ASSIGN_OR_RETURN(rollout::TaskPrompt p, s.task->prompt(index));
@@ -19,13 +91,13 @@ StatusOr<rollout::TrajectoryGroup> demonstration(const RolloutSetup& s, int64_t 
   }
   rollout::Trajectory t;
   RELAY_ASSIGN_OR_RETURN(t.prompt_tokens, s.tokenizer->encode(p.prompt));
-  RELAY_ASSIGN_OR_RETURN(t.response_tokens, s.tokenizer->encode(*p.target));
-  const size_t n = t.response_tokens.size();
-  t.behavior_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
-  t.token_versions.assign(n, version);
-  t.proximal_logprobs.assign(n, std::numeric_limits<float>::quiet_NaN());
-  t.proximal_versions.assign(n, -1);
-  t.offpolicy_mask.assign(n, 1);
+  if (s.environment) {
+    RELAY_RETURN_IF_ERROR(episode_demonstration(s, p, version, t));
+  } else {
+    RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> ids, s.tokenizer->encode(*p.target));
+    append(t, ids, version, /*env=*/false);
+    t.env_mask.clear();  // a single response has none
+  }
   t.version_digests = {{version, 0}};
   t.reward = 1.0;
   rollout::TrajectoryGroup g;

@@ -76,10 +76,12 @@ nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& 
     // say which tokens are the environment's.
     nlohmann::json turns = nlohmann::json::array();
     for (const rollout::EpisodeTurn& turn : t.turns) {
-      turns.push_back({{"model_end", turn.model_end},
-                       {"env_end", turn.env_end},
-                       {"reward", std::isfinite(turn.reward) ? nlohmann::json(turn.reward)
-                                                             : nlohmann::json()}});
+      turns.push_back(
+          {{"model_end", turn.model_end},
+           {"env_end", turn.env_end},
+           {"reward", std::isfinite(turn.reward) ? nlohmann::json(turn.reward) : nlohmann::json()},
+           {"tool_calls", turn.tool_calls},
+           {"tool_errors", turn.tool_errors}});
     }
     j["turns"] = std::move(turns);
     j["env_mask"] = t.env_mask;

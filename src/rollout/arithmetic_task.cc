@@ -1,4 +1,7 @@
-// The "arithmetic" toy task: prompt `<3+4*5>`, reference `23`, target `23#`.
+// The "arithmetic" toy task: prompt `<3+4*5>`, reference `23`, target `23#`
+// (format brackets); or, for an agent with the calculator tool (format
+// calculator), prompt "What is 3+4*5?", reference `23`, and as target the
+// tool call a demonstration makes, the answer being the turn after the tool's.
 //
 // prompt(i) is a pure function of (seed, i, config), drawn from a splitmix64
 // stream whose state starts at mix(mix(seed) + i). Draws, in order: the
@@ -12,9 +15,11 @@
 // libraries: every build gives every worker the same prompts.
 //
 // The reference is the value under the usual precedence: '*' before '+' and
-// '-', and left to right among equals ("2-3*4+1" = -9). All text uses only
-// characters of the char tokenizer's alphabet.
+// '-', and left to right among equals ("2-3*4+1" = -9). The brackets format
+// uses only characters of the char tokenizer's alphabet; the calculator
+// format needs a tokenizer with letters (a byte-level one).
 
+#include <cctype>
 #include <string>
 
 #include "rollout/builtin_tasks.h"
@@ -94,13 +99,21 @@ int64_t evaluate(const Expression& e) {
   return total + sign * term;
 }
 
+// "37*48+5"
 std::string render(const Expression& e) {
-  std::string s = "<" + std::to_string(e.operands[0]);
+  std::string s = std::to_string(e.operands[0]);
   for (size_t k = 0; k < e.operators.size(); ++k) {
     s += e.operators[k];
     s += std::to_string(e.operands[k + 1]);
   }
-  return s + ">";
+  return s;
+}
+
+// The Qwen/Hermes call of the built-in calculator tool (env/calculator.h) on
+// `expression`, as Qwen's templates show a call.
+std::string calculator_call(const std::string& expression) {
+  return absl::StrCat("<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"",
+                      expression, "\"}}\n</tool_call>");
 }
 
 class ArithmeticTask final : public Task {
@@ -110,7 +123,10 @@ class ArithmeticTask final : public Task {
 
   std::string name() const override { return "arithmetic"; }
   int64_t size() const override { return -1; }
-  std::vector<std::string> stop_strings() const override { return {"#"}; }
+  std::vector<std::string> stop_strings() const override {
+    if (calculator()) return {};
+    return {"#"};
+  }
 
   StatusOr<TaskPrompt> prompt(int64_t index) const override {
     if (index < 0) {
@@ -121,18 +137,39 @@ class ArithmeticTask final : public Task {
     TaskPrompt p;
     p.index = index;
     p.id = absl::StrCat("arithmetic/", index);
-    p.prompt = render(e);
     p.reference = std::to_string(evaluate(e));
-    p.target = p.reference + "#";
+    if (calculator()) {
+      p.prompt = absl::StrCat("What is ", render(e), "?");
+      p.target = calculator_call(render(e));
+    } else {
+      p.prompt = absl::StrCat("<", render(e), ">");
+      p.target = p.reference + "#";
+    }
     return p;
   }
 
-  // Exact match: the response, less a trailing "<eos>" and then one trailing
-  // '#', must be the reference; "formatted" = it ended with '#'.
+  // Exact match: the response, less a trailing "<eos>" and then (brackets)
+  // one trailing '#' or (calculator) surrounding whitespace, must be the
+  // reference; "formatted" = it ended with '#' (brackets) or is a whole
+  // number (calculator).
   StatusOr<Score> score(const TaskPrompt& prompt, std::string_view response) const override {
     std::string_view answer = strip_eos(response);
-    const bool formatted = !answer.empty() && answer.back() == '#';
-    if (formatted) answer.remove_suffix(1);
+    bool formatted = false;
+    if (calculator()) {
+      while (!answer.empty() && std::isspace(static_cast<unsigned char>(answer.front()))) {
+        answer.remove_prefix(1);
+      }
+      while (!answer.empty() && std::isspace(static_cast<unsigned char>(answer.back()))) {
+        answer.remove_suffix(1);
+      }
+      const std::string_view digits =
+          !answer.empty() && answer[0] == '-' ? answer.substr(1) : answer;
+      formatted =
+          !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
+    } else {
+      formatted = !answer.empty() && answer.back() == '#';
+      if (formatted) answer.remove_suffix(1);
+    }
     const double correct = answer == prompt.reference ? 1.0 : 0.0;
     Score s;
     s.reward = correct;
@@ -141,6 +178,8 @@ class ArithmeticTask final : public Task {
   }
 
  private:
+  bool calculator() const { return config_.format == ArithmeticFormat::kCalculator; }
+
   ArithmeticTaskConfig config_;
   uint64_t seed_key_;
 };

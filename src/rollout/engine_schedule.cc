@@ -310,6 +310,8 @@ void Engine::apply_reply(PendingReply& reply, double now) {
   Trajectory& t = seq->out;
   TurnReply& r = reply.reply;
   t.turns.back().reward = r.reward;
+  t.turns.back().tool_calls = r.tool_calls;
+  t.turns.back().tool_errors = r.tool_errors;
   if (r.end) {
     t.finish_detail = std::move(r.detail);
     finish(*seq, *r.end, now);

@@ -173,6 +173,8 @@ TurnReply EpisodeDriver::answer(const TurnEnd& end) {
     if (!step.ok()) return failed(std::string(step.status().message()));
     TurnReply reply;
     reply.reward = step->reward;
+    reply.tool_calls = step->tool_calls;
+    reply.tool_errors = step->tool_errors;
     switch (step->next) {
       case env::EnvStep::Next::kAnswered:
         reply.end = FinishReason::kStop;

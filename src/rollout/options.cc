@@ -41,6 +41,14 @@ void check(const TaskConfig& task, Problems p) {
           task.environment_address);
   }
   check(task.arithmetic, p.at("arithmetic"));
+  if (task.name == rollout::TaskKind::kArithmetic &&
+      task.arithmetic.format == rollout::ArithmeticFormat::kCalculator &&
+      task.environment == rollout::EnvironmentKind::kNone) {
+    p.at("arithmetic")
+        .add("format",
+             "calculator's targets are tool calls: it needs task.environment calculator or "
+             "remote (a tool to answer them)");
+  }
   p.at("math_answer").in_range("format_reward", task.math_answer.format_reward, 0, 1);
   Problems jsonl = p.at("jsonl");
   jsonl.non_empty("prompt_key", task.jsonl.prompt_key);

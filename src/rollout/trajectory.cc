@@ -87,6 +87,11 @@ Status check_episode(const Trajectory& t) {
                                                ", env_end ", turn.env_end, " must satisfy ", start,
                                                " <= model_end <= env_end <= ", n));
     }
+    if (turn.tool_calls < 0 || turn.tool_errors < 0) {
+      return InvalidArgumentError(absl::StrCat("turns[", i, "]: tool_calls ", turn.tool_calls,
+                                               " and tool_errors ", turn.tool_errors,
+                                               " must be >= 0"));
+    }
     for (int64_t j = start; j < turn.env_end; ++j) {
       const bool env = t.is_env_token(static_cast<size_t>(j));
       if (env != (j >= turn.model_end)) {

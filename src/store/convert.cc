@@ -82,6 +82,8 @@ void to_proto(const rollout::Trajectory& t, v1::Trajectory* out) {
     o->set_model_end(turn.model_end);
     o->set_env_end(turn.env_end);
     o->set_reward(turn.reward);
+    o->set_tool_calls(turn.tool_calls);
+    o->set_tool_errors(turn.tool_errors);
   }
   out->set_finish_detail(t.finish_detail);
 }
@@ -147,7 +149,8 @@ StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in, bool check) {
   }
   for (bool m : in.env_mask()) t.env_mask.push_back(m ? 1 : 0);
   for (const v1::EpisodeTurn& turn : in.turns()) {
-    t.turns.push_back({turn.model_end(), turn.env_end(), turn.reward()});
+    t.turns.push_back(
+        {turn.model_end(), turn.env_end(), turn.reward(), turn.tool_calls(), turn.tool_errors()});
   }
   t.finish_detail = in.finish_detail();
   t.interruptions = in.interruptions();

@@ -166,10 +166,12 @@ std::string report_json(const StoreReport& r) {
         {"finish_reason", rollout::finish_reason_name(t.finish_reason)}};
     nlohmann::json turns = nlohmann::json::array();
     for (const rollout::EpisodeTurn& turn : t.turns) {
-      turns.push_back({{"model_end", turn.model_end},
-                       {"env_end", turn.env_end},
-                       {"reward", std::isfinite(turn.reward) ? nlohmann::json(turn.reward)
-                                                             : nlohmann::json()}});
+      turns.push_back(
+          {{"model_end", turn.model_end},
+           {"env_end", turn.env_end},
+           {"reward", std::isfinite(turn.reward) ? nlohmann::json(turn.reward) : nlohmann::json()},
+           {"tool_calls", turn.tool_calls},
+           {"tool_errors", turn.tool_errors}});
     }
     j["sample"]["turns"] = turns;
   }

@@ -93,6 +93,35 @@ bool corrects(const RolloutCorrectionOptions& rc) {
                         rc.rs_level != CorrectionLevel::kNone || rc.veto_threshold > 0);
 }
 
+// What the batch's episodes did with their tools, when it has episodes:
+// model turns, tool calls that ran and calls refused per episode, and
+// episode/tool_use, the fraction of episodes that called a tool at least once
+// and had no call refused.
+void add_episode_metrics(const std::vector<rollout::TrajectoryGroup>& groups,
+                         std::map<std::string, double>& m) {
+  double episodes = 0, turns = 0, calls = 0, errors = 0, used = 0;
+  for (const rollout::TrajectoryGroup& g : groups) {
+    for (const rollout::Trajectory& t : g.trajectories) {
+      if (t.turns.empty()) continue;
+      int64_t c = 0, e = 0;
+      for (const rollout::EpisodeTurn& turn : t.turns) {
+        c += turn.tool_calls;
+        e += turn.tool_errors;
+      }
+      ++episodes;
+      turns += static_cast<double>(t.turns.size());
+      calls += static_cast<double>(c);
+      errors += static_cast<double>(e);
+      used += c > 0 && e == 0 ? 1 : 0;
+    }
+  }
+  if (episodes == 0) return;
+  m["episode/turns"] = turns / episodes;
+  m["episode/tool_calls"] = calls / episodes;
+  m["episode/tool_errors"] = errors / episodes;
+  m["episode/tool_use"] = used / episodes;
+}
+
 }  // namespace
 
 Status Trainer::prepare_step(const std::vector<rollout::TrajectoryGroup>& groups, StepState& s) {
@@ -153,6 +182,7 @@ StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::Trajector
   {
     const double env = batch.env_mask.sum().item<double>();
     m["episode/env_token_fraction"] = env / std::max(1.0, env + batch.num_tokens());
+    add_episode_metrics(*source, m);
   }
   if (std::vector<StepFault> f = input_faults(batch, !o.allow_missing_logprobs); !f.empty()) {
     *faults = f;

@@ -501,6 +501,11 @@ TEST_F(CliTest, RunTrainsOnCalculatorEpisodes) {
     ++steps;
     EXPECT_EQ(j["frac_old_logprobs_valid"].get<double>(), 1.0) << line;
     EXPECT_GT(j["episode/env_token_fraction"].get<double>(), 0.05) << line;
+    // Every episode's forced first turn is a calculator call that runs.
+    EXPECT_GE(j["episode/tool_calls"].get<double>(), 1.0) << line;
+    EXPECT_GE(j["episode/turns"].get<double>(), 1.0) << line;
+    const double tool_use = j["episode/tool_use"];
+    EXPECT_TRUE(tool_use >= 0 && tool_use <= 1) << line;
     EXPECT_LT(j["mismatch/engine_k3"].get<double>(), 1e-6) << "same weights, same numbers";
   }
   EXPECT_EQ(steps, 2);
@@ -770,6 +775,46 @@ TEST_F(CliTest, EveryShippedConfigChecks) {
 // The README's main job, as shipped: `relay run configs/arith.yaml` from a
 // fresh model (warm start, then asynchronous GRPO with two workers) ends at
 // >= 0.9 held-out accuracy, with the run directory laid out as documented.
+// The agent config: a fresh model with a task-trained tokenizer learns to
+// call the calculator tool in its warm start (whole episodes demonstrated:
+// the call, the tool's answer, the result) and keeps using it through RL.
+// Three seeds on this machine: greedy accuracy 0.75-0.84 after the warm
+// start, 0.83-0.84 at the end, every greedy episode calling the tool.
+TEST_F(CliTest, AgentConfigLearnsToUseTheCalculator) {
+  const std::string base = ::testing::TempDir() + "/agent_job_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  CliResult r = RelayCli("run " + std::string(RELAY_SOURCE_DIR) +
+                         "/configs/agent_calc.yaml experiment.output_dir=" + base +
+                         " model.tokenizer=" + std::string(RELAY_SOURCE_DIR) +
+                         "/configs/tokenizers/agent_calc.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  std::ifstream in(base + "/agent_calc/metrics.jsonl");
+  std::string line;
+  std::vector<double> accuracy, tool_use;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] == "eval") {
+      accuracy.push_back(j["accuracy"].get<double>());
+      tool_use.push_back(j["tool_use"].get<double>());
+    }
+    if (j["phase"] == "rl") {
+      ++steps;
+      EXPECT_GT(j["episode/env_token_fraction"].get<double>(), 0.2) << line;
+      EXPECT_EQ(j["frac_old_logprobs_valid"].get<double>(), 1.0) << line;
+    }
+  }
+  EXPECT_EQ(steps, 60);
+  ASSERT_GE(accuracy.size(), 3u) << r.out;
+  EXPECT_EQ(accuracy.front(), 0.0) << "a fresh model";
+  EXPECT_GE(accuracy[1], 0.5) << "after the warm start";
+  EXPECT_GE(accuracy.back(), 0.7) << r.out;
+  EXPECT_GE(tool_use.back(), 0.9) << r.out;
+  // The checkpoint carries the tokenizer the run was configured with.
+  EXPECT_TRUE(fs::exists(base + "/agent_calc/checkpoints/step_000060/tokenizer.json"));
+  fs::remove_all(base);
+}
+
 TEST_F(CliTest, MainJobConfigReachesNinetyPercent) {
   const std::string base = ::testing::TempDir() + "/main_job_" + std::to_string(::getpid());
   fs::remove_all(base);

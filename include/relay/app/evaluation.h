@@ -29,13 +29,19 @@ struct EvalResult {
   int64_t n = 0;                        // samples per prompt behind pass_at_k
   std::map<int64_t, double> pass_at_k;  // k -> mean pass@k (k = 1, 2, 4, ..., n)
   double sample_reward = 0;             // mean reward of the samples
-  // As metrics: accuracy, reward, and with samples pass@<k> and sample_reward.
+  // Episodes (task.environment): greedy episodes that called a tool at least
+  // once and had no call refused; -1 without episodes.
+  double tool_use = -1;
+  // As metrics: accuracy, reward, with samples pass@<k> and sample_reward,
+  // with episodes tool_use.
   std::map<std::string, double> metrics() const;
 };
 
 // Held-out evaluation with the rollout engine: each held-out prompt answered
 // greedily, and with o.n > 0 also sampled n times (seeds from run.seed and
-// the prompt's position, so the figures are reproducible).
+// the prompt's position, so the figures are reproducible). With
+// task.environment each answer is a whole episode, run by the engine and the
+// environment as in training and scored by its last model turn.
 StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Policy& policy,
                                        const PromptSplit& split, rollout::SafeVerifier& verifier,
                                        const EvalOptions& o);

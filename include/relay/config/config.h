@@ -79,7 +79,10 @@ struct ModelInitConfig {
 struct ModelConfig {
   std::string path;  // HF-layout directory (config.json + *.safetensors); empty = init
   model::Precision dtype = model::Precision::kFloat32;  // float32 | bfloat16 | float16
-  std::string tokenizer = "char";  // char (built-in tasks) | a tokenizer.json path (later)
+  // A fresh model's (model.init) tokenizer: char (built-in tasks) or a
+  // tokenizer.json file, saved with its checkpoints. A model directory
+  // brings its own.
+  std::string tokenizer = "char";
   // Chat format prompts are rendered in (docs/model.md, "Chat templates"):
   // none (prompt text as written) | chatml (Qwen) | llama3 (Llama 3 Instruct) |
   // auto (chatml or llama3, from the tokenizer's special tokens; an error when

@@ -149,6 +149,8 @@ struct TurnReply {
   std::vector<int64_t> observation;  // token ids; non-empty when the episode goes on
   double reward = std::numeric_limits<double>::quiet_NaN();  // for this turn; NaN = none
   std::string detail;                                        // kEnvError: what failed
+  int tool_calls = 0;   // the turn's tool calls that ran (EpisodeTurn::tool_calls)
+  int tool_errors = 0;  // and those refused
 };
 using TurnHandler = std::function<void(TurnEnd)>;
 

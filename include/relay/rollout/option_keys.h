@@ -53,6 +53,7 @@ void visit_fields(V& v, RolloutConfig& c) {
 
 template <class V>
 void visit_fields(V& v, ArithmeticTaskConfig& c) {
+  v.field("format", c.format, rollout::kArithmeticFormatNames);
   v.field("min_operands", c.min_operands);
   v.field("max_operands", c.max_operands);
   v.field("min_digits", c.min_digits);

@@ -44,6 +44,15 @@ enum class AnswerMatch {
 inline const NameTable<AnswerMatch> kAnswerMatchNames{
     "answer match", {{"exact", AnswerMatch::kExact}, {"regex", AnswerMatch::kRegex}}};
 
+// How an arithmetic prompt reads and what its target is.
+enum class ArithmeticFormat {
+  kBrackets,    // `<3+4*5>` -> `23#` (the char tokenizer's toy)
+  kCalculator,  // "What is 37*48?" -> "1776", the target a calculator tool call
+};
+inline const NameTable<ArithmeticFormat> kArithmeticFormatNames{
+    "arithmetic format",
+    {{"brackets", ArithmeticFormat::kBrackets}, {"calculator", ArithmeticFormat::kCalculator}}};
+
 }  // namespace rollout
 
 // Sampling and the generation engine for rollouts. The engine's keys
@@ -65,6 +74,13 @@ struct ArithmeticTaskConfig {
   int min_digits = 1;  // digits per operand
   int max_digits = 1;
   std::string operators = "+";  // any of + - *
+  // (Last, so that brace initialisers of the five above still read.)
+  // brackets: `<3+4>` answered `7#` ('#' ends it). calculator: "What is 3+4?"
+  // answered "7", whose target (for warm starts) is the call
+  // <tool_call>{"name": "calculator", "arguments": {"expression": "3+4"}}</tool_call>:
+  // with task.environment calculator (or a remote one with that tool) the
+  // tool answers it, and the answer is the turn after (docs/environments.md).
+  rollout::ArithmeticFormat format = rollout::ArithmeticFormat::kBrackets;
 };
 
 struct MathAnswerTaskConfig {

@@ -115,6 +115,10 @@ struct EpisodeTurn {
   int64_t env_end = 0;
   // The environment's reward for this turn; NaN when it gave none.
   double reward = std::numeric_limits<double>::quiet_NaN();
+  // Tool calls in this turn that ran, and those the environment refused
+  // (malformed, an unknown tool, a bad argument): env::EnvStep's counts.
+  int32_t tool_calls = 0;
+  int32_t tool_errors = 0;
 };
 
 struct Trajectory {

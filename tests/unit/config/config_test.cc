@@ -235,6 +235,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  environment_address: \"\"\n"
             "  environment_timeout_s: 60.0\n"
             "  arithmetic:\n"
+            "    format: brackets\n"
             "    min_operands: 2\n"
             "    max_operands: 3\n"
             "    min_digits: 1\n"

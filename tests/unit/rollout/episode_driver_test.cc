@@ -128,6 +128,8 @@ TEST(EpisodeDriverTest, EnvironmentsAnswerTurnsOnTheirOwnThreads) {
                                      t.response_tokens.begin() + turn.env_end);
       EXPECT_EQ(obs, tok->encode("=" + std::to_string(i)).value());
       EXPECT_DOUBLE_EQ(turn.reward, 0.5);
+      EXPECT_EQ(turn.tool_calls, 1) << "the environment's count, kept per turn";
+      EXPECT_EQ(turn.tool_errors, 0);
     }
     if (t.turns.size() == 3 && t.finish_reason == FinishReason::kStop) ++answered;
   }

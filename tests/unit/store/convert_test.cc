@@ -69,6 +69,8 @@ void expect_same(const rollout::Trajectory& a, const rollout::Trajectory& b) {
     EXPECT_EQ(a.turns[i].env_end, b.turns[i].env_end);
     EXPECT_TRUE(a.turns[i].reward == b.turns[i].reward ||
                 (std::isnan(a.turns[i].reward) && std::isnan(b.turns[i].reward)));
+    EXPECT_EQ(a.turns[i].tool_calls, b.turns[i].tool_calls);
+    EXPECT_EQ(a.turns[i].tool_errors, b.turns[i].tool_errors);
   }
   EXPECT_EQ(a.finish_detail, b.finish_detail);
 }
@@ -111,7 +113,7 @@ TEST(ConvertTest, EpisodesRoundTrip) {
   t.proximal_logprobs[1] = std::numeric_limits<float>::quiet_NaN();
   t.proximal_versions[1] = -1;
   t.env_mask = {0, 1, 0};
-  t.turns = {{1, 2, 0.5}, {3, 3, std::numeric_limits<double>::quiet_NaN()}};
+  t.turns = {{1, 2, 0.5, 2, 1}, {3, 3, std::numeric_limits<double>::quiet_NaN()}};
   for (rollout::FinishReason r :
        {rollout::FinishReason::kToolBudget, rollout::FinishReason::kEnvDone,
         rollout::FinishReason::kEnvError}) {
