@@ -197,9 +197,12 @@ def main():
         faulty("hang", 1, lambda detail, _: "DEADLINE_EXCEEDED" in detail or
                "no answer within 1000 ms" in detail)
 
+    # The first Step kills the server: that episode's Step fails, and an
+    # episode not reset yet by then fails at its Reset.
     with Case("a crashed environment ends its episodes with UNAVAILABLE"):
         faulty("crash", 5, lambda detail, address:
-               f"environment at {address}: Step: UNAVAILABLE" in detail)
+               f"environment at {address}: Step: UNAVAILABLE" in detail or
+               f"environment at {address}: Reset: UNAVAILABLE" in detail)
 
     with Case("no server at the address stops the start, naming it"):
         with socket.socket() as s:  # a port nobody listens on
