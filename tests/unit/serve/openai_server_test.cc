@@ -22,6 +22,7 @@
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/policy.h"
 #include "testing/byte_tokenizer_json.h"
+#include "testing/tensor_testing.h"
 
 namespace relay::serve {
 namespace {
@@ -30,17 +31,12 @@ using nlohmann::json;
 
 constexpr int64_t kEndOfText = 256, kImEnd = 258;
 
+// The tests' tiny model, with the byte-level ChatML vocabulary and room for
+// chat prompts.
 model::PolicyConfig config() {
-  model::PolicyConfig c;
+  model::PolicyConfig c = relay::testing::TinyConfig();
   c.vocab_size = 259;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
   c.max_position_embeddings = 256;
-  c.rope_theta = 10000.0;
-  c.rms_norm_eps = 1e-6;
   return c;
 }
 
