@@ -387,11 +387,7 @@ Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
     // An episode's answer is its last model turn.
     RELAY_ASSIGN_OR_RETURN(std::string text, s.tokenizer->decode(t.answer_tokens()));
     std::string error;
-    rollout::Score score = verifier.score(prompt, text, &error);
-    if (!t.turns.empty()) {
-      score.sub_scores["environment"] = t.environment_reward();
-      score.reward += t.environment_reward();
-    }
+    const rollout::Score score = rollout::episode_score(verifier.score(prompt, text, &error), t);
     t.reward = score.reward;
     t.sub_scores = score.sub_scores;
     if (on_scored) on_scored(index, t, text, score, error);

@@ -21,6 +21,7 @@
 #include "relay/rollout/engine.h"
 #include "relay/rollout/task.h"
 #include "relay/store/rollout_store.h"
+#include "relay/store/trajectory_json.h"
 
 namespace relay::cli {
 namespace {
@@ -35,18 +36,7 @@ struct RolloutArgs {
   std::string store;  // rollout store directory to append the groups to; empty = none
 };
 
-// A float list where NaN (unknown) is null.
-nlohmann::json nullable_floats(const std::vector<float>& values) {
-  nlohmann::json out = nlohmann::json::array();
-  for (float v : values) {
-    if (std::isnan(v)) {
-      out.push_back(nullptr);
-    } else {
-      out.push_back(v);
-    }
-  }
-  return out;
-}
+using store::nullable_floats;
 
 nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& text,
                                const rollout::Score& score, const std::string& verifier_error) {
@@ -74,16 +64,7 @@ nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& 
   if (!t.turns.empty()) {
     // An episode: `response` is the answer (the last model turn); the turns
     // say which tokens are the environment's.
-    nlohmann::json turns = nlohmann::json::array();
-    for (const rollout::EpisodeTurn& turn : t.turns) {
-      turns.push_back(
-          {{"model_end", turn.model_end},
-           {"env_end", turn.env_end},
-           {"reward", std::isfinite(turn.reward) ? nlohmann::json(turn.reward) : nlohmann::json()},
-           {"tool_calls", turn.tool_calls},
-           {"tool_errors", turn.tool_errors}});
-    }
-    j["turns"] = std::move(turns);
+    j["turns"] = store::episode_turns_json(t.turns);
     j["env_mask"] = t.env_mask;
     if (!t.finish_detail.empty()) j["finish_detail"] = t.finish_detail;
   }

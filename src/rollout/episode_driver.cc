@@ -12,6 +12,13 @@
 
 namespace relay::rollout {
 
+Score episode_score(Score score, const Trajectory& t) {
+  if (t.turns.empty()) return score;
+  score.sub_scores["environment"] = t.environment_reward();
+  score.reward += t.environment_reward();
+  return score;
+}
+
 EpisodeDriver::EpisodeDriver(Engine& engine, std::shared_ptr<const env::EnvironmentFactory> factory,
                              std::shared_ptr<const model::Tokenizer> tokenizer,
                              EpisodeDriverOptions options)

@@ -1,7 +1,6 @@
 #include "relay/serve/choice_text.h"
 
 #include <algorithm>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -105,7 +104,7 @@ ChoiceText::Final ChoiceText::finish() const {
       for (const env::ToolCall& call : parsed.calls) {
         StatusOr<std::string> arguments = env::python_json(call.arguments);
         out.tool_calls.push_back(
-            {new_tool_call_id(), call.name, arguments.ok() ? *arguments : call.arguments});
+            {random_id("call_"), call.name, arguments.ok() ? *arguments : call.arguments});
       }
       const std::string before = text.substr(0, *tool_at_);
       if (before.find_first_not_of(" \t\r\n") != std::string::npos) out.content = before;
@@ -117,14 +116,6 @@ ChoiceText::Final ChoiceText::finish() const {
   out.content = text;
   if (sent_ < text.size()) out.unsent = text.substr(sent_);
   return out;
-}
-
-std::string new_tool_call_id() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id = "call_";
-  for (int i = 0; i < 24; ++i) id += kHex[rng() & 15];
-  return id;
 }
 
 }  // namespace relay::serve

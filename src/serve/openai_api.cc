@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <random>
 #include <set>
 #include <utility>
 
@@ -507,6 +508,14 @@ std::string models_json(const std::string& model, int64_t created) {
       {"data",
        Json::array(
            {{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "relay"}}})}});
+}
+
+std::string random_id(std::string_view prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(prefix);
+  for (int i = 0; i < 24; ++i) id += kHex[rng() & 15];
+  return id;
 }
 
 std::string sse_event(const std::string& json) { return absl::StrCat("data: ", json, "\n\n"); }

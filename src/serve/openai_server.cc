@@ -41,14 +41,6 @@ ApiError api_error(int status, std::string message, std::string type, std::strin
   return e;
 }
 
-std::string random_id(const char* prefix) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id = prefix;
-  for (int i = 0; i < 24; ++i) id += kHex[rng() & 15];
-  return id;
-}
-
 const char* finish_name(rollout::FinishReason r) {
   return r == rollout::FinishReason::kLength ? "length" : "stop";
 }
@@ -405,6 +397,7 @@ namespace {
 
 // The choices of a finished group: text, calls, tokens and finish reason.
 std::vector<Choice> choices_of(const rollout::TrajectoryGroup& group, const Call& call,
+                               const model::Tokenizer& tokenizer,
                                std::vector<ChoiceText::Final>* finals) {
   std::vector<Choice> out;
   for (size_t i = 0; i < group.trajectories.size(); ++i) {
@@ -418,12 +411,21 @@ std::vector<Choice> choices_of(const rollout::TrajectoryGroup& group, const Call
                       : call.stopped_by_text(static_cast<int>(i)) ? "stop"
                                                                   : finish_name(t.finish_reason);
     for (size_t j = 0; j < t.response_tokens.size(); ++j) {
-      c.tokens.push_back({t.response_tokens[j], "", t.behavior_logprobs[j], t.token_versions[j]});
+      StatusOr<std::string> text = tokenizer.decode({t.response_tokens[j]});
+      c.tokens.push_back({t.response_tokens[j], text.ok() ? *text : "", t.behavior_logprobs[j],
+                          t.token_versions[j]});
     }
     out.push_back(std::move(c));
     finals->push_back(std::move(f));
   }
   return out;
+}
+
+Usage usage_of(const std::vector<int64_t>& prompt, const std::vector<Choice>& choices) {
+  Usage u;
+  u.prompt_tokens = static_cast<int64_t>(prompt.size());
+  for (const Choice& c : choices) u.completion_tokens += static_cast<int64_t>(c.tokens.size());
+  return u;
 }
 
 bool aborted(const rollout::TrajectoryGroup& group, const Call& call) {
@@ -450,16 +452,8 @@ void OpenAiServer::Impl::respond(Generation& g, const ResponseHead& head, Call& 
                        "server_error", "unavailable"));
   }
   std::vector<ChoiceText::Final> finals;
-  std::vector<Choice> choices = choices_of(*group, call, &finals);
-  Usage usage;
-  usage.prompt_tokens = static_cast<int64_t>(g.prompt.size());
-  for (Choice& c : choices) {
-    usage.completion_tokens += static_cast<int64_t>(c.tokens.size());
-    for (TokenInfo& t : c.tokens) {
-      StatusOr<std::string> text = model.tokenizer->decode({t.id});
-      t.text = text.ok() ? *text : "";
-    }
-  }
+  std::vector<Choice> choices = choices_of(*group, call, *model.tokenizer, &finals);
+  const Usage usage = usage_of(g.prompt, choices);
   if (!g.episode_id.empty()) finish_episode(g, *group, finals.at(0));
   res.set_content(g.chat ? chat_completion_json(head, choices, usage, g.params.logprobs)
                          : completion_json(head, choices, usage, g.params.logprobs),
@@ -510,11 +504,8 @@ void OpenAiServer::Impl::stream(Generation g, ResponseHead head, std::shared_ptr
           }
         }
         bool done = false;
-        for (ChoiceDelta& d : call->next_deltas(&done)) {
-          for (TokenInfo& t : d.tokens) {
-            StatusOr<std::string> text = model.tokenizer->decode({t.id});
-            t.text = text.ok() ? *text : "";
-          }
+        // Each token's text was decoded as it arrived (Call::on_tokens).
+        for (const ChoiceDelta& d : call->next_deltas(&done)) {
           if (!chunk(d)) return gone();
         }
         if (!done) return true;
@@ -528,11 +519,9 @@ void OpenAiServer::Impl::stream(Generation g, ResponseHead head, std::shared_ptr
                              .json()));
         } else {
           std::vector<ChoiceText::Final> finals;
-          std::vector<Choice> choices = choices_of(*group, *call, &finals);
-          Usage usage;
-          usage.prompt_tokens = static_cast<int64_t>(g.prompt.size());
+          std::vector<Choice> choices = choices_of(*group, *call, *model.tokenizer, &finals);
+          const Usage usage = usage_of(g.prompt, choices);
           for (size_t i = 0; i < choices.size(); ++i) {
-            usage.completion_tokens += static_cast<int64_t>(choices[i].tokens.size());
             ChoiceDelta last;
             last.index = static_cast<int>(i);
             last.text = finals[i].unsent;

@@ -5,15 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "relay/store/trajectory_json.h"
 
 namespace relay::store {
 namespace {
-
-nlohmann::json floats(const std::vector<float>& v) {
-  nlohmann::json out = nlohmann::json::array();
-  for (float x : v) out.push_back(std::isfinite(x) ? nlohmann::json(x) : nlohmann::json());
-  return out;
-}
 
 nlohmann::json histogram(const std::map<int64_t, int64_t>& h) {
   nlohmann::json out = nlohmann::json::object();
@@ -157,23 +152,14 @@ std::string report_json(const StoreReport& r) {
         {"reward", std::isfinite(t.reward) ? nlohmann::json(t.reward) : nlohmann::json()},
         {"prompt_tokens", t.prompt_tokens},
         {"response_tokens", t.response_tokens},
-        {"behavior_logprobs", floats(t.behavior_logprobs)},
+        {"behavior_logprobs", nullable_floats(t.behavior_logprobs)},
         {"token_versions", t.token_versions},
-        {"proximal_logprobs", floats(t.proximal_logprobs)},
+        {"proximal_logprobs", nullable_floats(t.proximal_logprobs)},
         {"proximal_versions", t.proximal_versions},
         {"offpolicy_mask", t.offpolicy_mask},
         {"env_mask", t.env_mask},
         {"finish_reason", rollout::finish_reason_name(t.finish_reason)}};
-    nlohmann::json turns = nlohmann::json::array();
-    for (const rollout::EpisodeTurn& turn : t.turns) {
-      turns.push_back(
-          {{"model_end", turn.model_end},
-           {"env_end", turn.env_end},
-           {"reward", std::isfinite(turn.reward) ? nlohmann::json(turn.reward) : nlohmann::json()},
-           {"tool_calls", turn.tool_calls},
-           {"tool_errors", turn.tool_errors}});
-    }
-    j["sample"]["turns"] = turns;
+    j["sample"]["turns"] = episode_turns_json(t.turns);
   }
   return j.dump(2);
 }

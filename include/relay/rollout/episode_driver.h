@@ -35,6 +35,7 @@
 #include "relay/model/chat_template.h"
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/engine.h"
+#include "relay/rollout/task.h"
 
 namespace relay::rollout {
 
@@ -57,6 +58,12 @@ struct EpisodeDriverStats {
   int64_t env_timeouts = 0;  // of those, calls abandoned at step_timeout
   double env_seconds = 0.0;  // wall time inside Environment::step, summed
 };
+
+// A trajectory's score from the verifier's score of its answer
+// (Trajectory::answer_tokens): for an episode, plus the environment's turn
+// rewards, which also show as sub-score "environment"; for a single
+// response, the verifier's as it is.
+Score episode_score(Score verifier_score, const Trajectory& t);
 
 class EpisodeDriver {
  public:

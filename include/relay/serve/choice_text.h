@@ -68,7 +68,4 @@ class ChoiceText {
   std::optional<size_t> tool_at_;  // where the first "<tool_call>" starts
 };
 
-// "call_" and 24 random hex digits, as OpenAI's ids look.
-std::string new_tool_call_id();
-
 }  // namespace relay::serve

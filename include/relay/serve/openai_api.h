@@ -140,6 +140,10 @@ std::string completion_chunk_json(const ResponseHead& head, const ChoiceDelta& d
 // The last chunk of a stream with stream_options.include_usage: no choices.
 std::string usage_chunk_json(const ResponseHead& head, bool chat, const Usage& usage);
 
+// `prefix` and 24 random hex digits, as OpenAI's ids look: "chatcmpl-...",
+// "cmpl-...", "call_...".
+std::string random_id(std::string_view prefix);
+
 // GET /v1/models.
 std::string models_json(const std::string& model, int64_t created);
 

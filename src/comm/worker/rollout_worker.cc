@@ -240,11 +240,7 @@ Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> grou
         t.reward = 0.0;
         return OkStatus();
       }
-      rollout::Score s = verifier_.score(it->second.prompt, *text);
-      if (!t.turns.empty()) {
-        s.sub_scores["environment"] = t.environment_reward();
-        s.reward += t.environment_reward();
-      }
+      const rollout::Score s = rollout::episode_score(verifier_.score(it->second.prompt, *text), t);
       t.reward = s.reward;
       t.sub_scores = s.sub_scores;
       return OkStatus();
