@@ -27,6 +27,16 @@ endif()
 find_package(Threads REQUIRED)
 find_package(absl REQUIRED)
 find_package(Protobuf REQUIRED)
+# relay's generated code links the libprotobuf whose protoc generated it, by
+# file. A LibTorch 2.x config may define protobuf::libprotobuf first (torch
+# carries its own protobuf inside libtorch); FindProtobuf then keeps that
+# target, and on the GPU machine (PyTorch 2.11 wheel) it linked no library.
+if(Protobuf_LIBRARY AND EXISTS "${Protobuf_LIBRARY}")
+  set(RELAY_PROTOBUF_LIBRARY "${Protobuf_LIBRARY}")
+else()
+  find_library(RELAY_PROTOBUF_LIBRARY NAMES protobuf REQUIRED)
+endif()
+message(STATUS "relay: protobuf ${Protobuf_VERSION}: ${RELAY_PROTOBUF_LIBRARY}")
 find_package(gRPC CONFIG REQUIRED)
 # OpenSSL's libcrypto: relay_comm checks a TLS certificate and key before
 # handing them to gRPC (which links OpenSSL on Debian: libgrpc-dev depends on

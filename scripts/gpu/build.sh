@@ -20,7 +20,9 @@
 #   --jobs       default: every core
 #
 # Environment: RELAY_GPU_CMAKE_ARGS, extra cmake arguments (split at spaces);
-# TORCH_CUDA_ARCH_LIST (default 9.0, Hopper). Writes BUILD_DIR/build.log
+# RELAY_GPU_TARGETS, the ninja targets to build instead of the default set
+# (split at spaces; e.g. "relay relay-trainer relay-rollout relay_cuda_tests"
+# when device time is short); TORCH_CUDA_ARCH_LIST (default 9.0, Hopper). Writes BUILD_DIR/build.log
 # (and a copy under $OUT when the device tool set it) and BUILD_DIR/gpu-env.sh,
 # which check.sh reads.
 set -euo pipefail
@@ -284,7 +286,9 @@ fi
 
 # ---- build ----
 targets=()
-if [ "$all" = 0 ]; then
+if [ -n "${RELAY_GPU_TARGETS:-}" ] && [ "$all" = 0 ]; then
+  read -r -a targets <<<"$RELAY_GPU_TARGETS"
+elif [ "$all" = 0 ]; then
   targets=(relay relay-trainer relay-rollout rollout_bench)
   while read -r t; do targets+=("$t"); done < <(
     ninja -C "$build_dir" -t targets all 2>/dev/null |
@@ -292,7 +296,8 @@ if [ "$all" = 0 ]; then
       grep -Ev '^relay_(integration|process|service|dashboard)_tests$' | sort -u)
 fi
 step "build ${targets[*]:-all} with $jobs jobs"
-ninja -C "$build_dir" -j "$jobs" "${targets[@]}" || die "the build failed (log: $log)"
+# -k 0: every compile error of a first build against a new LibTorch at once.
+ninja -C "$build_dir" -j "$jobs" -k 0 "${targets[@]}" || die "the build failed (log: $log)"
 step "built"
 
 # ---- which libraries the binaries load ----

@@ -119,9 +119,10 @@ bool reset_peak_rss() {
 int64_t device_peak_bytes(c10::Device device) {
 #ifdef RELAY_WITH_CUDA
   if (device.is_cuda()) {
-    using c10::cuda::CUDACachingAllocator::StatType;
+    // Index 0 is StatType::AGGREGATE, an enum that moved namespaces across
+    // LibTorch 2.x (CUDACachingAllocator, then CachingDeviceAllocator).
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+    return stats.allocated_bytes[0].peak;
   }
 #endif
   return -1;

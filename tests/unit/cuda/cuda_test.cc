@@ -418,6 +418,7 @@ TEST(CudaTrainerTest, Bf16WeightsTrainThroughFp32MasterCopies) {
   const auto groups = sample_groups(policy, std::nullopt);
   policy->to(torch::kBFloat16);
   trainer::TrainerOptions o;  // AdamW's own eps: each step moves a weight by about lr
+  o.max_staleness = -1;       // the same groups are trained on at every step
   o.optimizer.lr = 1e-4;      // below bf16's spacing for weights of ~0.3
   o.allow_missing_logprobs = true;
   auto trainer = trainer::Trainer::create(policy, o).value();
