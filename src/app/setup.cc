@@ -334,6 +334,16 @@ StatusOr<uint64_t> weights_digest(const model::PolicyImpl& policy) {
   return m.digest;
 }
 
+serve::ServedModel served_model(const RolloutSetup& s) {
+  serve::ServedModel m;
+  m.tokenizer = s.tokenizer;
+  m.chat_template = s.chat_template;
+  m.stop_tokens = s.engine.stop_tokens;
+  m.context =
+      s.engine.max_seq_len > 0 ? s.engine.max_seq_len : s.policy->config().max_position_embeddings;
+  return m;
+}
+
 // One task prompt as an engine group: rollout.n samples, the prompt (and
 // target, for prefix guidance) tokenized; errors name the prompt.
 StatusOr<rollout::PromptGroup> prompt_group(const RolloutSetup& s, const rollout::TaskPrompt& p,

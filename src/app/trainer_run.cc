@@ -218,6 +218,7 @@ StatusOr<std::unique_ptr<comm::TrainerService>> make_service(const TrainerContex
   sopt.max_staleness = c.s.config.trainer.max_staleness;
   sopt.greedy_baseline =
       c.s.config.trainer.advantage.estimator == trainer::AdvantageEstimator::kRemax;
+  sopt.agent_prompts = !c.s.config.rollout.agent.listen.empty();
   sopt.limits = submission_limits(c.s);
   comm::TrainerHost* host = v.host.get();
   return std::make_unique<comm::TrainerService>(sopt, c.store.get(), v.dispenser.get(),

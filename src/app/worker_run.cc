@@ -2,12 +2,15 @@
 
 #include "relay/app/worker_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "relay/comm/rpc/grpc_trainer_client.h"
@@ -46,6 +49,36 @@ StatusOr<comm::ClientOptions> client_options(const WorkerRunArgs& args, const Se
   return co;
 }
 
+// rollout.agent.listen: the worker's endpoint for agents, set up as relay
+// serve's; nullopt when agents are off.
+StatusOr<std::optional<comm::RolloutWorkerOptions::Agents>> agent_options(const WorkerRunArgs& args,
+                                                                          const RolloutSetup& s) {
+  const AgentConfig& a = s.config.rollout.agent;
+  if (a.listen.empty()) return std::nullopt;
+  if (s.chat_template == model::ChatTemplate::kNone) {
+    return InvalidArgumentError(
+        "rollout.agent.listen: agents send chat messages, which need the model's chat template "
+        "(model.chat_template)");
+  }
+  comm::RolloutWorkerOptions::Agents ag;
+  const size_t colon = a.listen.rfind(':');  // the config checked host:port
+  ag.serve.host = a.listen.substr(0, colon);
+  ag.serve.port = std::stoi(a.listen.substr(colon + 1));
+  ag.serve.model_name = s.config.experiment.name;
+  RELAY_ASSIGN_OR_RETURN(ag.serve.token, auth_token(s.config.services, args.token));
+  // A turn's tokens default to the run's rollout.max_new_tokens.
+  ag.serve.default_max_tokens = s.engine.max_new_tokens;
+  ag.serve.max_requests = std::max(64, s.config.rollout.groups_in_flight * s.config.rollout.n);
+  // What the trainer accepts of an episode (rollout.episode).
+  ag.serve.episode_limits = serve::ServeOptions::EpisodeLimits{
+      s.engine.episode.max_turns, s.engine.response_budget(/*episode=*/true)};
+  ag.model = served_model(s);
+  ag.episodes.system_prompt = s.config.model.system_prompt;
+  ag.episodes.episode_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(std::ceil(a.episode_timeout_s * 1000)));
+  return ag;
+}
+
 StatusOr<std::unique_ptr<comm::RolloutWorker>> make_worker(const WorkerRunArgs& args,
                                                            RolloutSetup& s) {
   const ServicesConfig& sv = s.config.services;
@@ -55,13 +88,19 @@ StatusOr<std::unique_ptr<comm::RolloutWorker>> make_worker(const WorkerRunArgs& 
   wo.max_groups_in_flight = s.config.rollout.groups_in_flight;
   wo.weight_sync = sv.weight_sync;
   wo.weight_sync_timeout_ms = static_cast<int64_t>(std::ceil(sv.weight_sync_timeout_s * 1000));
+  RELAY_ASSIGN_OR_RETURN(wo.agents, agent_options(args, s));
+  if (!s.config.rollout.agent.command.empty() && !args.start_agent) {
+    return InvalidArgumentError(
+        "rollout.agent.command: this program does not start agents; relay-rollout does");
+  }
   RELAY_ASSIGN_OR_RETURN(std::unique_ptr<comm::TrainerClient> client,
                          comm::GrpcTrainerClient::connect(co));
   return std::make_unique<comm::RolloutWorker>(
       std::move(client), s.policy, s.engine, s.task, s.tokenizer,
       std::chrono::milliseconds(
           static_cast<int64_t>(std::ceil(s.config.task.verifier_timeout_s * 1000))),
-      wo, s.environment, episode_driver_options(s));
+      // With agents, task.environment serves only the trainer's own episodes.
+      wo, wo.agents ? nullptr : s.environment, episode_driver_options(s));
 }
 
 // Registers, retrying while the trainer is unreachable (still starting, or
@@ -117,10 +156,13 @@ int finish(comm::RolloutWorker& worker, const Status& result, bool stopped) {
   const comm::RolloutWorkerStats& st = worker.stats();
   std::printf(
       "worker %s: %lld groups submitted, %lld accepted, %lld refused, %lld versions applied "
-      "(%lld by broadcast)\n",
+      "(%lld by broadcast)%s\n",
       id.c_str(), static_cast<long long>(st.groups_submitted),
       static_cast<long long>(st.groups_accepted), static_cast<long long>(st.groups_refused),
-      static_cast<long long>(st.versions_applied), static_cast<long long>(st.versions_broadcast));
+      static_cast<long long>(st.versions_applied), static_cast<long long>(st.versions_broadcast),
+      !worker.serves_agents()
+          ? ""
+          : absl::StrCat(", ", st.agent_groups_dropped, " agent groups dropped").c_str());
   if (run_finished(result)) {
     std::printf("worker %s: the run is finished; stopping\n", id.c_str());
     return 0;
@@ -160,6 +202,23 @@ int run_worker(const WorkerRunArgs& args, const std::function<void()>& on_ready,
   }
   std::printf("worker %s: running version %lld\n", (*worker)->worker_id().c_str(),
               static_cast<long long>((*worker)->version()));
+  if (const std::string url = (*worker)->agent_url(); !url.empty()) {
+    std::printf("worker %s: agents play episodes through %s\n", (*worker)->worker_id().c_str(),
+                url.c_str());
+    const std::vector<std::string>& command = setup->config.rollout.agent.command;
+    if (!command.empty()) {
+      StatusOr<std::string> token = auth_token(setup->config.services, args.token);
+      if (!token.ok()) return fail(token.status());
+      Status s = args.start_agent(
+          command, {absl::StrCat("OPENAI_BASE_URL=", url),
+                    absl::StrCat("OPENAI_API_KEY=", token->empty() ? "relay" : *token),
+                    absl::StrCat("RELAY_MODEL=", setup->config.experiment.name)});
+      if (!s.ok()) {
+        (void)(*worker)->drain();
+        return fail(s);
+      }
+    }
+  }
   std::fflush(stdout);
   const Status result = serve(**worker, args.reconnect_s, stop);
   return finish(**worker, result, stop());

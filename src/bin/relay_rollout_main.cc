@@ -10,16 +10,23 @@
 // TLS, the token file, call deadlines and weight sync come from the config's
 // services section. On SIGTERM the worker stops generating and gives its
 // open leases back, so their prompts are leased again at once. The run
-// itself is app/worker_run.h; this file reads the flags.
+// itself is app/worker_run.h; this file reads the flags, and owns the agent
+// program of rollout.agent.command: started once the worker's endpoint
+// listens, stopped (SIGTERM) when the worker stops; if it exits first, the
+// worker stops too, gives its leases back and exits 1 saying how it ended.
 
 #include <CLI/CLI.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_join.h"
+#include "bin/child_process.h"
 #include "relay/app/setup.h"
 #include "relay/app/worker_run.h"
 #include "relay/common/logging.h"
@@ -28,6 +35,36 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
+
+// rollout.agent.command, once started.
+struct Agent {
+  pid_t pid = -1;
+  std::string command;
+  std::optional<relay::cli::ChildExit> exit;  // set when it ended by itself
+};
+Agent g_agent;
+
+// Whether the agent program has ended (and how, in g_agent.exit).
+bool agent_ended() {
+  if (g_agent.pid < 0 || g_agent.exit) return g_agent.exit.has_value();
+  g_agent.exit = relay::cli::poll_exit(g_agent.pid);
+  return g_agent.exit.has_value();
+}
+
+relay::Status start_agent(const std::vector<std::string>& command,
+                          const std::vector<std::string>& env) {
+  // env searches PATH for the program, as a shell would.
+  std::vector<std::string> args{"/usr/bin/env"};
+  args.insert(args.end(), command.begin(), command.end());
+  relay::StatusOr<pid_t> pid = relay::cli::spawn(args, env);
+  if (!pid.ok()) return pid.status();
+  g_agent.pid = *pid;
+  g_agent.command = absl::StrJoin(command, " ");
+  std::printf("relay-rollout: started the agent (pid %d): %s\n", static_cast<int>(*pid),
+              g_agent.command.c_str());
+  std::fflush(stdout);
+  return relay::OkStatus();
+}
 
 // The flags into `args`; an exit code when the process should end now
 // (--help, a bad flag).
@@ -74,5 +111,18 @@ int main(int argc, char** argv) {
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
   };
-  return relay::app::run_worker(args, on_ready, [] { return g_stop.load(); });
+  args.start_agent = start_agent;
+  const int code =
+      relay::app::run_worker(args, on_ready, [] { return g_stop.load() || agent_ended(); });
+  if (g_agent.pid < 0) return code;
+  if (g_agent.exit && !g_stop.load()) {
+    // The agent ended while the worker could go on: nothing plays its episodes.
+    std::fprintf(stderr,
+                 "relay-rollout: the agent (rollout.agent.command: %s) %s before the worker "
+                 "stopped\n",
+                 g_agent.command.c_str(), relay::cli::describe_exit(*g_agent.exit).c_str());
+    return code == 0 ? 1 : code;
+  }
+  if (!g_agent.exit) relay::cli::stop_child(g_agent.pid, std::chrono::seconds(10));
+  return code;
 }

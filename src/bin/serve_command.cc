@@ -74,12 +74,7 @@ int serve(ServeArgs& args) {
   StatusOr<std::unique_ptr<rollout::Engine>> engine =
       rollout::Engine::create(s->policy, s->engine, /*version=*/0, *digest);
   if (!engine.ok()) return fail(engine.status());
-  serve::ServedModel model;
-  model.tokenizer = s->tokenizer;
-  model.chat_template = s->chat_template;
-  model.stop_tokens = s->engine.stop_tokens;
-  model.context = s->engine.max_seq_len > 0 ? s->engine.max_seq_len
-                                            : s->policy->config().max_position_embeddings;
+  const serve::ServedModel model = app::served_model(*s);
   serve::ServingEngine serving(*std::move(engine));
   serve::ServeOptions options;
   options.host = address->first;

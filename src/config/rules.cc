@@ -147,6 +147,16 @@ void check(const ExperimentConfig& config, Problems p) {
   p.at_least("trainer.max_staleness", config.trainer.max_staleness, 0);
   check(config.rollout, p.at("rollout"));
   check(config.task, p.at("task"));
+  // Who answers the model's tool calls: relay's environment, or the agents.
+  const bool agents = !config.rollout.agent.listen.empty();
+  const bool environment = config.task.environment != rollout::EnvironmentKind::kNone;
+  if (config.task.name == rollout::TaskKind::kArithmetic &&
+      config.task.arithmetic.format == rollout::ArithmeticFormat::kCalculator && !environment &&
+      !agents) {
+    p.add("task.arithmetic.format",
+          "calculator's targets are tool calls: it needs task.environment calculator or remote, "
+          "or agents (rollout.agent.listen), to answer them");
+  }
   trainer::check(config.trainer, p.at("trainer"));
 }
 

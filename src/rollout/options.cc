@@ -1,5 +1,6 @@
 #include "relay/rollout/options.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace relay {
@@ -17,6 +18,29 @@ void check(const RolloutConfig& r, Problems p) {
   if (n_prefix > r.n) {
     p.at("prefix").add("n_prefix", absl::StrCat("must be <= ", p.path("n"), " (", r.n, ")"),
                        n_prefix);
+  }
+  Problems agent = p.at("agent");
+  agent.positive("episode_timeout_s", r.agent.episode_timeout_s);
+  if (!r.agent.listen.empty()) {
+    const size_t colon = r.agent.listen.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(r.agent.listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+      agent.add("listen", "must be host:port (port 0 = any free one)", r.agent.listen);
+    } else if (r.workers > 1 && port != 0) {
+      agent.add("listen",
+                absl::StrCat("names port ", port, ", which the ", r.workers,
+                             " workers of rollout.workers cannot all listen on; use port 0"),
+                r.agent.listen);
+    }
+  } else if (!r.agent.command.empty()) {
+    agent.add("command", "needs rollout.agent.listen: the endpoint the agent plays through",
+              r.agent.command.front());
+  }
+  for (size_t i = 0; i < r.agent.command.size(); ++i) {
+    if (r.agent.command[i].empty()) {
+      agent.add(absl::StrCat("command[", i, "]"), "must be non-empty, got ''");
+    }
   }
 }
 
@@ -41,14 +65,6 @@ void check(const TaskConfig& task, Problems p) {
           task.environment_address);
   }
   check(task.arithmetic, p.at("arithmetic"));
-  if (task.name == rollout::TaskKind::kArithmetic &&
-      task.arithmetic.format == rollout::ArithmeticFormat::kCalculator &&
-      task.environment == rollout::EnvironmentKind::kNone) {
-    p.at("arithmetic")
-        .add("format",
-             "calculator's targets are tool calls: it needs task.environment calculator or "
-             "remote (a tool to answer them)");
-  }
   p.at("math_answer").in_range("format_reward", task.math_answer.format_reward, 0, 1);
   Problems jsonl = p.at("jsonl");
   jsonl.non_empty("prompt_key", task.jsonl.prompt_key);

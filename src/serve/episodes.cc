@@ -148,6 +148,9 @@ StatusOr<EpisodeCall> EpisodeStore::begin_call(
       call.prompt.insert(call.prompt.end(), appended.begin(), appended.end());
       call.appended = static_cast<int64_t>(appended.size());
       call.continued = true;
+      call.turns = e.calls;
+      call.response_tokens =
+          static_cast<int64_t>(e.trajectory.response_tokens.size() + appended.size());
     }
   }
   if (!call.continued) {
@@ -189,7 +192,10 @@ void EpisodeStore::finish_call(const std::string& id, const rollout::Trajectory&
   }
   append_model(t, sampled);
   const auto R = static_cast<int64_t>(t.response_tokens.size());
-  t.turns.push_back({R, R, std::numeric_limits<double>::quiet_NaN()});
+  // The calls the model made in this turn, as the response parsed them; the
+  // agent runs them, so whether they failed is not known here.
+  t.turns.push_back({R, R, std::numeric_limits<double>::quiet_NaN(),
+                     static_cast<int32_t>(reply.tool_calls.size()), 0});
   e.tokens = e.call_prompt;
   e.tokens.insert(e.tokens.end(), sampled.response_tokens.begin(), sampled.response_tokens.end());
   e.messages = std::move(e.call_messages);

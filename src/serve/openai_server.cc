@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "relay/common/utf8.h"
@@ -149,7 +150,26 @@ struct Generation {
   std::string episode_id;
   std::vector<env::ConversationMessage> messages;  // chat: for the episode
   std::vector<std::string> tools;
+  std::optional<int64_t> budget;  // tokens an episode has left (inside training)
 };
+
+// The body of a call that takes one optional field, `key`: empty, or a JSON
+// object with that key at most. The field's value when given.
+std::variant<std::optional<nlohmann::json>, ApiError> small_body(const std::string& text,
+                                                                 const std::string& key) {
+  if (text.empty()) return std::optional<nlohmann::json>();
+  nlohmann::json body = nlohmann::json::parse(text, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    return bad_request("", "the request body must be a JSON object");
+  }
+  for (const auto& [k, value] : body.items()) {
+    if (k != key) {
+      return bad_request(k, absl::StrCat("Unrecognized request argument supplied: ", k));
+    }
+  }
+  if (!body.contains(key)) return std::optional<nlohmann::json>();
+  return std::optional<nlohmann::json>(body[key]);
+}
 
 }  // namespace
 
@@ -171,6 +191,7 @@ struct OpenAiServer::Impl {
   std::atomic<int> in_flight{0};
   std::mutex sink_mu;
   std::function<void(EndedEpisode)> sink;
+  std::atomic<EpisodeSource*> source{nullptr};
 
   void routes();
   // The checks every /v1 call passes: the token, then the engine.
@@ -178,6 +199,8 @@ struct OpenAiServer::Impl {
   void chat(const httplib::Request& req, httplib::Response& res);
   void completions(const httplib::Request& req, httplib::Response& res);
   void end_episode(const httplib::Request& req, httplib::Response& res);
+  void take_episode(const httplib::Request& req, httplib::Response& res);
+  std::optional<ApiError> check_sampling(const SamplingRequest& r) const;
   void generate(Generation g, httplib::Response& res);
   std::optional<ApiError> check_model(const SamplingRequest& r) const;
   rollout::PromptGroup group_of(const Generation& g, const std::string& id,
@@ -211,6 +234,28 @@ std::optional<ApiError> OpenAiServer::Impl::check_model(const SamplingRequest& r
   return std::nullopt;
 }
 
+std::optional<ApiError> OpenAiServer::Impl::check_sampling(const SamplingRequest& r) const {
+  if (!options.run_sampling) return std::nullopt;
+  const ServeOptions::RunSampling& run = *options.run_sampling;
+  auto refuse = [](const char* field, const std::string& asked, const std::string& run_value) {
+    return bad_request(
+        field, absl::StrCat(field, ": ", asked, " differs from the run's sampling (", run_value,
+                            "); inside training requests sample as the run does: "
+                            "leave it out or send the run's value"));
+  };
+  if (r.temperature && *r.temperature != run.temperature) {
+    return refuse("temperature", absl::StrCat(*r.temperature),
+                  absl::StrCat("rollout.temperature ", run.temperature));
+  }
+  if (r.top_p && *r.top_p != run.top_p) {
+    return refuse("top_p", absl::StrCat(*r.top_p), absl::StrCat("rollout.top_p ", run.top_p));
+  }
+  if (r.top_k && (*r.top_k < 0 ? 0 : *r.top_k) != run.top_k) {
+    return refuse("top_k", absl::StrCat(*r.top_k), absl::StrCat("rollout.top_k ", run.top_k));
+  }
+  return std::nullopt;
+}
+
 void OpenAiServer::Impl::routes() {
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     Status s = engine.health();
@@ -225,6 +270,9 @@ void OpenAiServer::Impl::routes() {
               [this](const httplib::Request& req, httplib::Response& res) { chat(req, res); });
   server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     completions(req, res);
+  });
+  server.Post("/v1/episodes", [this](const httplib::Request& req, httplib::Response& res) {
+    take_episode(req, res);
   });
   server.Post(
       R"(/v1/episodes/([^/]+)/end)",
@@ -245,6 +293,7 @@ void OpenAiServer::Impl::chat(const httplib::Request& req, httplib::Response& re
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
   ChatRequest& r = std::get<ChatRequest>(parsed);
   if (auto e = check_model(r)) return send_error(res, *e);
+  if (auto e = check_sampling(r)) return send_error(res, *e);
   Generation g;
   g.chat = true;
   g.params = r;
@@ -255,6 +304,14 @@ void OpenAiServer::Impl::chat(const httplib::Request& req, httplib::Response& re
   if (!g.episode_id.empty()) {
     if (r.n != 1) {
       return send_error(res, bad_request("n", "n: must be 1 in an episode (one sequence goes on)"));
+    }
+    if (EpisodeSource* src = source.load(); src != nullptr && !src->is_open(g.episode_id)) {
+      return send_error(res, api_error(404,
+                                       absl::StrCat("episode '", g.episode_id,
+                                                    "' was not handed out by this worker, or it "
+                                                    "ended or expired; take one with POST "
+                                                    "/v1/episodes"),
+                                       "invalid_request_error", "episode_not_found"));
     }
     StatusOr<EpisodeCall> call = episodes.begin_call(g.episode_id, r.messages, r.tools);
     if (!call.ok()) {
@@ -270,6 +327,24 @@ void OpenAiServer::Impl::chat(const httplib::Request& req, httplib::Response& re
       return send_error(res, bad_request("messages", std::string(s.message())));
     }
     g.prompt = call->prompt;
+    if (const auto& lim = options.episode_limits) {
+      g.budget = lim->max_tokens - call->response_tokens;
+      std::string spent;
+      if (call->turns >= lim->max_turns) {
+        spent = absl::StrCat("the episode has had its ", lim->max_turns,
+                             " model turns (rollout.episode.max_turns)");
+      } else if (*g.budget < 1) {
+        spent = absl::StrCat("the episode's response holds ", call->response_tokens,
+                             " tokens with this call's messages, and its budget is ",
+                             lim->max_tokens, " (rollout.episode.max_tokens)");
+      }
+      if (!spent.empty()) {
+        episodes.abandon_call(g.episode_id);
+        return send_error(
+            res, api_error(400, absl::StrCat(spent, "; end the episode"), "invalid_request_error",
+                           "episode_budget_exhausted", "messages"));
+      }
+    }
     res.set_header("X-Relay-Episode-Continued", call->continued ? "true" : "false");
   } else {
     StatusOr<std::string> text = env::render_conversation(model.chat_template, r.messages, r.tools);
@@ -291,6 +366,7 @@ void OpenAiServer::Impl::completions(const httplib::Request& req, httplib::Respo
   if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
   CompletionRequest& r = std::get<CompletionRequest>(parsed);
   if (auto e = check_model(r)) return send_error(res, *e);
+  if (auto e = check_sampling(r)) return send_error(res, *e);
   if (!req.get_header_value(kEpisodeHeader).empty()) {
     return send_error(res, bad_request("",
                                        "episodes are chat conversations: use "
@@ -346,6 +422,7 @@ void OpenAiServer::Impl::generate(Generation g, httplib::Response& res) {
   const auto prompt_len = static_cast<int64_t>(g.prompt.size());
   const int64_t room = model.context - prompt_len;
   int64_t max_tokens = g.params.max_tokens.value_or(std::min(options.default_max_tokens, room));
+  if (g.budget) max_tokens = std::min(max_tokens, *g.budget);
   if (room < 1 || max_tokens > room) {
     abandon();
     return send_error(
@@ -542,23 +619,14 @@ void OpenAiServer::Impl::stream(Generation g, ResponseHead head, std::shared_ptr
 void OpenAiServer::Impl::end_episode(const httplib::Request& req, httplib::Response& res) {
   if (auto e = admit(req)) return send_error(res, *e);
   const std::string id = req.matches[1];
+  auto body = small_body(req.body, "reward");
+  if (auto* e = std::get_if<ApiError>(&body)) return send_error(res, *e);
   double reward = std::nan("");
-  if (!req.body.empty()) {
-    nlohmann::json body = nlohmann::json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
-      return send_error(res, bad_request("", "the request body must be a JSON object"));
+  if (const auto& value = std::get<std::optional<nlohmann::json>>(body)) {
+    if (!value->is_null() && (!value->is_number() || !std::isfinite(value->get<double>()))) {
+      return send_error(res, bad_request("reward", "reward: must be a finite number or null"));
     }
-    for (const auto& [key, value] : body.items()) {
-      if (key != "reward") {
-        return send_error(res, bad_request(key, absl::StrCat("Unrecognized request argument "
-                                                             "supplied: ",
-                                                             key)));
-      }
-      if (!value.is_null() && (!value.is_number() || !std::isfinite(value.get<double>()))) {
-        return send_error(res, bad_request("reward", "reward: must be a finite number or null"));
-      }
-      if (value.is_number()) reward = value.get<double>();
-    }
+    if (value->is_number()) reward = value->get<double>();
   }
   StatusOr<EndedEpisode> ended = episodes.end(id, reward);
   if (!ended.ok()) {
@@ -580,7 +648,63 @@ void OpenAiServer::Impl::end_episode(const httplib::Request& req, httplib::Respo
     std::lock_guard<std::mutex> lock(sink_mu);
     to = sink;
   }
-  if (to) to(*std::move(ended));
+  if (EpisodeSource* src = source.load()) {
+    if (to) to(*ended);
+    src->end(*std::move(ended));
+  } else if (to) {
+    to(*std::move(ended));
+  }
+  res.set_content(out.dump(), "application/json");
+}
+
+void OpenAiServer::Impl::take_episode(const httplib::Request& req, httplib::Response& res) {
+  if (auto e = admit(req)) return send_error(res, *e);
+  EpisodeSource* src = source.load();
+  if (src == nullptr) {
+    return send_error(res, api_error(404,
+                                     "POST /v1/episodes hands out episodes inside training "
+                                     "(relay-rollout with rollout.agent); relay serve has none: "
+                                     "name your own with X-Relay-Episode-Id",
+                                     "invalid_request_error", "unknown_url"));
+  }
+  // {"wait_s": seconds to wait for one, default 10, at most 60}.
+  auto body = small_body(req.body, "wait_s");
+  if (auto* e = std::get_if<ApiError>(&body)) return send_error(res, *e);
+  double wait_s = 10;
+  if (const auto& value = std::get<std::optional<nlohmann::json>>(body)) {
+    if (!value->is_number() || value->get<double>() < 0 || value->get<double>() > 60) {
+      return send_error(res, bad_request("wait_s", "wait_s: must be a number in [0, 60]"));
+    }
+    wait_s = value->get<double>();
+  }
+  StatusOr<std::optional<EpisodeTicket>> t =
+      src->take(std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000)));
+  if (!t.ok()) {
+    // The run is over: agents stop.
+    return send_error(
+        res,
+        api_error(absl::IsOutOfRange(t.status()) ? 410 : 503, std::string(t.status().message()),
+                  "server_error", absl::IsOutOfRange(t.status()) ? "run_finished" : "unavailable"));
+  }
+  if (!t->has_value()) {
+    res.status = 204;  // none within wait_s: ask again
+    return;
+  }
+  const EpisodeTicket& e = **t;
+  nlohmann::json messages = nlohmann::json::array();
+  for (const model::ChatMessage& m : e.messages) {
+    messages.push_back({{"role", m.role}, {"content", m.content}});
+  }
+  nlohmann::json out = {{"id", e.id},
+                        {"object", "relay.episode"},
+                        {"task_id", e.task_id},
+                        {"messages", messages},
+                        {"reference", e.reference},
+                        {"group_id", e.group_id},
+                        {"sample", e.sample},
+                        {"k", e.k},
+                        {"version", e.version},
+                        {"model", options.model_name}};
   res.set_content(out.dump(), "application/json");
 }
 
@@ -625,6 +749,8 @@ OpenAiServer::~OpenAiServer() {
   impl_->server.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
+
+void OpenAiServer::set_episode_source(EpisodeSource* source) { impl_->source.store(source); }
 
 void OpenAiServer::set_episode_sink(std::function<void(EndedEpisode)> sink) {
   std::lock_guard<std::mutex> lock(impl_->sink_mu);

@@ -21,6 +21,7 @@
 #include "relay/rollout/engine.h"
 #include "relay/rollout/episode_driver.h"
 #include "relay/rollout/task.h"
+#include "relay/serve/openai_server.h"
 #include "relay/trainer/trainer.h"
 
 namespace relay::app {
@@ -99,6 +100,11 @@ StatusOr<model::SaveOptions> model_save_options(const RolloutSetup& s);
 
 // The manifest digest of a policy's weights (model/weight_manifest.h).
 StatusOr<uint64_t> weights_digest(const model::PolicyImpl& policy);
+
+// What the OpenAI endpoint must know of the model (relay serve, and a
+// worker's endpoint for agents): tokenizer, chat template, stop tokens, and
+// the context (rollout.max_seq_len, else the model's positions).
+serve::ServedModel served_model(const RolloutSetup& s);
 
 // One task prompt as an engine group: rollout.n samples, the prompt (and
 // target, for prefix guidance) tokenized; errors name the prompt.

@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "relay/app/setup.h"
 
@@ -25,6 +26,14 @@ struct WorkerRunArgs {
   // How long to keep trying to reach the trainer, at the start or after it
   // went away.
   int64_t reconnect_s = 60;
+  // rollout.agent.command: starts the agent program once the worker's
+  // endpoint listens, with `env` ("NAME=value": OPENAI_BASE_URL,
+  // OPENAI_API_KEY, RELAY_MODEL) added to its environment. relay-rollout
+  // owns the process (bin/relay_rollout_main.cc); unset = this program
+  // cannot start one, which is an error when the config names a command.
+  std::function<Status(const std::vector<std::string>& command,
+                       const std::vector<std::string>& env)>
+      start_agent;
 };
 
 // The whole run; returns the exit code. 0: stopped by `stop` (the open

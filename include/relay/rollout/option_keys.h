@@ -29,6 +29,13 @@ void visit_fields(V& v, EpisodeOptions& c) {
 
 }  // namespace rollout
 
+template <class V>
+void visit_fields(V& v, AgentConfig& c) {
+  v.field("listen", c.listen);
+  v.field("command", c.command);
+  v.field("episode_timeout_s", c.episode_timeout_s);
+}
+
 // The engine's keys sit flat in the section (rollout.temperature, not
 // rollout.engine.sampling.temperature), in the order docs/config.md lists them.
 template <class V>
@@ -49,6 +56,7 @@ void visit_fields(V& v, RolloutConfig& c) {
   v.field("groups_in_flight", c.groups_in_flight);
   v.section("prefix", e.prefix);
   v.section("episode", e.episode);
+  v.section("agent", c.agent);
 }
 
 template <class V>

@@ -60,12 +60,33 @@ inline const NameTable<ArithmeticFormat> kArithmeticFormatNames{
 // kv_cache_gb, kv_cache_fraction, interrupt, prefix) bind straight onto
 // `engine`; the process fills in what the section cannot know (stop tokens
 // from the tokenizer, run.autocast, the vocabulary limit).
+// rollout.agent: agents play the episodes (docs/serve.md, "Inside
+// training"). Each worker serves the OpenAI endpoint on `listen` with the
+// weights it holds, hands each leased prompt's K samples out as episodes
+// (POST /v1/episodes), and submits a group once its K episodes have ended.
+// A task.environment then answers only relay's own episodes: the warm
+// start's demonstrations and the held-out evaluation, which should match
+// the agents' tools.
+struct AgentConfig {
+  // host:port of the worker's endpoint (port 0 = any free one); "" = off:
+  // the worker samples its groups itself.
+  std::string listen;
+  // The agent program each relay-rollout starts once its endpoint listens,
+  // with OPENAI_BASE_URL, OPENAI_API_KEY and RELAY_MODEL set (PATH is
+  // searched for its first word); [] = none: agents run elsewhere.
+  std::vector<std::string> command;
+  // An episode handed out and not ended within this drops its group (the
+  // lease goes back to the trainer).
+  double episode_timeout_s = 600.0;
+};
+
 struct RolloutConfig {
   int n = 8;                      // responses sampled per prompt (the group size K)
   std::vector<std::string> stop;  // extra stop strings, each one token; the task adds its own
   int workers = 1;                // relay-rollout processes `relay run` starts on this machine
   int groups_in_flight = 16;      // prompt leases one worker holds at once
   rollout::EngineOptions engine;
+  AgentConfig agent;
 };
 
 struct ArithmeticTaskConfig {

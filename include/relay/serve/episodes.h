@@ -47,6 +47,10 @@ struct EpisodeCall {
   std::vector<int64_t> prompt;  // the whole sequence the model continues
   int64_t appended = 0;         // tokens at its end that this call's messages added
   bool continued = false;       // token-in/token-out from the episode's last call
+  // The episode before this call samples: its model turns, and its response
+  // tokens (turns and observations, this call's appended ones included).
+  int turns = 0;
+  int64_t response_tokens = 0;
 };
 
 // An ended episode.

@@ -219,10 +219,10 @@ Status TrainerHandlers::accept(const v1::SubmitGroupRequest& req, v1::SubmitGrou
   return OkStatus();
 }
 
-// The group answers `lease`: the leased group id, and the leased prompt in
-// every trajectory (and the baseline). The prompt is derived again from the
-// lease (the same function LeasePrompts used), so this holds across a
-// trainer restart without remembering what was sent.
+// The group answers `lease`: the leased group id, and (unless agents chose
+// the prompt) the leased prompt in every trajectory (and the baseline). The prompt is derived again
+// from the lease (the same function LeasePrompts used), so this holds across a trainer restart
+// without remembering what was sent.
 Status TrainerHandlers::check_leased(const store::Lease& lease,
                                      const rollout::TrajectoryGroup& group) const {
   StatusOr<PromptContent> leased = prompts_(lease);
@@ -234,6 +234,7 @@ Status TrainerHandlers::check_leased(const store::Lease& lease,
     return InvalidArgumentError(absl::StrCat("group_id: '", group.group_id, "', but lease ",
                                              lease.id, " is for group '", leased->group_id, "'"));
   }
+  if (options_.agent_prompts) return OkStatus();
   auto check = [&](const rollout::Trajectory& t, const std::string& where) -> Status {
     const std::vector<int64_t>& want = leased->prompt_tokens;
     if (t.prompt_tokens == want) return OkStatus();

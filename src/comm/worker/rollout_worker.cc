@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -38,14 +39,48 @@ RolloutWorker::RolloutWorker(std::unique_ptr<TrainerClient> client, model::Polic
       environment_(std::move(environment)),
       episode_options_(episode_options) {}
 
-RolloutWorker::~RolloutWorker() = default;
+RolloutWorker::~RolloutWorker() { stop_agents(); }
 
-int64_t RolloutWorker::version() const { return engine_ ? engine_->version() : -1; }
+int64_t RolloutWorker::version() const { return engine() ? engine()->version() : -1; }
+
+std::string RolloutWorker::agent_url() const {
+  if (!server_) return "";
+  return absl::StrCat("http://", options_.agents->serve.host, ":", server_->port(), "/v1");
+}
+
+// The engine moves onto the serving thread, and the endpoint starts, on the
+// port of the last start if there was one (agents keep their URL).
+Status RolloutWorker::start_agents() {
+  serve::ServeOptions so = options_.agents->serve;
+  if (agent_port_ != 0) so.port = agent_port_;
+  so.run_sampling = serve::ServeOptions::RunSampling{engine_options_.sampling.temperature,
+                                                     engine_options_.sampling.top_k,
+                                                     engine_options_.sampling.top_p};
+  agent_episodes_ = std::make_unique<AgentEpisodes>(options_.agents->episodes);
+  serving_ = std::make_unique<serve::ServingEngine>(std::move(engine_));
+  RELAY_ASSIGN_OR_RETURN(server_,
+                         serve::OpenAiServer::start(so, options_.agents->model, *serving_));
+  server_->set_episode_source(agent_episodes_.get());
+  agent_port_ = server_->port();
+  spdlog::info("worker {}: agents play episodes through {}", worker_id_, agent_url());
+  return OkStatus();
+}
+
+// Agents are told the run is over (410), requests in flight end, then the
+// endpoint and the engine go.
+void RolloutWorker::stop_agents() {
+  if (agent_episodes_) agent_episodes_->close();
+  if (serving_) serving_->stop();
+  server_.reset();
+  serving_.reset();
+  agent_episodes_.reset();
+}
 
 Status RolloutWorker::start() {
   // Also a restart after the trainer went away: leases of the old
   // registration cannot be submitted any more.
   episodes_.reset();  // before the engine whose turns it answers
+  stop_agents();
   engine_.reset();
   receiver_.reset();
   waiting_for_ = -1;
@@ -85,6 +120,7 @@ Status RolloutWorker::start() {
   }
   latest_known_ = staged_version_ = w.manifest.version;
   running_digest_ = w.manifest.digest;
+  if (options_.agents) RELAY_RETURN_IF_ERROR(start_agents());
   RELAY_RETURN_IF_ERROR(join_weight_sync(reg.weight_sync_endpoint()));
   spdlog::info("worker {}: registered, running version {} (digest {:x})", worker_id_,
                w.manifest.version, w.manifest.digest);
@@ -164,11 +200,16 @@ Status RolloutWorker::fill_leases() {
     g.k = l.k();
     g.seed = l.seed();
     g.greedy_baseline = l.greedy_baseline();
+    if (agent_episodes_) {
+      agent_episodes_->add_group(l.group_id(), l.lease_id(), prompt, g.k, engine()->version());
+      in_flight_[l.group_id()] = Leased{l.lease_id(), std::move(prompt)};
+      continue;
+    }
     if (episodes_) {
       g.episode = true;
       episodes_->begin_group(l.group_id(), {prompt.id, prompt.prompt, prompt.reference});
     }
-    RELAY_RETURN_IF_ERROR(engine_->submit(std::move(g)));
+    RELAY_RETURN_IF_ERROR(engine()->submit(std::move(g)));
     in_flight_[l.group_id()] = Leased{l.lease_id(), std::move(prompt)};
   }
   return OkStatus();
@@ -179,7 +220,7 @@ Status RolloutWorker::maybe_update_weights(int64_t latest) {
   if (receiver_) {
     if (std::optional<ReceivedVersion> r = receiver_->take(staged_version_)) {
       RELAY_RETURN_IF_ERROR(
-          engine_->update_weights(r->version, r->manifest.digest, std::move(r->tensors)));
+          engine()->update_weights(r->version, r->manifest.digest, std::move(r->tensors)));
       running_digest_ = r->manifest.digest;
       staged_version_ = r->version;
       latest_known_ = std::max(latest_known_, r->version);
@@ -211,7 +252,7 @@ Status RolloutWorker::maybe_update_weights(int64_t latest) {
   }
   if (!w.ok()) return w.status();
   RELAY_RETURN_IF_ERROR(
-      engine_->update_weights(w->manifest.version, w->manifest.digest, std::move(w->tensors)));
+      engine()->update_weights(w->manifest.version, w->manifest.digest, std::move(w->tensors)));
   running_digest_ = w->manifest.digest;
   staged_version_ = w->manifest.version;
   latest_known_ = std::max(latest_known_, w->manifest.version);
@@ -229,6 +270,11 @@ Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> grou
           absl::StrCat("worker: finished group '", g.group_id, "' was not leased"));
     }
     auto score = [&](rollout::Trajectory& t) -> Status {
+      if (std::isfinite(t.reward)) {
+        // Only an agent's episode arrives scored: its reward is the agent's.
+        t.sub_scores["agent"] = t.reward;
+        return OkStatus();
+      }
       // An episode's answer is its last model turn.
       StatusOr<std::string> text = tokenizer_->decode(t.answer_tokens());
       if (!text.ok()) {
@@ -284,7 +330,7 @@ Status RolloutWorker::heartbeat_if_due() {
   last_heartbeat_ms_ = now;
   v1::HeartbeatRequest hb;
   hb.set_worker_id(worker_id_);
-  hb.set_running_version(engine_->version());
+  hb.set_running_version(engine()->version());
   hb.set_running_digest(running_digest_);
   hb.set_in_flight(static_cast<int32_t>(in_flight_.size()));
   RELAY_ASSIGN_OR_RETURN(v1::HeartbeatResponse resp, client_->heartbeat(hb));
@@ -296,6 +342,7 @@ Status RolloutWorker::heartbeat_if_due() {
 }
 
 StatusOr<int32_t> RolloutWorker::drain() {
+  stop_agents();
   if (engine_) engine_->abort();
   receiver_.reset();  // leaves the weight-sync group
   std::vector<uint64_t> ids;
@@ -305,25 +352,61 @@ StatusOr<int32_t> RolloutWorker::drain() {
   return client_->release_leases(worker_id_, ids);
 }
 
+// Waits on the trainer's version stream for up to idle_wait_ms, and stages
+// a version announced meanwhile.
+Status RolloutWorker::wait_for_version() {
+  RELAY_ASSIGN_OR_RETURN(std::optional<v1::VersionAnnouncement> next,
+                         client_->next_version(worker_id_, latest_known_, options_.idle_wait_ms));
+  if (!next) return OkStatus();
+  latest_known_ = std::max(latest_known_, next->version());
+  return maybe_update_weights(next->version());
+}
+
 Status RolloutWorker::run(const std::function<bool()>& stop) {
-  if (!engine_) return FailedPreconditionError("worker: run() before start()");
+  if (!engine()) return FailedPreconditionError("worker: run() before start()");
+  if (serving_) return run_agents(stop);
   while (!stop()) {
     RELAY_RETURN_IF_ERROR(heartbeat_if_due());
     RELAY_RETURN_IF_ERROR(fill_leases());
     if (engine_->idle()) {
-      // Nothing to do until the trainer publishes: wait on its version stream.
-      RELAY_ASSIGN_OR_RETURN(
-          std::optional<v1::VersionAnnouncement> next,
-          client_->next_version(worker_id_, latest_known_, options_.idle_wait_ms));
-      if (next) {
-        latest_known_ = std::max(latest_known_, next->version());
-        RELAY_RETURN_IF_ERROR(maybe_update_weights(next->version()));
-      }
+      // Nothing to do until the trainer publishes.
+      RELAY_RETURN_IF_ERROR(wait_for_version());
       continue;
     }
     RELAY_ASSIGN_OR_RETURN(std::vector<rollout::TrajectoryGroup> done, engine_->step());
     ++stats_.engine_steps;
     RELAY_RETURN_IF_ERROR(submit_finished(std::move(done)));
+  }
+  return OkStatus();
+}
+
+// The loop with agents: the serving thread steps the engine; this one keeps
+// the leases filled, follows versions and submits the groups agents finish.
+Status RolloutWorker::run_agents(const std::function<bool()>& stop) {
+  while (!stop()) {
+    if (Status h = serving_->health(); !h.ok()) {
+      return InternalError(absl::StrCat("worker: the engine failed: ", h.message()));
+    }
+    RELAY_RETURN_IF_ERROR(heartbeat_if_due());
+    RELAY_RETURN_IF_ERROR(fill_leases());
+    AgentEpisodes::Collected c = agent_episodes_->collect();
+    std::vector<uint64_t> give_back;
+    for (const AgentEpisodes::Dropped& d : c.dropped) {
+      ++stats_.agent_groups_dropped;
+      spdlog::warn("worker {}: group '{}' dropped: {}; its lease goes back", worker_id_, d.group_id,
+                   d.reason);
+      in_flight_.erase(d.group_id);
+      give_back.push_back(d.lease_id);
+    }
+    if (!give_back.empty()) {
+      RELAY_RETURN_IF_ERROR(client_->release_leases(worker_id_, give_back).status());
+    }
+    std::vector<rollout::TrajectoryGroup> done;
+    for (AgentEpisodes::Complete& g : c.complete) done.push_back(std::move(g.group));
+    RELAY_RETURN_IF_ERROR(submit_finished(std::move(done)));
+    // Nothing finished: idle_wait_ms also bounds how late a finished group
+    // is collected.
+    if (c.complete.empty() && c.dropped.empty()) RELAY_RETURN_IF_ERROR(wait_for_version());
   }
   return OkStatus();
 }

@@ -207,6 +207,42 @@ TEST_F(TrainerHandlersTest, RefusesAMalformedAForeignAndAStaleGroup) {
   EXPECT_EQ(store_->stats().value().ready, 0);
 }
 
+// rollout.agent: agents choose the system prompt and tools, so a group need
+// not carry the leased prompt; it still answers its lease's group id and
+// shares one prompt.
+TEST_F(TrainerHandlersTest, AgentGroupsMayStartFromTheirOwnPrompt) {
+  store::DispenserOptions d;  // room for four leases at version 0
+  d.groups_per_step = 4;
+  d.k = 2;
+  d.lease_timeout_ms = 60000;
+  dispenser_ = store::PromptDispenser::open(store_.get(), d).value();
+  for (bool agents : {false, true}) {
+    SCOPED_TRACE(agents ? "agent prompts" : "leased prompts");
+    options_.agent_prompts = agents;
+    handlers_.reset();
+    const std::string id = register_worker(agents ? "a" : "b");
+    StatusOr<v1::LeasePromptsResponse> r = lease(id, 2);
+    ASSERT_TRUE(r.ok() && r->leases_size() == 2) << r.status();
+    const v1::PromptLease& l = r->leases(0);
+    rollout::TrajectoryGroup g = group_for(l, 0);
+    for (rollout::Trajectory& t : g.trajectories) t.prompt_tokens = {9, 9, 1, 2};
+    v1::SubmitGroupAck ack = submit(id, l.lease_id(), g);
+    EXPECT_EQ(ack.accepted(), agents) << ack.error_message();
+    if (!agents) {
+      EXPECT_NE(ack.error_message().find("differ from lease"), std::string::npos)
+          << ack.error_message();
+      continue;
+    }
+    // One prompt per group, still.
+    rollout::TrajectoryGroup g2 = group_for(r->leases(1), 0);
+    g2.trajectories[0].prompt_tokens = {9, 9, 1, 2};
+    ack = submit(id, r->leases(1).lease_id(), g2);
+    EXPECT_FALSE(ack.accepted());
+    EXPECT_NE(ack.error_message().find("a group shares one prompt"), std::string::npos)
+        << ack.error_message();
+  }
+}
+
 TEST_F(TrainerHandlersTest, ASilentWorkerIsForgottenAndItsLeasesReleased) {
   const std::string id = register_worker();
   ASSERT_TRUE(lease(id, 2).ok());

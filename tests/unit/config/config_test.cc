@@ -227,6 +227,10 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  episode:\n"
             "    max_turns: 4\n"
             "    max_tokens: 0\n"
+            "  agent:\n"
+            "    listen: \"\"\n"
+            "    command: []\n"
+            "    episode_timeout_s: 600.0\n"
             "task:\n"
             "  name: arithmetic\n"
             "  path: \"\"\n"
@@ -539,7 +543,7 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
       {"no close key", "rollout:\n  beam_width: 4\n",
        "x.yaml:2: rollout.beam_width: unknown key; known keys: n, max_new_tokens, temperature, "
        "top_k, top_p, stop, record_raw_logprobs, num_slots, kv_cache_gb, kv_cache_fraction, "
-       "interrupt, workers, groups_in_flight, prefix, episode"},
+       "interrupt, workers, groups_in_flight, prefix, episode, agent"},
       {"unknown section", "optimizer:\n  lr: 1\n",
        "x.yaml:1: optimizer: unknown key; known keys: experiment, eval, run, model, rollout, task, "
        "trainer, "
@@ -629,6 +633,30 @@ TEST(ConfigTest, EnvironmentAddressGoesWithRemote) {
             "environment is 'calculator', got 'h:1'");
   EXPECT_EQ(parse_error("task:\n  environment: remote\n  environment_address: 127.0.0.1:9\n"),
             "OK");
+}
+
+// rollout.agent: a listen address every worker can bind, a command only with
+// an endpoint to play through; agents answer a calculator task's tool calls.
+TEST(ConfigTest, AgentsNeedAnAddressEveryWorkerCanListenOn) {
+  EXPECT_EQ(parse_error("rollout:\n  agent:\n    listen: 127.0.0.1:0\n"), "OK");
+  EXPECT_EQ(parse_error("rollout:\n  agent:\n    listen: localhost\n"),
+            "x.yaml: rollout.agent.listen: must be host:port (port 0 = any free one), got "
+            "'localhost'");
+  EXPECT_EQ(parse_error("rollout:\n  workers: 2\n  agent:\n    listen: 127.0.0.1:8100\n"),
+            "x.yaml: rollout.agent.listen: names port 8100, which the 2 workers of "
+            "rollout.workers cannot all listen on; use port 0, got '127.0.0.1:8100'");
+  EXPECT_EQ(parse_error("rollout:\n  agent:\n    command: [python3, agent.py]\n"),
+            "x.yaml: rollout.agent.command: needs rollout.agent.listen: the endpoint the agent "
+            "plays through, got 'python3'");
+  EXPECT_EQ(parse_error("rollout:\n  agent:\n    episode_timeout_s: 0\n"),
+            "x.yaml: rollout.agent.episode_timeout_s: must be > 0, got 0");
+  const std::string calculator =
+      "model:\n  chat_template: chatml\ntask:\n  arithmetic:\n    format: calculator\n";
+  EXPECT_NE(parse_error(calculator)
+                .find("task.arithmetic.format: calculator's targets are tool "
+                      "calls"),
+            std::string::npos);
+  EXPECT_EQ(parse_error(calculator + "rollout:\n  agent:\n    listen: 127.0.0.1:0\n"), "OK");
 }
 
 TEST(ConfigTest, ValidationProblemsAreAllReported) {

@@ -17,6 +17,9 @@
 #include <atomic>
 #include <cmath>
 #include <future>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "relay/model/bpe_tokenizer.h"
@@ -73,6 +76,7 @@ class Served {
   }
 
   httplib::Client& client() { return *client_; }
+  OpenAiServer& server() { return *server_; }
   int port() const { return server_->port(); }
   ServingEngine& engine() { return *serving_; }
 
@@ -391,6 +395,169 @@ TEST(OpenAiServerTest, AnEpisodeContinuesTokenInTokenOut) {
   auto [gone, e] = s.post("/v1/episodes/ep-1/end", json::object());
   EXPECT_EQ(gone, 404);
   EXPECT_EQ(e["error"]["code"], "episode_not_found");
+}
+
+// Inside training (serve/episode_source.h): a worker's episodes, as a fake
+// source hands them out.
+class FakeSource : public EpisodeSource {
+ public:
+  void offer(EpisodeTicket t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(t));
+  }
+  void close() { closed_ = true; }
+  StatusOr<std::optional<EpisodeTicket>> take(std::chrono::milliseconds) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return OutOfRangeError("the run is over: no more episodes");
+    if (queue_.empty()) return std::optional<EpisodeTicket>();
+    EpisodeTicket t = queue_.front();
+    queue_.erase(queue_.begin());
+    open_.insert(t.id);
+    return std::optional<EpisodeTicket>(t);
+  }
+  bool is_open(const std::string& id) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return open_.count(id) > 0;
+  }
+  void end(EndedEpisode e) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_.erase(e.id);
+    ended_.push_back(std::move(e));
+  }
+  std::vector<EndedEpisode> ended() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ended_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::atomic<bool> closed_{false};
+  std::vector<EpisodeTicket> queue_;
+  std::set<std::string> open_;
+  std::vector<EndedEpisode> ended_;
+};
+
+EpisodeTicket ticket(const std::string& id) {
+  EpisodeTicket t;
+  t.id = id;
+  t.task_id = "arithmetic/3";
+  t.messages = {{"user", "What is 6*7?"}};
+  t.reference = "42";
+  t.group_id = "arithmetic/3#3@e0";
+  t.sample = 1;
+  t.k = 4;
+  t.version = 12;
+  return t;
+}
+
+TEST(OpenAiServerTest, InsideTrainingEpisodesComeFromTheSourceAndGoBackToIt) {
+  Served s;
+  auto [no_source, e0] = s.post("/v1/episodes", json::object());
+  EXPECT_EQ(no_source, 404) << "relay serve hands out no episodes";
+  FakeSource source;
+  s.server().set_episode_source(&source);
+  source.offer(ticket("ep-a"));
+  auto [status, t] = s.post("/v1/episodes", {{"wait_s", 0}});
+  ASSERT_EQ(status, 200) << t.dump();
+  EXPECT_EQ(t["id"], "ep-a");
+  EXPECT_EQ(t["object"], "relay.episode");
+  EXPECT_EQ(t["task_id"], "arithmetic/3");
+  EXPECT_EQ(t["messages"][0]["content"], "What is 6*7?");
+  EXPECT_EQ(t["reference"], "42");
+  EXPECT_EQ(t["group_id"], "arithmetic/3#3@e0");
+  EXPECT_EQ(t["sample"], 1);
+  EXPECT_EQ(t["k"], 4);
+  EXPECT_EQ(t["version"], 12);
+  EXPECT_EQ(t["model"], "tiny");
+  auto none = s.client().Post("/v1/episodes", json{{"wait_s", 0}}.dump(), "application/json");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 204) << "nothing to play: ask again";
+  auto [bad_wait, bw] = s.post("/v1/episodes", {{"wait_s", 600}});
+  EXPECT_EQ(bad_wait, 400);
+  EXPECT_EQ(bw["error"]["param"], "wait_s");
+
+  // Only handed-out episodes are played.
+  json body = chat("What is 6*7?");
+  auto [foreign, f] = s.post("/v1/chat/completions", body, {{"X-Relay-Episode-Id", "ep-made-up"}});
+  EXPECT_EQ(foreign, 404);
+  EXPECT_EQ(f["error"]["code"], "episode_not_found");
+  auto [played, p] = s.post("/v1/chat/completions", body, {{"X-Relay-Episode-Id", "ep-a"}});
+  ASSERT_EQ(played, 200) << p.dump();
+  auto [end_status, end] = s.post("/v1/episodes/ep-a/end", {{"reward", 1.0}});
+  ASSERT_EQ(end_status, 200) << end.dump();
+  const std::vector<EndedEpisode> ended = source.ended();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].id, "ep-a");
+  EXPECT_EQ(ended[0].trajectory.reward, 1.0);
+  EXPECT_EQ(ended[0].trajectory.response_tokens, ids_of(p["choices"][0]["token_ids"]));
+  ASSERT_EQ(ended[0].trajectory.turns.size(), 1u);
+  EXPECT_EQ(ended[0].trajectory.turns[0].tool_calls, 0);
+  auto [again, a] = s.post("/v1/chat/completions", body, {{"X-Relay-Episode-Id", "ep-a"}});
+  EXPECT_EQ(again, 404) << "an ended episode takes no more calls";
+
+  source.close();
+  auto [over, o] = s.post("/v1/episodes", json::object());
+  EXPECT_EQ(over, 410);
+  EXPECT_EQ(o["error"]["code"], "run_finished");
+}
+
+TEST(OpenAiServerTest, InsideTrainingRequestsSampleAsTheRunDoes) {
+  ServeOptions o;
+  o.run_sampling = ServeOptions::RunSampling{0.8, 0, 1.0};
+  Served s(o);
+  auto [same, r] = s.post("/v1/chat/completions", chat("Hi", {{"temperature", 0.8}}));
+  EXPECT_EQ(same, 200) << r.dump();
+  auto [unset, u] = s.post("/v1/chat/completions", chat("Hi"));
+  EXPECT_EQ(unset, 200) << u.dump();
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"temperature", 0.0}, {"temperature", 1.0}, {"top_p", 0.9}, {"top_k", 5}}) {
+    auto [status, e] = s.post("/v1/chat/completions", chat("Hi", {{field, value}}));
+    EXPECT_EQ(status, 400) << field;
+    EXPECT_EQ(e["error"]["param"], field);
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("the run's sampling"),
+              std::string::npos)
+        << e.dump();
+  }
+  auto [completion, c] =
+      s.post("/v1/completions", {{"model", "tiny"}, {"prompt", "ab"}, {"temperature", 0}});
+  EXPECT_EQ(completion, 400);
+  EXPECT_EQ(c["error"]["param"], "temperature");
+}
+
+TEST(OpenAiServerTest, InsideTrainingAnEpisodeKeepsToItsBudget) {
+  ServeOptions o;
+  o.episode_limits = ServeOptions::EpisodeLimits{/*max_turns=*/2, /*max_tokens=*/40};
+  Served s(o);
+  const httplib::Headers episode = {{"X-Relay-Episode-Id", "ep-1"}};
+  // A turn's max_tokens is cut to what is left of the budget.
+  json body = chat("Hi", {{"max_tokens", 200}, {"stop", json::array()}});
+  body["messages"][0]["content"] = "Hi";
+  auto [first, f] = s.post("/v1/chat/completions", body, episode);
+  ASSERT_EQ(first, 200) << f.dump();
+  const size_t sampled = f["choices"][0]["token_ids"].size();
+  EXPECT_LE(sampled, 40u);
+  body["messages"].push_back(
+      {{"role", "assistant"}, {"content", f["choices"][0]["message"]["content"]}});
+  body["messages"].push_back({{"role", "user"}, {"content", "More."}});
+  auto [second, g] = s.post("/v1/chat/completions", body, episode);
+  if (second == 200) {
+    // Turns and observations together stay within the budget.
+    const size_t appended =
+        ids_of(g["prompt_token_ids"]).size() - ids_of(f["prompt_token_ids"]).size() - sampled;
+    EXPECT_LE(sampled + appended + g["choices"][0]["token_ids"].size(), 40u);
+    body["messages"].push_back(
+        {{"role", "assistant"}, {"content", g["choices"][0]["message"]["content"]}});
+    body["messages"].push_back({{"role", "user"}, {"content", "Again."}});
+  } else {
+    EXPECT_EQ(g["error"]["code"], "episode_budget_exhausted") << g.dump();
+  }
+  // A third model turn is past max_turns (or the budget is spent already).
+  auto [third, h] = s.post("/v1/chat/completions", body, episode);
+  EXPECT_EQ(third, 400);
+  EXPECT_EQ(h["error"]["code"], "episode_budget_exhausted") << h.dump();
+  // The refused call left the episode as it was: it can still end.
+  auto [ended, e] = s.post("/v1/episodes/ep-1/end", json::object());
+  EXPECT_EQ(ended, 200) << e.dump();
 }
 
 }  // namespace

@@ -70,7 +70,11 @@ struct TrainerServiceOptions {
   int64_t worker_timeout_ms = 30000;
   std::string weight_sync_endpoint;  // empty = workers fetch weights
   bool greedy_baseline = false;      // ReMax: leases ask for a greedy sample
-  int64_t max_staleness = 0;         // submissions older than version - this are refused
+  // rollout.agent: agents choose what an episode starts from (a system
+  // prompt, their tools), so a group need not carry the leased prompt, only
+  // the leased group id and one prompt shared by its trajectories.
+  bool agent_prompts = false;
+  int64_t max_staleness = 0;  // submissions older than version - this are refused
   SubmissionLimits limits;
   uint64_t default_chunk_bytes = 4 << 20;
   // How often a version stream checks for cancellation: gRPC's synchronous

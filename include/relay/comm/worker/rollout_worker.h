@@ -18,12 +18,15 @@
 #include "relay/comm/rpc/trainer_client.h"
 #include "relay/comm/weight_sync/weight_receiver.h"
 #include "relay/comm/weight_sync/weight_sync_mode.h"
+#include "relay/comm/worker/agent_episodes.h"
 #include "relay/common/status.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/engine.h"
 #include "relay/rollout/episode_driver.h"
 #include "relay/rollout/task.h"
+#include "relay/serve/openai_server.h"
+#include "relay/serve/serving_engine.h"
 
 namespace relay::comm {
 
@@ -41,6 +44,15 @@ struct RolloutWorkerOptions {
   // While the broadcast works, a version the trainer announced is fetched
   // over gRPC only if it has not arrived by broadcast within this long.
   int64_t broadcast_grace_ms = 2000;
+  // rollout.agent: agents play the samples through this endpoint (its
+  // run_sampling is set from the engine's options); nullopt = the engine
+  // samples them itself.
+  struct Agents {
+    serve::ServeOptions serve;
+    serve::ServedModel model;
+    AgentEpisodesOptions episodes;
+  };
+  std::optional<Agents> agents;
 };
 
 struct RolloutWorkerStats {
@@ -50,7 +62,8 @@ struct RolloutWorkerStats {
   int64_t versions_applied = 0;
   int64_t versions_broadcast = 0;  // of those, received by c10d broadcast (else fetched)
   int64_t engine_steps = 0;
-  int64_t decode_errors = 0;  // responses the tokenizer could not decode (reward 0)
+  int64_t decode_errors = 0;         // responses the tokenizer could not decode (reward 0)
+  int64_t agent_groups_dropped = 0;  // an episode timed out, or the prompts differed
 };
 
 class RolloutWorker {
@@ -85,6 +98,10 @@ class RolloutWorker {
   const RolloutWorkerStats& stats() const { return stats_; }
   const std::string& worker_id() const { return worker_id_; }
   int64_t version() const;
+  // With agents, once started: the endpoint's base URL, "http://host:port/v1"
+  // (the same port after a restart); "" otherwise.
+  std::string agent_url() const;
+  bool serves_agents() const { return options_.agents.has_value(); }
 
  private:
   Status load_weights(const FetchedWeights& w);
@@ -93,6 +110,12 @@ class RolloutWorker {
   Status maybe_update_weights(int64_t latest);
   Status submit_finished(std::vector<rollout::TrajectoryGroup> groups);
   Status heartbeat_if_due();
+  Status wait_for_version();
+  Status start_agents();
+  void stop_agents();
+  Status run_agents(const std::function<bool()>& stop);
+  // The engine, whether this worker steps it or the serving thread does.
+  rollout::Engine* engine() const { return serving_ ? &serving_->engine() : engine_.get(); }
 
   std::unique_ptr<TrainerClient> client_;
   model::Policy policy_;
@@ -107,6 +130,12 @@ class RolloutWorker {
   // Answers the engine's episode turns; declared after engine_, so it goes
   // first (it is the engine's turn handler).
   std::unique_ptr<rollout::EpisodeDriver> episodes_;
+  // Agents: the episodes offered, the engine on its serving thread, and the
+  // endpoint, torn down in the reverse order.
+  std::unique_ptr<AgentEpisodes> agent_episodes_;
+  std::unique_ptr<serve::ServingEngine> serving_;
+  std::unique_ptr<serve::OpenAiServer> server_;
+  int agent_port_ = 0;
   std::unique_ptr<WeightReceiver> receiver_;  // null = fetch only
   int64_t waiting_for_ = -1;                  // newest announced version not staged yet
   int64_t waiting_since_ms_ = 0;              // ... known since
