@@ -150,6 +150,11 @@ void check(const ExperimentConfig& config, Problems p) {
   // Who answers the model's tool calls: relay's environment, or the agents.
   const bool agents = !config.rollout.agent.listen.empty();
   const bool environment = config.task.environment != rollout::EnvironmentKind::kNone;
+  if (agents && config.trainer.advantage.estimator == trainer::AdvantageEstimator::kRemax) {
+    p.add("rollout.agent.listen",
+          "agents play sampled episodes only, and trainer.advantage.estimator remax needs a "
+          "greedy baseline per group; use another estimator (grpo, rloo, ...)");
+  }
   if (config.task.name == rollout::TaskKind::kArithmetic &&
       config.task.arithmetic.format == rollout::ArithmeticFormat::kCalculator && !environment &&
       !agents) {

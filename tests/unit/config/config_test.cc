@@ -648,6 +648,11 @@ TEST(ConfigTest, AgentsNeedAnAddressEveryWorkerCanListenOn) {
   EXPECT_EQ(parse_error("rollout:\n  agent:\n    command: [python3, agent.py]\n"),
             "x.yaml: rollout.agent.command: needs rollout.agent.listen: the endpoint the agent "
             "plays through, got 'python3'");
+  EXPECT_EQ(parse_error("rollout:\n  agent:\n    listen: 127.0.0.1:0\n"
+                        "trainer:\n  advantage:\n    estimator: remax\n"),
+            "x.yaml: rollout.agent.listen: agents play sampled episodes only, and "
+            "trainer.advantage.estimator remax needs a greedy baseline per group; use another "
+            "estimator (grpo, rloo, ...)");
   EXPECT_EQ(parse_error("rollout:\n  agent:\n    episode_timeout_s: 0\n"),
             "x.yaml: rollout.agent.episode_timeout_s: must be > 0, got 0");
   const std::string calculator =
