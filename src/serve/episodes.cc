@@ -106,6 +106,23 @@ void append_model(rollout::Trajectory& t, const rollout::Trajectory& s) {
   t.stale_kv = t.stale_kv || s.stale_kv;
 }
 
+// MoE: the experts each position was run with (Trajectory::routed_experts,
+// one entry per position of prompt + response but the last token). A call's
+// prompt is the whole episode so far, so its entry p is position p of the
+// episode too. Positions an earlier call ran keep that call's routing (their
+// tokens were sampled under it); this call adds the positions it ran first:
+// the earlier turn's last token, the appended messages, its own turn.
+void append_routing(rollout::Trajectory& t, const rollout::Trajectory& s) {
+  if (s.routed_experts.empty()) return;
+  const size_t stride = static_cast<size_t>(s.routing_layers) * s.routing_top_k;
+  const size_t have = t.routed_experts.size();
+  if (stride == 0 || have % stride != 0 || s.routed_experts.size() < have) return;
+  t.routed_experts.insert(t.routed_experts.end(), s.routed_experts.begin() + have,
+                          s.routed_experts.end());
+  t.routing_layers = s.routing_layers;
+  t.routing_top_k = s.routing_top_k;
+}
+
 }  // namespace
 
 EpisodeStore::EpisodeStore(EpisodeStoreOptions options,
@@ -191,6 +208,7 @@ void EpisodeStore::finish_call(const std::string& id, const rollout::Trajectory&
     t.turns.back().env_end = static_cast<int64_t>(t.response_tokens.size());
   }
   append_model(t, sampled);
+  append_routing(t, sampled);
   const auto R = static_cast<int64_t>(t.response_tokens.size());
   // The calls the model made in this turn, as the response parsed them; the
   // agent runs them, so whether they failed is not known here.

@@ -108,6 +108,55 @@ TEST(EpisodesTest, ACallThatExtendsTheConversationContinuesItsTokens) {
   EXPECT_TRUE(absl::IsNotFound(store.end("e", 0).status()));
 }
 
+// MoE: each position keeps the routing of the call that ran it first, so the
+// episode's routing is what every turn was sampled under (router replay),
+// with one entry per position but the last, as Trajectory documents.
+TEST(EpisodesTest, EveryPositionKeepsTheRoutingOfTheCallThatRanItFirst) {
+  EpisodeStore store({}, chatml_bytes(), ChatTemplate::kChatml);
+  std::vector<env::ConversationMessage> messages = {{"user", "What is 6*7?", {}}};
+  auto first = store.begin_call("e", messages, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const auto P = static_cast<int32_t>(first->prompt.size());
+  std::vector<int64_t> turn = encode(kCall);
+  turn.push_back(kImEnd);
+  const auto T = static_cast<int32_t>(turn.size());
+  // Two layers x one expert per position; call c routes position p to c*1000 + p.
+  auto routed = [](int32_t call, int32_t positions) {
+    std::vector<int32_t> r;
+    for (int32_t p = 0; p < positions; ++p) r.insert(r.end(), {call * 1000 + p, call * 1000 + p});
+    return r;
+  };
+  rollout::Trajectory s1 = sampled(turn, 0);
+  s1.routed_experts = routed(1, P + T - 1);
+  s1.routing_layers = 2;
+  s1.routing_top_k = 1;
+  store.finish_call("e", s1, call_reply());
+  messages.push_back(call_reply());
+  messages.push_back({"tool", "42", {}});
+  auto second = store.begin_call("e", messages, {});
+  ASSERT_TRUE(second.ok() && second->continued) << second.status();
+  const auto P2 = static_cast<int32_t>(second->prompt.size());
+  std::vector<int64_t> answer = encode("42");
+  answer.push_back(kImEnd);
+  rollout::Trajectory s2 = sampled(answer, 1);
+  s2.routed_experts = routed(2, P2 + static_cast<int32_t>(answer.size()) - 1);
+  s2.routing_layers = 2;
+  s2.routing_top_k = 1;
+  store.finish_call("e", s2, {"assistant", "42", {}});
+  auto ended = store.end("e", 1.0);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  const rollout::Trajectory& t = ended->trajectory;
+  const size_t positions = t.prompt_tokens.size() + t.response_tokens.size() - 1;
+  ASSERT_EQ(t.routed_experts.size(), 2 * positions);
+  EXPECT_EQ(t.routing_layers, 2);
+  EXPECT_EQ(t.routing_top_k, 1);
+  for (size_t p = 0; p < positions; ++p) {
+    // The first call ran positions [0, P + T - 1); the second the rest.
+    const int32_t call = static_cast<int32_t>(p) < P + T - 1 ? 1 : 2;
+    EXPECT_EQ(t.routed_experts[2 * p], call * 1000 + static_cast<int32_t>(p)) << p;
+  }
+}
+
 TEST(EpisodesTest, ATurnCutShortGetsItsEndOfTurnTokenBeforeTheNewMessages) {
   EpisodeStore store({}, chatml_bytes(), ChatTemplate::kChatml);
   std::vector<env::ConversationMessage> messages = {{"user", "Count", {}}};
