@@ -270,8 +270,8 @@ Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> grou
           absl::StrCat("worker: finished group '", g.group_id, "' was not leased"));
     }
     auto score = [&](rollout::Trajectory& t) -> Status {
-      if (std::isfinite(t.reward)) {
-        // Only an agent's episode arrives scored: its reward is the agent's.
+      if (agent_episodes_ && std::isfinite(t.reward)) {
+        // The reward the agent posted; without one the verifier scores.
         t.sub_scores["agent"] = t.reward;
         return OkStatus();
       }
