@@ -318,6 +318,21 @@ wrong=$(awk '$2 == "=>" { print $1, $3 }' <<<"$ldd_out" |
         done)
 [ -z "$wrong" ] || die "relay-trainer loads these from outside the kit: $wrong"
 echo "every library the kit holds comes from $prefix"
+# The C++ runtime: relay's binaries must load libstdc++.so like LibTorch
+# does. On the first GPU machine (2026-11-27) they did not: the image's g++
+# (/opt/gcc/bin/g++, a wrapper of g++-real) linked it in statically, the
+# executables exported their own copy (libtorch bound __cxa_guard_acquire to
+# them), and tests using std::filesystem crashed (docs/gpu.md). Say so here.
+if readelf -d "$build_dir/src/relay-trainer" | grep -q 'NEEDED.*libstdc++'; then
+  echo "relay-trainer loads libstdc++.so (shared C++ runtime)"
+else
+  echo "WARNING: relay-trainer does not load libstdc++.so: $cxx links the C++ runtime statically"
+  echo "  ($(readlink -f "$(command -v "$cxx")"); its link line:"
+  "$cxx" -### -x c++ /dev/null -o /dev/null 2>&1 | grep -o -- '-static-lib[a-z+]*\|-Bstatic\|[^ ]*libstdc++[^ ]*' | sort -u | tr '\n' ' '
+  echo ")"
+  echo "  std::filesystem calls may then bind to LibTorch's copies; build with a g++ that links it"
+  echo "  shared (CXX=/usr/bin/g++-13, if the image has one) and compare the unit suite"
+fi
 
 # ---- for check.sh ----
 cat >"$build_dir/gpu-env.sh" <<EOF
