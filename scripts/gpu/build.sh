@@ -328,7 +328,7 @@ if readelf -d "$build_dir/src/relay-trainer" | grep -q 'NEEDED.*libstdc++'; then
 else
   echo "WARNING: relay-trainer does not load libstdc++.so: $cxx links the C++ runtime statically"
   echo "  ($(readlink -f "$(command -v "$cxx")"); its link line:"
-  "$cxx" -### -x c++ /dev/null -o /dev/null 2>&1 | grep -o -- '-static-lib[a-z+]*\|-Bstatic\|[^ ]*libstdc++[^ ]*' | sort -u | tr '\n' ' '
+  "$cxx" -### -x c++ /dev/null -o /dev/null 2>&1 | grep -o -- '-static-lib[a-z+]*\|-Bstatic\|[^ ]*stdc++[^ ]*' | sort -u | tr '\n' ' '
   echo ")"
   echo "  std::filesystem calls may then bind to LibTorch's copies; build with a g++ that links it"
   echo "  shared (CXX=/usr/bin/g++-13, if the image has one) and compare the unit suite"
