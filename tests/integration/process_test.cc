@@ -532,17 +532,18 @@ TEST_F(ProcessTest, RelayRunGivesUpOnWorkersKilledThreeTimesInARowAndStops) {
   auto run = start({bin + "/relay", "run", kTinyConfig, "--workers", "2", "--steps", "10",
                     "--groups-per-step", "1000", "rollout.n=4", "experiment.output_dir=" + base_},
                    base_ + "/run.log");
-  const int code = run->wait(120s);
+  const int code = run->wait(240s);
   const auto took = std::chrono::steady_clock::now() - t0;
   const std::string out = run->output();
-  ASSERT_NE(code, -1) << "still running after 120 s\n" << out;
+  ASSERT_NE(code, -1) << "still running after 240 s\n" << out;
   EXPECT_EQ(code, 1) << out;
   // Three short lives (each until 1 s of CPU) and two backoffs (1 s, 2 s)
-  // per worker, side by side, plus the trainer's start and checkpoint: 12-13 s
-  // on a 2-core machine, idle or beside another training test. The bound
-  // leaves room for more load; the old behaviour took over 600 s (the
+  // per worker, side by side, plus the trainer's start and checkpoint. In
+  // CI's runs of 2026-11-27 that took 41 s on the 2-core machine, and 79 s
+  // beside another test's processes: the bound is not a timing target, it
+  // tells this behaviour from the old one, which took over 600 s (the
   // trainer's group_wait_s; the restarts alone, over 450 s).
-  EXPECT_LT(took, 60s) << out;
+  EXPECT_LT(took, 180s) << out;
   // Every death, named: 3 per worker, the first two restarted.
   const std::string oom = "was killed by SIGKILL (probably out of memory: peak RSS ";
   EXPECT_EQ(count(out, oom), 6) << out;
