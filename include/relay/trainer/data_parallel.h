@@ -50,6 +50,14 @@ class Collectives {
   virtual Status all_reduce_sum(at::Tensor& tensor) = 0;
   // Rank `root`'s tensor into every other rank's (same shape), in place.
   virtual Status broadcast(at::Tensor& tensor, int root) = 0;
+  // Every rank's `shard` (the same shape everywhere) into `out`, flat and in
+  // rank order: out.numel() == world_size() * shard.numel(), same dtype.
+  virtual Status all_gather(const at::Tensor& shard, at::Tensor& out) = 0;
+  // The sum across ranks of `full`'s rank()-th slice into `shard`: `full`
+  // flat is world_size() equal slices, shard.numel() elements each. NCCL
+  // runs its reduce-scatter; Gloo (LibTorch has none for it) an all-reduce
+  // of a copy of `full` and keeps the slice: the same sums, twice the bytes.
+  virtual Status reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard) = 0;
   // An atomic counter in the group's rendezvous store: adds `delta` and
   // returns the new value (delta 0 reads it). Rank 0 announces work with it;
   // the others poll it, which (unlike a collective) can wait without a

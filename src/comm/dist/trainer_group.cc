@@ -9,6 +9,7 @@
 #include "comm/c10d.h"
 
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,53 @@ class C10dCollectives : public trainer::Collectives {
       o.rootTensor = 0;
       return group_->broadcast(t, o);
     });
+  }
+
+  Status all_gather(const at::Tensor& shard, at::Tensor& out) override {
+    if (out.numel() != shard.numel() * rank_.world_size ||
+        out.scalar_type() != shard.scalar_type()) {
+      return InvalidArgumentError(
+          absl::StrCat(what("all-gather"), ": the output must hold world_size x ", shard.numel(),
+                       " ", std::string(c10::toString(shard.scalar_type())), " elements, got ",
+                       out.numel(), " ", std::string(c10::toString(out.scalar_type()))));
+    }
+    return guarded(what("all-gather"), [&] {
+      std::vector<at::Tensor> in{shard.contiguous().to(device_)};
+      std::vector<std::vector<at::Tensor>> parts(1);
+      for (int r = 0; r < rank_.world_size; ++r) parts[0].push_back(at::empty_like(in[0]));
+      c10::intrusive_ptr<c10d::Work> work = group_->allgather(parts, in, c10d::AllgatherOptions());
+      work->wait(timeout_);
+      out.view({rank_.world_size, -1}).copy_(at::stack(parts[0]).view({rank_.world_size, -1}));
+    });
+  }
+
+  Status reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard) override {
+    if (full.numel() != shard.numel() * rank_.world_size ||
+        full.scalar_type() != shard.scalar_type()) {
+      return InvalidArgumentError(
+          absl::StrCat(what("reduce-scatter"), ": the input must hold world_size x ", shard.numel(),
+                       " ", std::string(c10::toString(shard.scalar_type())), " elements, got ",
+                       full.numel(), " ", std::string(c10::toString(full.scalar_type()))));
+    }
+    const int64_t n = shard.numel();
+    if constexpr (std::is_same_v<PG, c10d::ProcessGroupGloo>) {
+      at::Tensor copy = full.reshape({-1}).clone();
+      RELAY_RETURN_IF_ERROR(all_reduce_sum(copy));
+      shard.view({-1}).copy_(copy.narrow(0, rank_.rank * n, n));
+      return OkStatus();
+    } else {
+      return guarded(what("reduce-scatter"), [&] {
+        at::Tensor flat = full.reshape({-1}).contiguous().to(device_);
+        std::vector<std::vector<at::Tensor>> in(1);
+        for (int r = 0; r < rank_.world_size; ++r) in[0].push_back(flat.narrow(0, r * n, n));
+        std::vector<at::Tensor> out{at::empty({n}, flat.options())};
+        c10d::ReduceScatterOptions o;
+        o.reduceOp = c10d::ReduceOp::SUM;
+        c10::intrusive_ptr<c10d::Work> work = group_->reduce_scatter(out, in, o);
+        work->wait(timeout_);
+        shard.view({-1}).copy_(out[0]);
+      });
+    }
   }
 
   StatusOr<int64_t> add_counter(const std::string& key, int64_t delta) override {

@@ -280,6 +280,49 @@ at::Tensor flat(const model::Policy& p) {
   return torch::cat(parts);
 }
 
+// The collectives a sharded optimizer stands on (issue 20), on three Gloo
+// ranks: all-gather in rank order, and reduce-scatter (emulated on Gloo)
+// giving each rank the sum of its slice; mismatched sizes are refused by name.
+TEST(TrainerGroupTest, AllGatherAndReduceScatterOnThreeRanks) {
+  const int world = 3;
+  const int port = free_port();
+  std::vector<Status> status(world, OkStatus());
+  std::vector<at::Tensor> gathered(world), scattered(world);
+  std::vector<std::string> refusal(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      StatusOr<std::shared_ptr<trainer::Collectives>> g = join_loopback(rank, world, port);
+      if (!g.ok()) {
+        status[rank] = g.status();
+        return;
+      }
+      // Shard r holds r*10 + {0, 1}; the gathered tensor is every shard in order.
+      at::Tensor shard = torch::tensor({rank * 10.0f, rank * 10.0f + 1});
+      gathered[rank] = torch::zeros({world * 2});
+      if (Status s = (*g)->all_gather(shard, gathered[rank]); !s.ok()) status[rank] = s;
+      // Rank r contributes (r + 1) * [0, 1, ..., 5]; slice s sums to 6 * [2s, 2s + 1].
+      at::Tensor full = torch::arange(world * 2, torch::kFloat32) * (rank + 1);
+      scattered[rank] = torch::zeros({2});
+      if (Status s = (*g)->reduce_scatter_sum(full, scattered[rank]); !s.ok()) status[rank] = s;
+      at::Tensor wrong = torch::zeros({5});
+      refusal[rank] = std::string((*g)->reduce_scatter_sum(full, wrong).message());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < world; ++rank) {
+    ASSERT_TRUE(status[rank].ok()) << status[rank];
+    EXPECT_TRUE(
+        torch::equal(gathered[rank], torch::tensor({0.0f, 1.0f, 10.0f, 11.0f, 20.0f, 21.0f})))
+        << gathered[rank];
+    EXPECT_TRUE(torch::equal(scattered[rank], torch::tensor({12.0f * rank, 12.0f * rank + 6})))
+        << scattered[rank];
+    EXPECT_NE(refusal[rank].find("reduce-scatter: the input must hold world_size x 5"),
+              std::string::npos)
+        << refusal[rank];
+  }
+}
+
 TEST(DataParallelTrainerTest, TwoRanksMatchOneRankAndStayBitIdentical) {
   model::Policy initial = make_policy(3);
   const auto groups = sample_groups(initial, 3, 4);
