@@ -835,7 +835,8 @@ TEST_F(CliTest, AgentsPlayTheTrainingEpisodesThroughTheEndpoint) {
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   const std::string out = r.out + r.err;
   EXPECT_NE(out.find("agents play episodes through http://127.0.0.1:"), std::string::npos) << out;
-  EXPECT_NE(out.find("calculator_agent: "), std::string::npos) << "the agent's own summary";
+  // (Not the agent's own summary line: relay-rollout may stop the agent with
+  // SIGTERM before it prints it.)
   // Every group an agent finished was accepted, none dropped.
   int workers = 0;
   std::istringstream lines(out);
