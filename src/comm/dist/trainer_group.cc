@@ -67,13 +67,7 @@ class C10dCollectives : public trainer::Collectives {
   }
 
   Status all_gather(const at::Tensor& shard, at::Tensor& out) override {
-    if (out.numel() != shard.numel() * rank_.world_size ||
-        out.scalar_type() != shard.scalar_type()) {
-      return InvalidArgumentError(
-          absl::StrCat(what("all-gather"), ": the output must hold world_size x ", shard.numel(),
-                       " ", std::string(c10::toString(shard.scalar_type())), " elements, got ",
-                       out.numel(), " ", std::string(c10::toString(out.scalar_type()))));
-    }
+    RELAY_RETURN_IF_ERROR(check_whole(what("all-gather"), "output", out, shard));
     return guarded(what("all-gather"), [&] {
       std::vector<at::Tensor> in{shard.contiguous().to(device_)};
       std::vector<std::vector<at::Tensor>> parts(1);
@@ -85,13 +79,7 @@ class C10dCollectives : public trainer::Collectives {
   }
 
   Status reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard) override {
-    if (full.numel() != shard.numel() * rank_.world_size ||
-        full.scalar_type() != shard.scalar_type()) {
-      return InvalidArgumentError(
-          absl::StrCat(what("reduce-scatter"), ": the input must hold world_size x ", shard.numel(),
-                       " ", std::string(c10::toString(shard.scalar_type())), " elements, got ",
-                       full.numel(), " ", std::string(c10::toString(full.scalar_type()))));
-    }
+    RELAY_RETURN_IF_ERROR(check_whole(what("reduce-scatter"), "input", full, shard));
     const int64_t n = shard.numel();
     if constexpr (std::is_same_v<PG, c10d::ProcessGroupGloo>) {
       at::Tensor copy = full.reshape({-1}).clone();
@@ -126,6 +114,20 @@ class C10dCollectives : public trainer::Collectives {
   std::string what(const std::string& op) const {
     return absl::StrCat("trainer group rank ", rank_.rank, " of ", rank_.world_size, " (",
                         rank_.host, ":", rank_.port, "): ", op);
+  }
+
+  // `whole` (all-gather's output, reduce-scatter's input) holds one `shard`
+  // per rank, of the shard's dtype.
+  Status check_whole(const std::string& op, const char* role, const at::Tensor& whole,
+                     const at::Tensor& shard) const {
+    if (whole.numel() == shard.numel() * rank_.world_size &&
+        whole.scalar_type() == shard.scalar_type()) {
+      return OkStatus();
+    }
+    return InvalidArgumentError(
+        absl::StrCat(op, ": the ", role, " must hold world_size x ", shard.numel(), " ",
+                     std::string(c10::toString(shard.scalar_type())), " elements, got ",
+                     whole.numel(), " ", std::string(c10::toString(whole.scalar_type()))));
   }
 
   // Runs one collective on a contiguous tensor on the group's device, waits
