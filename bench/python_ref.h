@@ -27,16 +27,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
 #include "relay/model/safetensors.h"
 
 namespace relay::bench {
-
-[[noreturn]] inline void fail(const std::string& what) {
-  std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-  std::exit(1);
-}
 
 // Where the script and an interpreter with torch are. The interpreter is
 // $RELAY_PYTHON, else /usr/bin/python3 (Debian's python3-torch; a pyenv or

@@ -68,7 +68,7 @@ int run_follower_rank(const RolloutSetup& s, const trainer::TrainerOptions& rl_o
   };
   int64_t steps = 0, failed = 0;
   fo.on_step = [&](const std::string& call, const StatusOr<trainer::StepMetrics>& m) {
-    ++steps;
+    if (call != "save_state") ++steps;
     if (!m.ok()) {
       ++failed;
       std::fprintf(stderr, "trainer rank %d: %s failed as on rank 0: %s\n", rank.rank, call.c_str(),

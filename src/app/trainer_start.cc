@@ -14,10 +14,12 @@ namespace relay::app::internal {
 namespace {
 
 // The other ranks build the same RL trainer: rank 0's weights, reference
-// and trainer state (after a resume: the checkpoint's).
-Status start_followers(TrainerContext& c, const trainer::Trainer& t, const model::Policy& ref) {
+// and trainer state (`state`: the checkpoint's after a resume, empty for a
+// fresh trainer). Not rank 0's save_state(): with sharding that is a
+// collective the others cannot join before they have a trainer.
+Status start_followers(TrainerContext& c, const trainer::Trainer& t, const model::Policy& ref,
+                       const std::string& state) {
   if (!c.leader) return OkStatus();
-  RELAY_ASSIGN_OR_RETURN(std::string state, t.save_state());
   return c.leader->start("rl", *t.policy(), t.version(), ref, state);
 }
 
@@ -45,8 +47,9 @@ StatusOr<Started> resume(TrainerContext& c, const trainer::CheckpointInfo& info,
   Started r;
   RELAY_ASSIGN_OR_RETURN(r.trainer, trainer::Trainer::create(c.s.policy, c.options, info.version,
                                                              reference, c.data_parallel()));
-  RELAY_RETURN_IF_ERROR(trainer::restore_checkpoint(info, *r.trainer));
-  RELAY_RETURN_IF_ERROR(start_followers(c, *r.trainer, reference));
+  std::string state;
+  RELAY_RETURN_IF_ERROR(trainer::restore_checkpoint(info, *r.trainer, &state));
+  RELAY_RETURN_IF_ERROR(start_followers(c, *r.trainer, reference, state));
   r.rl_start_version = info.rl_start_version;
   r.state.rl_step = info.rl_step;
   // The store goes back to where it stood at the checkpoint: groups that
@@ -101,7 +104,7 @@ StatusOr<Started> start_fresh(TrainerContext& c, const model::Policy& reference)
   RELAY_ASSIGN_OR_RETURN(
       r.trainer, trainer::Trainer::create(c.s.policy, c.options, r.rl_start_version, reference,
                                           c.data_parallel()));
-  RELAY_RETURN_IF_ERROR(start_followers(c, *r.trainer, reference));
+  RELAY_RETURN_IF_ERROR(start_followers(c, *r.trainer, reference, ""));
   if (c.options.needs_reference() && c.s.config.trainer.reference.empty()) {
     // The KL reference is the policy RL starts from; a resumed run needs it.
     RELAY_RETURN_IF_ERROR(model::save_policy(*c.s.policy, c.run.reference, c.save_options));

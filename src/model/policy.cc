@@ -31,6 +31,16 @@ at::Tensor attention_mask(const at::Tensor& past, const at::Tensor& len, int64_t
   return key.le(query_pos).logical_and(key.lt(end));
 }
 
+// Packed rows: query t may attend key s when both lie in the same sequence
+// (the same start) and s <= t. Every query sees at least itself.
+at::Tensor packed_attention_mask(const at::Tensor& starts) {
+  const int64_t T = starts.size(1);
+  auto opts = torch::TensorOptions().dtype(torch::kInt64).device(starts.device());
+  at::Tensor t = torch::arange(T, opts);
+  at::Tensor causal = t.view({1, T}).le(t.view({T, 1})).view({1, T, T});
+  return starts.unsqueeze(2).eq(starts.unsqueeze(1)).logical_and(causal).unsqueeze(1);
+}
+
 // Activation checkpointing of one decoder layer (the reentrant form of
 // torch.utils.checkpoint): the forward runs without autograd and keeps the
 // layer's input; backward reruns the layer with autograd, under the autocast
@@ -171,7 +181,7 @@ void PolicyImpl::set_rope(ForwardContext& ctx, int64_t seq_len, c10::Device devi
 }
 
 at::Tensor PolicyImpl::hidden_states(const at::Tensor& input_ids, const at::Tensor& lengths,
-                                     MoeRouting* routing) {
+                                     MoeRouting* routing, const at::Tensor& sequence_starts) {
   TORCH_CHECK(input_ids.dim() == 2, "Policy: input_ids must be [B, T], got ", input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   const c10::Device device = model->embed_tokens->weight.device();
@@ -180,9 +190,18 @@ at::Tensor PolicyImpl::hidden_states(const at::Tensor& input_ids, const at::Tens
                        : torch::full({B}, T, torch::dtype(torch::kInt64).device(device));
   TORCH_CHECK(len.numel() == B, "Policy: lengths has ", len.numel(), " entries for ", B, " rows");
   ForwardContext ctx;
-  at::Tensor past = torch::zeros({B}, len.options());
-  ctx.positions = torch::arange(T, len.options()).view({1, T}).expand({B, T});
-  ctx.mask = attention_mask(past, len, T, T);
+  if (sequence_starts.defined()) {
+    TORCH_CHECK(sequence_starts.sizes() == input_ids.sizes(),
+                "Policy: sequence_starts must be [B, T] like input_ids, got ",
+                sequence_starts.sizes());
+    at::Tensor starts = sequence_starts.to(device, torch::kInt64);
+    ctx.positions = torch::arange(T, len.options()).view({1, T}) - starts;
+    ctx.mask = packed_attention_mask(starts);
+  } else {
+    at::Tensor past = torch::zeros({B}, len.options());
+    ctx.positions = torch::arange(T, len.options()).view({1, T}).expand({B, T});
+    ctx.mask = attention_mask(past, len, T, T);
+  }
   ctx.routing = routing;
   set_rope(ctx, T, device);
   return model->forward(input_ids.to(device), ctx, checkpointing_);
@@ -207,7 +226,7 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
   TORCH_CHECK(options.temperature > 0, "Policy::score: temperature must be > 0");
   TORCH_CHECK(options.chunk_tokens >= 0, "Policy::score: chunk_tokens must be >= 0");
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
-  at::Tensor hidden = hidden_states(input_ids, lengths, options.routing);
+  at::Tensor hidden = hidden_states(input_ids, lengths, options.routing, options.sequence_starts);
   ScoreOutput out;
   if (T < 2) {
     out.logprobs = torch::zeros({B, 0}, hidden.options().dtype(torch::kFloat32));
@@ -234,6 +253,13 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
     at::Tensor pad = torch::arange(T - 1, len.options()).view({1, T - 1}).ge(len - 1);
     out.logprobs = out.logprobs.masked_fill(pad, 0.0);
     if (with_entropy) out.entropy = out.entropy.masked_fill(pad, 0.0);
+  }
+  if (options.sequence_starts.defined()) {
+    // A sequence's last position predicts the next sequence's first token.
+    at::Tensor starts = options.sequence_starts.to(out.logprobs.device(), torch::kInt64);
+    at::Tensor boundary = starts.narrow(1, 1, T - 1).ne(starts.narrow(1, 0, T - 1));
+    out.logprobs = out.logprobs.masked_fill(boundary, 0.0);
+    if (with_entropy) out.entropy = out.entropy.masked_fill(boundary, 0.0);
   }
   return out;
 }
@@ -332,8 +358,17 @@ Policy clone_policy(const PolicyImpl& policy) {
   Policy copy(policy.config());
   torch::NoGradGuard no_grad;
   const auto src = policy.named_parameters();
-  copy->to(src.begin()->value().device());
-  for (auto& item : copy->named_parameters()) item.value().copy_(src[item.key()]);
+  // Each parameter in its own dtype and device: a bf16 policy's copy is
+  // bf16 (an fp32 one would compute differently and take twice the memory).
+  for (auto& item : copy->named_parameters()) {
+    const at::Tensor& from = src[item.key()];
+    if (item.value().scalar_type() == from.scalar_type() &&
+        item.value().device() == from.device()) {
+      item.value().copy_(from);
+    } else {
+      item.value().set_data(from.detach().clone());
+    }
+  }
   copy->eval();
   return copy;
 }

@@ -284,8 +284,8 @@ TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows
   return out;
 }
 
-std::vector<std::vector<int64_t>> split_by_token_budget(const TrainBatch& batch,
-                                                        int64_t max_tokens) {
+std::vector<std::vector<int64_t>> split_by_token_budget(const TrainBatch& batch, int64_t max_tokens,
+                                                        TokenBudget budget) {
   const int64_t B = batch.size();
   std::vector<int64_t> order(B);
   std::iota(order.begin(), order.end(), 0);
@@ -295,17 +295,84 @@ std::vector<std::vector<int64_t>> split_by_token_budget(const TrainBatch& batch,
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return len[a] > len[b]; });
   std::vector<std::vector<int64_t>> out;
-  int64_t width = 0;
+  int64_t width = 0, tokens = 0;
   for (int64_t row : order) {
     const bool fits =
-        !out.empty() && static_cast<int64_t>(out.back().size() + 1) * width <= max_tokens;
+        !out.empty() && (budget == TokenBudget::kReal
+                             ? tokens + len[row] <= max_tokens
+                             : static_cast<int64_t>(out.back().size() + 1) * width <= max_tokens);
     if (!fits) {
       out.emplace_back();
       width = len[row];
+      tokens = 0;
     }
     out.back().push_back(row);
+    tokens += len[row];
   }
   return out;
+}
+
+PackedRows pack_rows(const TrainBatch& batch, int64_t width, int64_t pad_token_id) {
+  const int64_t B = batch.size();
+  at::Tensor lengths = batch.lengths.to(torch::kCPU, torch::kInt64).contiguous();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  std::vector<int64_t> order(static_cast<size_t>(B));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return len[a] > len[b]; });
+  for (int64_t b = 0; b < B; ++b) width = std::max(width, len[b]);
+  // First fit, longest first.
+  std::vector<int64_t> used, row_of(static_cast<size_t>(B)), offset_of(static_cast<size_t>(B));
+  for (int64_t b : order) {
+    size_t r = 0;
+    while (r < used.size() && used[r] + len[b] > width) ++r;
+    if (r == used.size()) used.push_back(0);
+    row_of[static_cast<size_t>(b)] = static_cast<int64_t>(r);
+    offset_of[static_cast<size_t>(b)] = used[r];
+    used[r] += len[b];
+  }
+  const int64_t R = static_cast<int64_t>(used.size());
+  PackedRows p;
+  p.input_ids = torch::full({R, width}, pad_token_id, torch::kInt64);
+  // A padding position is a sequence of its own: it starts where it is.
+  p.sequence_starts = torch::arange(width, torch::kInt64).repeat({R, 1});
+  const bool routed = batch.routed_experts.defined();
+  if (routed) {
+    const at::Tensor& r = batch.routed_experts;
+    p.routed_experts = torch::full({R, width, r.size(2), r.size(3)}, -1, r.options());
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t r = row_of[static_cast<size_t>(b)], o = offset_of[static_cast<size_t>(b)];
+    p.input_ids[r].narrow(0, o, len[b]).copy_(batch.input_ids[b].narrow(0, 0, len[b]));
+    p.sequence_starts[r].narrow(0, o, len[b]).fill_(o);
+    if (routed) {
+      p.routed_experts[r].narrow(0, o, len[b]).copy_(batch.routed_experts[b].narrow(0, 0, len[b]));
+    }
+  }
+  p.lengths = torch::tensor(used, torch::kInt64);
+  p.packed_row = torch::tensor(row_of, torch::kInt64);
+  p.offset = torch::tensor(offset_of, torch::kInt64);
+  return p;
+}
+
+at::Tensor unpack_positions(const at::Tensor& per_position, const PackedRows& packed,
+                            const TrainBatch& batch) {
+  const int64_t B = batch.size();
+  const int64_t W = packed.input_ids.size(1), T = batch.input_ids.size(1);
+  const int64_t Wp = per_position.size(1);
+  TORCH_CHECK(per_position.dim() == 2 && per_position.size(0) == packed.input_ids.size(0) &&
+                  (Wp == W || Wp == W - 1),
+              "unpack_positions: per_position must be [R, W] or [R, W - 1] of the packed rows, "
+              "got ",
+              per_position.sizes());
+  const int64_t shift = W - Wp, Tp = T - shift;
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(per_position.device());
+  at::Tensor t = torch::arange(Tp, opts).view({1, Tp});
+  at::Tensor invalid = t.ge((batch.lengths.to(opts) - shift).view({B, 1}));
+  at::Tensor index = ((packed.packed_row.to(opts) * Wp + packed.offset.to(opts)).view({B, 1}) + t)
+                         .masked_fill(invalid, 0);
+  at::Tensor out = per_position.reshape({-1}).index_select(0, index.reshape({-1})).view({B, Tp});
+  return out.masked_fill(invalid, 0);
 }
 
 double frac_behavior_logprobs_valid(const TrainBatch& batch) {

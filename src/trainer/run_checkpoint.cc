@@ -210,7 +210,7 @@ StatusOr<std::optional<CheckpointInfo>> best_checkpoint(const std::string& root)
   return best_of(all);
 }
 
-Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer) {
+Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer, std::string* state) {
   const std::string path = (fs::path(info.dir) / kTrainerStateFile).string();
   RELAY_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
   RELAY_RETURN_IF_ERROR(trainer.restore_state(bytes, path));
@@ -218,6 +218,7 @@ Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer) {
     return DataLossError(absl::StrCat(path, ": holds version ", trainer.version(), ", ",
                                       kCheckpointInfoFile, " says ", info.version));
   }
+  if (state != nullptr) *state = std::move(bytes);
   return OkStatus();
 }
 

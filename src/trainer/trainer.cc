@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "relay/model/torch_error.h"
+#include "trainer/optimizer.h"
 #include "trainer/step_state.h"
 
 namespace relay::trainer {
@@ -37,31 +38,13 @@ StatusOr<StepMetrics> catching(
 }  // namespace
 
 Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
-                 model::Policy reference, DataParallel data_parallel)
+                 model::Policy reference, DataParallel data_parallel,
+                 std::unique_ptr<Optimizer> optimizer)
     : policy_(std::move(policy)),
       options_(std::move(options)),
       dp_(std::move(data_parallel)),
+      optimizer_(std::move(optimizer)),
       version_(version) {
-  const OptimizerOptions& o = options_.optimizer;
-  for (const at::Tensor& p : policy_->parameters()) {
-    if (o.fp32_master_weights && p.scalar_type() != torch::kFloat32) {
-      master_.push_back(p.detach().to(torch::kFloat32).clone().set_requires_grad(true));
-    }
-  }
-  params_ = master_.empty() ? policy_->parameters() : master_;
-  if (!master_.empty() && master_.size() != policy_->parameters().size()) {
-    // Mixed fp32 / low-precision parameters: fp32 ones get a master copy too,
-    // so that one list of tensors lines up with the parameters.
-    master_.clear();
-    for (const at::Tensor& p : policy_->parameters()) {
-      master_.push_back(p.detach().to(torch::kFloat32).clone().set_requires_grad(true));
-    }
-    params_ = master_;
-  }
-  optimizer_ = std::make_unique<torch::optim::AdamW>(params_, torch::optim::AdamWOptions(o.lr)
-                                                                  .betas({o.beta1, o.beta2})
-                                                                  .eps(o.eps)
-                                                                  .weight_decay(o.weight_decay));
   if (options_.needs_reference()) {
     // The reference is the given policy or the policy as it is now, frozen,
     // in the compute dtype: under autocast its products run in that
@@ -105,6 +88,10 @@ Status load_archive(const std::string& bytes, const std::string& path,
 StatusOr<std::string> Trainer::save_state() const {
   // A half-updated policy must not become a checkpoint (see step()).
   RELAY_RETURN_IF_ERROR(broken_);
+  if (optimizer_->save_is_collective()) {
+    // Rank 0 tells the other ranks to take part; they gather into it.
+    if (dp_.lead) RELAY_RETURN_IF_ERROR(dp_.lead("save_state", {}));
+  }
   std::ostringstream out;
   try {
     torch::serialize::OutputArchive archive;
@@ -113,13 +100,8 @@ StatusOr<std::string> Trainer::save_state() const {
     archive.write("optimizer_steps", torch::tensor({optimizer_steps_}, torch::kInt64));
     archive.write("reward_kl_coef", scalar_tensor(reward_kl_->value()));
     archive.write("entropy_coef", scalar_tensor(entropy_->value()));
-    archive.write("num_master", torch::tensor({static_cast<int64_t>(master_.size())}));
-    for (size_t i = 0; i < master_.size(); ++i) {
-      archive.write("master/" + std::to_string(i), master_[i].detach().cpu());
-    }
-    torch::serialize::OutputArchive opt;
-    optimizer_->save(opt);
-    archive.write("optimizer", opt);
+    RELAY_RETURN_IF_ERROR(optimizer_->save(archive));
+    if (optimizer_->save_is_collective() && dp_.rank() != 0) return std::string();
     archive.save_to(out);
   } catch (const std::exception& e) {
     return InternalError(
@@ -136,7 +118,6 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
   RELAY_RETURN_IF_ERROR(load_archive(bytes, path, archive));
   double format = 0, kl_coef = 0, entropy_coef = 0;
   int64_t version = 0, steps = 0;
-  std::vector<at::Tensor> master;
   // Scalars are taken out here too: item() of a damaged entry throws.
   try {
     auto scalar = [&](const char* key) {
@@ -149,12 +130,6 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
     steps = scalar("optimizer_steps").item<int64_t>();
     kl_coef = scalar("reward_kl_coef").item<double>();
     entropy_coef = scalar("entropy_coef").item<double>();
-    const int64_t num_master = scalar("num_master").item<int64_t>();
-    for (int64_t i = 0; i < num_master; ++i) {
-      at::Tensor t;
-      archive.read("master/" + std::to_string(i), t);
-      master.push_back(t);
-    }
   } catch (const std::exception& e) {
     return DataLossError(absl::StrCat(
         path, ": not a relay trainer state, or a corrupt one: ", model::exception_message(e)));
@@ -162,37 +137,8 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
   if (format != 1) {
     return DataLossError(absl::StrCat(path, ": unknown trainer state format ", format));
   }
-  if (master.size() != master_.size()) {
-    return InvalidArgumentError(absl::StrCat(
-        path, ": holds ", master.size(), " fp32 master weights, this trainer has ", master_.size(),
-        " (optimizer.fp32_master_weights or the model's dtype changed)"));
-  }
-  for (size_t i = 0; i < master.size(); ++i) {
-    if (!master[i].sizes().equals(master_[i].sizes())) {
-      return InvalidArgumentError(absl::StrCat(path, ": master weight ", i, " has shape ",
-                                               torch::str(master[i].sizes()), ", expected ",
-                                               torch::str(master_[i].sizes())));
-    }
-  }
-  // The optimizer's state is read into a scratch optimizer over copies first,
-  // so a mismatch leaves this trainer untouched.
-  std::vector<at::Tensor> scratch;
-  for (const at::Tensor& p : params_) scratch.push_back(p.detach().clone());
-  const OptimizerOptions& o = options_.optimizer;
-  torch::optim::AdamW probe(scratch, torch::optim::AdamWOptions(o.lr));
-  try {
-    torch::serialize::InputArchive opt;
-    archive.read("optimizer", opt);
-    probe.load(opt);
-    torch::serialize::InputArchive again;
-    archive.read("optimizer", again);
-    optimizer_->load(again);
-  } catch (const std::exception& e) {
-    return InvalidArgumentError(absl::StrCat(
-        path, ": optimizer state does not fit this model: ", model::exception_message(e)));
-  }
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < master.size(); ++i) master_[i].copy_(master[i]);
+  // Checks everything before it changes anything.
+  RELAY_RETURN_IF_ERROR(optimizer_->load(archive, path));
   version_ = version;
   optimizer_steps_ = steps;
   reward_kl_->set_value(kl_coef);
@@ -221,8 +167,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, Trainer
       }
     }
   }
+  RELAY_ASSIGN_OR_RETURN(
+      std::unique_ptr<Optimizer> optimizer,
+      make_optimizer(policy->parameters(), options.optimizer, options.sharding, data_parallel));
   return std::unique_ptr<Trainer>(new Trainer(std::move(policy), std::move(options), version,
-                                              std::move(reference), std::move(data_parallel)));
+                                              std::move(reference), std::move(data_parallel),
+                                              std::move(optimizer)));
 }
 
 double Trainer::reward_kl_coef() const { return reward_kl_->value(); }
@@ -274,10 +224,7 @@ Status Trainer::step_exception(const std::string& what, bool out_of_memory) {
   return InternalError(absl::StrCat(where, what));
 }
 
-void Trainer::drop_gradients() {
-  optimizer_->zero_grad();
-  for (at::Tensor& p : policy_->parameters()) p.mutable_grad().reset();
-}
+void Trainer::drop_gradients() { optimizer_->zero_grad(); }
 
 StatusOr<StepMetrics> Trainer::step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups,
                                               StepState& s) {

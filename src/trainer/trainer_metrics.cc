@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "relay/model/device.h"
 #include "relay/trainer/trainer.h"
+#include "trainer/optimizer.h"
 #include "trainer/step_state.h"
 
 namespace relay::trainer {
@@ -167,17 +168,10 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
     return total;
   };
   m["memory/weights_gb"] = bytes(policy_->parameters()) / kGiB;
-  m["memory/master_weights_gb"] = bytes(master_) / kGiB;
-  // What backward allocates: one gradient like each stepped tensor (the
-  // fp32 master copies when there are any), freed after the update.
-  m["memory/gradients_gb"] = bytes(params_) / kGiB;
-  double optimizer = 0;
-  for (const auto& item : optimizer_->state()) {
-    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*item.second);
-    optimizer += bytes({st.exp_avg(), st.exp_avg_sq()});
-    if (st.max_exp_avg_sq().defined()) optimizer += bytes({st.max_exp_avg_sq()});
-  }
-  m["memory/optimizer_gb"] = optimizer / kGiB;
+  const OptimizerMemory held = optimizer_->memory();
+  m["memory/master_weights_gb"] = static_cast<double>(held.master) / kGiB;
+  m["memory/gradients_gb"] = static_cast<double>(held.gradients) / kGiB;
+  m["memory/optimizer_gb"] = static_cast<double>(held.moments) / kGiB;
   m["memory/reference_gb"] = reference_ ? bytes(reference_->parameters()) / kGiB : 0.0;
   // The process as the kernel sees it: resident after the step, its peak
   // during the step, and how far the step rose above where it started

@@ -253,7 +253,7 @@ StatusOr<PreUpdateScores> Trainer::score_before_update(const TrainBatch& batch) 
     const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
     model::MoeRouting routing;
     const model::ScoreOptions so = score_options(mb, &routing);
-    model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
+    model::ScoreOutput out = score_rows(*policy_, mb, so, /*with_entropy=*/true);
     scatter_rows(s.logprobs, rows, gather_response(out.logprobs, mb));
     scatter_rows(s.entropy, rows, gather_response(out.entropy, mb));
     if (!routing.differs.empty()) {
@@ -273,7 +273,7 @@ StatusOr<PreUpdateScores> Trainer::score_before_update(const TrainBatch& batch) 
       model::ScoreOptions ref = so;
       ref.routing = nullptr;  // the reference routes by itself
       scatter_rows(s.reference, rows,
-                   gather_response(reference_->score(mb.input_ids, mb.lengths, ref), mb));
+                   gather_response(score_rows(*reference_, mb, ref, false).logprobs, mb));
     }
   }
   if (dp_.active()) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "relay/model/device.h"
 #include "relay/trainer/trainer.h"
+#include "trainer/optimizer.h"
 #include "trainer/step_state.h"
 
 namespace relay::trainer {
@@ -40,6 +41,41 @@ model::ScoreOptions Trainer::score_options(const TrainBatch& mb, model::MoeRouti
   return so;
 }
 
+model::ScoreOutput Trainer::score_rows(model::PolicyImpl& model, const TrainBatch& mb,
+                                       model::ScoreOptions so, bool with_entropy) const {
+  if (!options_.pack_sequences) {
+    if (with_entropy) return model.score_with_entropy(mb.input_ids, mb.lengths, so);
+    return {model.score(mb.input_ids, mb.lengths, so), at::Tensor()};
+  }
+  const PackedRows packed = pack_rows(mb, mb.input_ids.size(1), options_.pad_token_id);
+  model::MoeRouting* routing = so.routing;
+  if (routing != nullptr && packed.routed_experts.defined()) {
+    const at::Tensor& r = packed.routed_experts;
+    routing->recorded = r.reshape({r.size(0) * r.size(1), r.size(2), r.size(3)});
+  }
+  so.sequence_starts = packed.sequence_starts;
+  model::ScoreOutput out;
+  if (with_entropy) {
+    out = model.score_with_entropy(packed.input_ids, packed.lengths, so);
+    out.entropy = unpack_positions(out.entropy, packed, mb);
+  } else {
+    out.logprobs = model.score(packed.input_ids, packed.lengths, so);
+  }
+  out.logprobs = unpack_positions(out.logprobs, packed, mb);
+  if (routing != nullptr) {
+    // Per position of the packed rows -> per position of mb's rows.
+    const int64_t R = packed.input_ids.size(0), W = packed.input_ids.size(1);
+    for (at::Tensor& d : routing->differs) {
+      d = unpack_positions(d.view({R, W}), packed, mb).reshape({-1});
+    }
+  }
+  return out;
+}
+
+TokenBudget Trainer::token_budget() const {
+  return options_.pack_sequences ? TokenBudget::kReal : TokenBudget::kPadded;
+}
+
 std::vector<int64_t> Trainer::my_shard(const TrainBatch& batch,
                                        const std::vector<int64_t>& rows) const {
   if (!dp_.active()) return rows;
@@ -53,8 +89,8 @@ std::vector<std::vector<int64_t>> Trainer::my_micro_batches(
   const std::vector<int64_t> shard = my_shard(batch, rows);
   std::vector<std::vector<int64_t>> parts;
   if (shard.empty()) return parts;
-  for (const auto& local :
-       split_by_token_budget(select_rows(batch, shard), options_.micro_batch_tokens)) {
+  for (const auto& local : split_by_token_budget(select_rows(batch, shard),
+                                                 options_.micro_batch_tokens, token_budget())) {
     std::vector<int64_t> part;
     for (int64_t r : local) part.push_back(shard[static_cast<size_t>(r)]);
     parts.push_back(std::move(part));
@@ -89,7 +125,7 @@ MiniBatch Trainer::plan_minibatch(const StepState& s, int index, bool record) co
   // changes the update.
   std::vector<at::Tensor> masks, forced_masks;
   for (const auto& local :
-       split_by_token_budget(select_rows(s.batch, mb.rows), o.micro_batch_tokens)) {
+       split_by_token_budget(select_rows(s.batch, mb.rows), o.micro_batch_tokens, token_budget())) {
     std::vector<int64_t> rows;
     for (int64_t r : local) rows.push_back(mb.rows[r]);
     TrainBatch part = select_rows(s.batch, rows);
@@ -122,11 +158,9 @@ std::pair<at::Tensor, at::Tensor> Trainer::forward_with_grad(const TrainBatch& m
   model::MoeRouting routing;
   const model::ScoreOptions so =
       score_options(mb, options_.router_replay == RouterReplay::kReplay ? &routing : nullptr);
-  if (with_entropy) {
-    model::ScoreOutput out = policy_->score_with_entropy(mb.input_ids, mb.lengths, so);
-    return {gather_response(out.logprobs, mb), gather_response(out.entropy, mb)};
-  }
-  return {gather_response(policy_->score(mb.input_ids, mb.lengths, so), mb), at::Tensor()};
+  model::ScoreOutput out = score_rows(*policy_, mb, so, with_entropy);
+  if (with_entropy) return {gather_response(out.logprobs, mb), gather_response(out.entropy, mb)};
+  return {gather_response(out.logprobs, mb), at::Tensor()};
 }
 
 // The loss of the micro-batch `rows` of `mini`: the policy loss, plus the
@@ -202,49 +236,17 @@ Status Trainer::diagnose_recorded(StepState& s, MiniBatch& mb) {
 
 StatusOr<double> Trainer::apply_gradients(UpdateCount& updates) {
   const OptimizerOptions& o = options_.optimizer;
-  std::vector<at::Tensor> params = policy_->parameters();
-  if (!master_.empty()) {
-    // Gradients move to the fp32 master copies; the low-precision ones go.
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].grad().defined()) {
-        master_[i].mutable_grad() = params[i].grad().detach().to(torch::kFloat32);
-      }
-      params[i].mutable_grad().reset();
-    }
-  }
-  if (dp_.active()) {
-    // Summed in fp32 (the master copies' gradients when there are any).
-    if (Status s = all_reduce_gradients(*dp_.group, params_, dp_.bucket_bytes); !s.ok()) {
-      optimizer_->zero_grad();
-      return s;
-    }
-  }
   const double max_norm =
       o.max_grad_norm > 0 ? o.max_grad_norm : std::numeric_limits<double>::infinity();
-  const double grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm);
-  if (!std::isfinite(grad_norm)) {
-    optimizer_->zero_grad();
-    return InternalError(absl::StrCat("trainer step at version ", version_, ": gradient norm is ",
-                                      grad_norm, "; the update was not applied"));
+  // From on_apply on the weights change: a failure leaves them half-updated.
+  StatusOr<double> grad_norm =
+      optimizer_->step(lr_at(o, optimizer_steps_), max_norm, [&updates] { ++updates.applied; });
+  if (!grad_norm.ok()) {
+    const Status& s = grad_norm.status();
+    return Status(s.code(), absl::StrCat("trainer step at version ", version_, ": ", s.message()));
   }
-  const double lr = lr_at(o, optimizer_steps_);
-  for (auto& group : optimizer_->param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  }
-  // From here on the weights change: a failure leaves them half-updated.
-  ++updates.applied;
-  optimizer_->step();
-  if (!master_.empty()) {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(master_[i]);
-  }
-  // The gradients are spent: free them now rather than at the next
-  // zero_grad(), so they do not sit in memory through the next pre-update
-  // pass and the wait for rollouts.
-  for (at::Tensor& p : params_) p.mutable_grad().reset();
-  for (at::Tensor& p : params) p.mutable_grad().reset();
   ++optimizer_steps_;
-  return grad_norm;
+  return *grad_norm;
 }
 
 // ---------------------------------------------------------------------------
@@ -257,7 +259,8 @@ Status Trainer::prepare_sft(const std::vector<rollout::TrajectoryGroup>& groups,
   bo.pad_token_id = options_.pad_token_id;
   RELAY_ASSIGN_OR_RETURN(s.batch, build_batch(groups, bo));
   std::vector<at::Tensor> masks;
-  for (const auto& rows : split_by_token_budget(s.batch, options_.micro_batch_tokens)) {
+  for (const auto& rows :
+       split_by_token_budget(s.batch, options_.micro_batch_tokens, token_budget())) {
     masks.push_back(select_rows(s.batch, rows).response_mask);
   }
   s.norm = make_global_normalizer(masks);
@@ -276,8 +279,9 @@ void Trainer::backward_sft(SftStepState& s) {
     at::Tensor logp;
     {
       const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
-      logp =
-          gather_response(policy_->score(mb.input_ids, mb.lengths, score_options(mb, nullptr)), mb);
+      logp = gather_response(
+          score_rows(*policy_, mb, score_options(mb, nullptr), /*with_entropy=*/false).logprobs,
+          mb);
     }
     at::Tensor loss =
         sft_loss(logp, mb.response_mask.to(logp.device()), LossAggMode::kTokenMean, s.norm);

@@ -614,6 +614,45 @@ TEST_F(ProcessTest, RelayRunWithTwoTrainerRanksKeepsThemIdentical) {
   EXPECT_EQ(rl_steps(base_ + "/arith/metrics.jsonl"), 3);
 }
 
+// trainer.sharding=optimizer across processes: two ranks each hold half of
+// AdamW's state and write the whole of it into their checkpoints (rank 1
+// sends its part to rank 0), which three sharded ranks, then one replicated
+// trainer, resume.
+TEST_F(ProcessTest, ShardedOptimizerStateResumesUnderOtherWorldSizes) {
+  const std::string config = std::string(RELAY_SOURCE_DIR) + "/configs/arith.yaml";
+  const std::vector<std::string> common = {"rollout.workers=1", "experiment.groups_per_step=4",
+                                           "rollout.n=4",       "experiment.warm_start.sft_steps=5",
+                                           "eval.prompts=0",    "experiment.output_dir=" + base_};
+  auto run_with = [&](const std::vector<std::string>& extra, const std::string& log) {
+    std::vector<std::string> args = {RELAY_CLI_PATH, "run", config};
+    args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto run = start(args, base_ + "/" + log);
+    EXPECT_EQ(run->wait(240s), 0) << run->output();
+    return run->output();
+  };
+  std::string out = run_with(
+      {"trainer.world_size=2", "trainer.sharding=optimizer", "experiment.steps=2"}, "run1.log");
+  EXPECT_NE(out.find("done: version 7, step 2 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("trainer rank 1: stopped by rank 0 after 7 steps (0 failed)"),
+            std::string::npos)
+      << out;
+  out = run_with(
+      {"trainer.world_size=3", "trainer.sharding=optimizer", "experiment.steps=3", "--resume"},
+      "run2.log");
+  EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+  EXPECT_NE(out.find("done: version 8, step 3 of 3"), std::string::npos) << out;
+  std::smatch m0, m2;
+  ASSERT_TRUE(std::regex_search(out, m0, std::regex("trainer rank 0: weights digest ([0-9a-f]+)")))
+      << out;
+  ASSERT_TRUE(std::regex_search(out, m2, std::regex("trainer rank 2: weights digest ([0-9a-f]+)")))
+      << out;
+  EXPECT_EQ(m0[1].str(), m2[1].str()) << "the ranks' weights differ";
+  out = run_with({"experiment.steps=4", "--resume"}, "run3.log");
+  EXPECT_NE(out.find("done: version 9, step 4 of 4"), std::string::npos) << out;
+  EXPECT_EQ(rl_steps(base_ + "/arith/metrics.jsonl"), 4);
+}
+
 // What relay-trainer says when resuming meets a damaged checkpoint: an
 // emptied newest directory is a warning naming it and what it lacks (the
 // run resumes from the one before); a truncated trainer_state.pt is one

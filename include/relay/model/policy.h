@@ -57,6 +57,13 @@ struct ScoreOptions {
   // 0 = the whole vocab_size.
   int64_t vocab_limit = 0;
   MoeRouting* routing = nullptr;  // MoE record / replay (layers.h); null = neither
+  // Sequence packing: rows hold several sequences end to end. [B, T] int64:
+  // the position where the sequence holding position t begins (t itself
+  // for a padding position, which is a sequence of its own). Positions
+  // restart at 0 in each sequence and a token attends only to its own
+  // sequence's earlier tokens, so each sequence scores as it would alone.
+  // Undefined = one sequence per row.
+  at::Tensor sequence_starts;
 };
 
 // Per-position outputs of Policy::score_with_entropy, [B, T - 1] fp32 each.
@@ -92,15 +99,18 @@ class PolicyImpl : public torch::nn::Module {
   // undefined tensor = every row has length T). Returns logits [B, T, V].
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& lengths = {});
 
-  // Final hidden states [B, T, H] (after the last RMSNorm) on the scoring path.
+  // Final hidden states [B, T, H] (after the last RMSNorm) on the scoring
+  // path; `sequence_starts` as ScoreOptions has it.
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& lengths = {},
-                           MoeRouting* routing = nullptr);
+                           MoeRouting* routing = nullptr, const at::Tensor& sequence_starts = {});
 
   // LM head: hidden [..., H] -> logits [..., V] (or [..., vocab_limit]).
   at::Tensor logits(const at::Tensor& hidden, int64_t vocab_limit = 0);
 
   // log p(token[t + 1] | tokens[0..t]) for t in [0, T - 1): [B, T - 1], fp32.
   // Positions t >= lengths[b] - 1 (padding) are 0; the caller masks them.
+  // Packed rows (options.sequence_starts): so is the last position of each
+  // sequence, whose next token begins the next one.
   // The LM head runs in chunks of options.chunk_tokens positions and its
   // backward recomputes them (lm_head.h), so the full [B, T, V] logits are
   // never held at once, not even for autograd. Differentiable.
@@ -164,9 +174,9 @@ TORCH_MODULE(Policy);
 // on the CPU in fp32 and then copied into the parameters.
 void init_weights(PolicyImpl& policy, uint64_t seed, double initializer_range = 0.02);
 
-// A separate policy with the same config and a copy of every weight, on the
-// same device, in eval mode: a rollout engine's own copy, or a frozen
-// reference policy.
+// A separate policy with the same config and a copy of every weight, each
+// on its device and in its dtype, in eval mode: a rollout engine's own copy,
+// or a frozen reference policy.
 Policy clone_policy(const PolicyImpl& policy);
 
 // Every parameter by name, detached and cloned: what update_weights() and a

@@ -98,12 +98,44 @@ at::Tensor gather_response(const at::Tensor& per_position, const TrainBatch& bat
 // Rows `rows` of the batch, trimmed to their own longest sequence and response.
 TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows);
 
-// Splits the batch into micro-batches whose padded size (rows x longest
-// sequence in the micro-batch) stays within max_tokens, so long and short
-// responses both fit; longest first. A single sequence longer than the budget
-// forms a micro-batch of its own. Every row appears exactly once.
-std::vector<std::vector<int64_t>> split_by_token_budget(const TrainBatch& batch,
-                                                        int64_t max_tokens);
+// What a micro-batch's token budget counts.
+enum class TokenBudget {
+  kPadded,  // rows x the micro-batch's longest sequence (rows padded to it)
+  kReal,    // the rows' own tokens (sequences packed end to end: pack_rows)
+};
+
+// Splits the batch into micro-batches whose size, as `budget` counts it,
+// stays within max_tokens, so long and short responses both fit; longest
+// first. A single sequence longer than the budget forms a micro-batch of its
+// own. Every row appears exactly once.
+std::vector<std::vector<int64_t>> split_by_token_budget(const TrainBatch& batch, int64_t max_tokens,
+                                                        TokenBudget budget = TokenBudget::kPadded);
+
+// ---- Sequence packing (trainer.pack_sequences).
+
+// A batch's rows laid end to end in fewer rows of `width` tokens, for one
+// forward pass without their padding; Policy::score takes input_ids,
+// lengths and sequence_starts (ScoreOptions) and scores each sequence as it
+// would alone.
+struct PackedRows {
+  at::Tensor input_ids;        // [R, W] int64, right-padded with the pad id
+  at::Tensor lengths;          // [R] int64: tokens in use in each packed row
+  at::Tensor sequence_starts;  // [R, W] int64: ScoreOptions::sequence_starts
+  at::Tensor routed_experts;   // [R, W, layers, k] like the batch's; undefined when it is
+  at::Tensor packed_row;       // [B] int64: the packed row that holds row b
+  at::Tensor offset;           // [B] int64: where row b begins in it
+};
+
+// Packs the rows first fit, longest first, into rows of `width` tokens
+// (at least the longest row's length). Deterministic.
+PackedRows pack_rows(const TrainBatch& batch, int64_t width, int64_t pad_token_id);
+
+// A per-position output of packed rows, [R, W] or [R, W - 1] (Policy::score's
+// layout), back in the batch's rows: [B, T] or [B, T - 1], 0 (false) where
+// Policy::score on the padded rows gives 0 (past each row's length).
+// Differentiable.
+at::Tensor unpack_positions(const at::Tensor& per_position, const PackedRows& packed,
+                            const TrainBatch& batch);
 
 // Invariant 5. Fraction of masked tokens with a finite behavior log-prob.
 double frac_behavior_logprobs_valid(const TrainBatch& batch);

@@ -144,6 +144,7 @@ void visit_fields(V& v, TrainerOptions& o) {
   v.field("loss", o.loss.kind, kPolicyLossNames);
   v.field("proximal", o.proximal, kProximalSourceNames);
   v.field("micro_batch_tokens", o.micro_batch_tokens);
+  v.field("pack_sequences", o.pack_sequences);
   v.field("ppo_epochs", o.ppo_epochs);
   v.field("mini_batches", o.mini_batches);
   v.field("allow_missing_logprobs", o.allow_missing_logprobs);
@@ -160,6 +161,7 @@ void visit_fields(V& v, TrainerOptions& o) {
   v.field("rendezvous", o.data_parallel.rendezvous);
   v.field("allreduce_bucket_mb", o.data_parallel.allreduce_bucket_mb);
   v.field("collective_timeout_s", o.data_parallel.collective_timeout_s);
+  v.field("sharding", o.sharding, kShardingNames);
   v.field("activation_checkpointing", o.activation_checkpointing);
   v.field("router_replay", o.router_replay, kRouterReplayNames);
   v.section("advantage", o.advantage);

@@ -155,6 +155,15 @@ struct DataParallelOptions {
   double collective_timeout_s = 300;  // a collective (or a rank) silent this long fails the run
 };
 
+// How the trainer ranks share the optimizer's work (trainer.sharding;
+// src/trainer/optimizer.h, docs/cluster.md).
+enum class Sharding {
+  kNone,       // every rank holds the whole optimizer state (plain data parallelism)
+  kOptimizer,  // ZeRO-1/2: each rank holds 1/world_size of the master weights, moments, fp32 grads
+};
+inline const NameTable<Sharding> kShardingNames{
+    "sharding", {{"none", Sharding::kNone}, {"optimizer", Sharding::kOptimizer}}};
+
 // MoE router replay (trainer.router_replay).
 enum class RouterReplay { kOff, kReplay };
 inline const NameTable<RouterReplay> kRouterReplayNames{
@@ -164,10 +173,17 @@ struct TrainerOptions {
   AdvantageOptions advantage;
   PolicyLossOptions loss;  // kind and every loss's options
   ProximalSource proximal = ProximalSource::kRecorded;
-  double loss_scale_factor = 0;       // seq-mean-token-sum-norm's constant; 0 = response width
-  int64_t micro_batch_tokens = 8192;  // padded tokens per forward/backward pass
-  int ppo_epochs = 1;                 // passes over each batch
-  int mini_batches = 1;               // optimizer steps per epoch
+  double loss_scale_factor = 0;  // seq-mean-token-sum-norm's constant; 0 = response width
+  // Tokens per forward/backward pass: padded (rows x longest row), or the
+  // rows' own tokens with pack_sequences.
+  int64_t micro_batch_tokens = 8192;
+  // Sequence packing: each micro-batch's rows laid end to end in rows of its
+  // longest row's length (positions restart per sequence, attention stays
+  // within it) instead of each padded to that length. The same log-probs and
+  // gradients, less padding to compute (docs/trainer.md).
+  bool pack_sequences = false;
+  int ppo_epochs = 1;    // passes over each batch
+  int mini_batches = 1;  // optimizer steps per epoch
   // Train on tokens of version >= v - max_staleness; 0 = synchronous. -1 =
   // no bound, for trainers built in code (a run's config must bound it: its
   // lease dispenser sizes the queue by it).
@@ -204,6 +220,7 @@ struct TrainerOptions {
   // refill the groups dropped (DAPO); 0 = train on what is left.
   int max_extra_batches = 0;
   DataParallelOptions data_parallel;
+  Sharding sharding = Sharding::kNone;
 
   // Set by the process from other sections, no trainer.* key:
   double temperature = 1.0;  // rollout.temperature: behavior log-probs were taken at it

@@ -85,7 +85,9 @@ StatusOr<std::optional<CheckpointInfo>> latest_checkpoint(
 StatusOr<std::optional<CheckpointInfo>> best_checkpoint(const std::string& root);
 
 // Reads the trainer state file of `info` into `trainer` (built over the
-// policy loaded from info.dir).
-Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer);
+// policy loaded from info.dir). The file's bytes go to `state` when given
+// (the other trainer ranks restore the same).
+Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer,
+                          std::string* state = nullptr);
 
 }  // namespace relay::trainer

@@ -44,11 +44,10 @@
 #include "relay/trainer/policy_loss.h"
 #include "relay/trainer/rollout_correction.h"
 
-namespace torch::optim {
-class AdamW;
-}
-
 namespace relay::trainer {
+
+// What the update runs on (src/trainer/optimizer.h).
+class Optimizer;
 
 // The state of one step, phase by phase (src/trainer/step_state.h).
 struct StepState;
@@ -125,11 +124,15 @@ class Trainer {
   // fp32 master weights and the KL/entropy controllers' coefficients. The
   // reuse counter is not kept (the rollout store marks consumed groups).
   // A trainer broken by a failed step (see step()) refuses with its error.
+  // The layout is the same under every trainer.sharding and world size.
+  // With sharding: optimizer it is a collective: rank 0 tells the other
+  // ranks through DataParallel::lead ("save_state"), they call it too and
+  // get an empty string, and rank 0 gets the whole state.
   StatusOr<std::string> save_state() const;
   // Restores what save_state wrote (`path` names it in errors), for a
   // trainer built with the same options over the policy the checkpoint's
   // weights were loaded into. Checks counts and shapes; on error nothing
-  // is changed.
+  // is changed. Each rank restores alone (a sharded one keeps its part).
   Status restore_state(const std::string& bytes, const std::string& path);
 
   int64_t version() const { return version_; }
@@ -141,7 +144,7 @@ class Trainer {
 
  private:
   Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference,
-          DataParallel data_parallel);
+          DataParallel data_parallel, std::unique_ptr<Optimizer> optimizer);
 
   // The exception boundary of step() and sft_step() (trainer.cc): runs
   // `body`; an exception becomes a Status, and a failure after one of
@@ -208,6 +211,14 @@ class Trainer {
   // batch with routing, `routing` set to compare with (and, with
   // router_replay, replay) the recorded experts.
   model::ScoreOptions score_options(const TrainBatch& mb, model::MoeRouting* routing) const;
+  // The micro-batch `mb` scored by `model` with `so` (score_options'),
+  // padded or, with pack_sequences, packed and unpacked again: Policy::score's
+  // [B, T - 1] log-probs (and entropy), and routing's per-position outputs
+  // in mb's rows.
+  model::ScoreOutput score_rows(model::PolicyImpl& model, const TrainBatch& mb,
+                                model::ScoreOptions so, bool with_entropy) const;
+  // What a micro-batch's token budget counts under these options.
+  TokenBudget token_budget() const;
   // The memory/* metrics: bytes of weights, gradients, optimizer state,
   // master copies and the reference, and the process's resident set.
   void memory_metrics(StepMetrics& m, int64_t rss_at_start) const;
@@ -216,10 +227,8 @@ class Trainer {
   model::Policy reference_{nullptr};
   TrainerOptions options_;
   DataParallel dp_;
-  // The tensors AdamW steps: the parameters, or their fp32 master copies.
-  std::vector<at::Tensor> params_;
-  std::vector<at::Tensor> master_;  // empty unless master weights are in use
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  // AdamW over the policy's parameters (trainer.sharding).
+  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<KlController> reward_kl_;
   std::unique_ptr<EntropyController> entropy_;
   ReuseCounter reuse_;

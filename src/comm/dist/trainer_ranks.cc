@@ -49,7 +49,9 @@ trainer::DataParallel RankLeader::data_parallel(int64_t bucket_bytes) {
       return FailedPreconditionError(absl::StrCat(call, ": the other trainer ranks were stopped"));
     }
     v1::RankCommand c;
-    c.set_kind(call == "sft_step" ? v1::RankCommand::SFT_STEP : v1::RankCommand::STEP);
+    c.set_kind(call == "sft_step"     ? v1::RankCommand::SFT_STEP
+               : call == "save_state" ? v1::RankCommand::SAVE_STATE
+                                      : v1::RankCommand::STEP);
     for (const rollout::TrajectoryGroup& g : groups) store::to_proto(g, c.add_groups());
     return announce(c.SerializeAsString());
   };
@@ -143,6 +145,16 @@ Status follow_rank_leader(std::shared_ptr<trainer::Collectives> group, model::Po
         const bool sft = c.kind() == v1::RankCommand::SFT_STEP;
         StatusOr<trainer::StepMetrics> m = sft ? trainer->sft_step(groups) : trainer->step(groups);
         if (options.on_step) options.on_step(sft ? "sft_step" : "step", m);
+        break;
+      }
+      case v1::RankCommand::SAVE_STATE: {
+        if (!trainer) {
+          return FailedPreconditionError(
+              absl::StrCat("rank 0's command ", done, " saves the state before any start"));
+        }
+        // This rank's part goes to rank 0; what stays here is nothing.
+        StatusOr<std::string> saved = trainer->save_state();
+        if (!saved.ok() && options.on_step) options.on_step("save_state", saved.status());
         break;
       }
       default:

@@ -17,11 +17,21 @@
 #include "relay/trainer/trainer.h"
 #include "testing/ports.h"
 #include "testing/tensor_testing.h"
+#include "testing/trainer_ranks.h"
 
 namespace relay::comm {
 namespace {
 
+using relay::testing::dp_options;
+using relay::testing::expect_same_training;
+using relay::testing::flat;
 using relay::testing::free_port;
+using relay::testing::join_loopback;
+using relay::testing::make_policy;
+using relay::testing::RankResult;
+using relay::testing::run_ranks;
+using relay::testing::run_single;
+using relay::testing::sample_groups;
 using trainer::StepMetrics;
 using trainer::Trainer;
 using trainer::TrainerOptions;
@@ -106,178 +116,6 @@ TEST(ShardRowsTest, EveryRowOnceWithBalancedTokens) {
   EXPECT_EQ(shards[1], std::vector<int64_t>{0});
   EXPECT_TRUE(shards[2].empty());
   EXPECT_TRUE(shards[3].empty());
-}
-
-model::Policy make_policy(uint64_t seed) {
-  model::Policy p(testing::TinyConfig());
-  model::init_weights(*p, seed, 0.3);
-  p->eval();
-  return p;
-}
-
-// Engine-sampled groups with rewards that give every group a learning signal.
-std::vector<rollout::TrajectoryGroup> sample_groups(const model::Policy& policy, int num_groups,
-                                                    int k) {
-  model::Policy copy = model::clone_policy(*policy);
-  rollout::EngineOptions eo;
-  eo.num_slots = 8;
-  eo.max_new_tokens = 7;
-  auto engine = rollout::Engine::create(copy, eo, 0, 1).value();
-  for (int g = 0; g < num_groups; ++g) {
-    rollout::PromptGroup pg;
-    pg.group_id = std::to_string(g);
-    pg.prompt = {1, 3 + g, 7, 2 + g};
-    pg.k = k;
-    pg.seed = 10 + g;
-    EXPECT_TRUE(engine->submit(pg).ok());
-  }
-  auto groups = engine->run().value();
-  for (auto& g : groups) {
-    for (size_t i = 0; i < g.trajectories.size(); ++i) {
-      auto& t = g.trajectories[i];
-      t.reward = std::count(t.response_tokens.begin(), t.response_tokens.end(), 5) > 0 ? 1.0 : 0.0;
-      if (g.trajectories.size() > 1 && i < 2) t.reward = static_cast<double>(i == 0);
-    }
-  }
-  return groups;
-}
-
-TrainerOptions dp_options() {
-  TrainerOptions o;
-  o.optimizer.lr = 1e-2;
-  o.max_staleness = -1;  // the same groups are trained on at every step
-  // AdamW's step is lr * m / (sqrt(v) + eps): with eps 1e-8 a gradient near
-  // 1e-8 turns an fp32 rounding difference of the summation order into a
-  // visible difference of the step. A larger eps keeps the update a smooth
-  // function of the gradient, so single- and two-rank updates can be
-  // compared at fp32 tolerance.
-  o.optimizer.eps = 1e-3;
-  o.micro_batch_tokens = 40;  // several micro-batches per rank
-  o.mini_batches = 2;
-  o.ppo_epochs = 2;
-  o.entropy.coef = 0.01;
-  return o;
-}
-
-struct RankResult {
-  Status status = OkStatus();
-  std::vector<StepMetrics> metrics;
-  std::vector<at::Tensor> params;
-};
-
-// Rank `rank` of `world` joining at 127.0.0.1:port.
-StatusOr<std::shared_ptr<trainer::Collectives>> join_loopback(int rank, int world, int port) {
-  TrainerGroupOptions go;
-  go.rank.rank = rank;
-  go.rank.world_size = world;
-  go.rank.host = "127.0.0.1";
-  go.rank.port = port;
-  go.timeout = std::chrono::seconds(60);
-  return join_trainer_group(go);
-}
-
-// Runs `calls` (step or sft_step per entry) on `world` ranks as threads.
-std::vector<RankResult> run_ranks(int world, const model::Policy& initial,
-                                  const TrainerOptions& options,
-                                  const std::vector<rollout::TrajectoryGroup>& groups,
-                                  const std::vector<std::string>& calls, int64_t bucket_bytes) {
-  const int port = free_port();
-  std::vector<RankResult> results(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      RankResult& out = results[static_cast<size_t>(rank)];
-      StatusOr<std::shared_ptr<trainer::Collectives>> group = join_loopback(rank, world, port);
-      if (!group.ok()) {
-        out.status = group.status();
-        return;
-      }
-      trainer::DataParallel dp;
-      dp.group = *group;
-      dp.bucket_bytes = bucket_bytes;
-      model::Policy policy = model::clone_policy(*initial);
-      auto t = Trainer::create(policy, options, 0, nullptr, dp);
-      if (!t.ok()) {
-        out.status = t.status();
-        return;
-      }
-      for (const std::string& call : calls) {
-        StatusOr<StepMetrics> m = call == "sft" ? (*t)->sft_step(groups) : (*t)->step(groups);
-        if (!m.ok()) {
-          out.status = m.status();
-          return;
-        }
-        out.metrics.push_back(*m);
-      }
-      for (const at::Tensor& p : policy->parameters()) out.params.push_back(p.detach().clone());
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
-RankResult run_single(const model::Policy& initial, const TrainerOptions& options,
-                      const std::vector<rollout::TrajectoryGroup>& groups,
-                      const std::vector<std::string>& calls) {
-  RankResult out;
-  model::Policy policy = model::clone_policy(*initial);
-  auto t = Trainer::create(policy, options).value();
-  for (const std::string& call : calls) {
-    StatusOr<StepMetrics> m = call == "sft" ? t->sft_step(groups) : t->step(groups);
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (m.ok()) out.metrics.push_back(*m);
-  }
-  for (const at::Tensor& p : policy->parameters()) out.params.push_back(p.detach().clone());
-  return out;
-}
-
-void expect_same_training(const RankResult& single, const std::vector<RankResult>& ranks,
-                          const at::Tensor& before_flat) {
-  for (const RankResult& r : ranks) ASSERT_TRUE(r.status.ok()) << r.status;
-  // Bit-identical weights on every rank.
-  for (size_t i = 1; i < ranks.size(); ++i) {
-    ASSERT_EQ(ranks[i].params.size(), ranks[0].params.size());
-    for (size_t p = 0; p < ranks[0].params.size(); ++p) {
-      EXPECT_TRUE(torch::equal(ranks[i].params[p], ranks[0].params[p]))
-          << "rank " << i << " parameter " << p << " differs from rank 0";
-    }
-    // Every metric is computed from summed or identical data.
-    for (size_t s = 0; s < ranks[0].metrics.size(); ++s) {
-      for (const auto& [k, v] : ranks[0].metrics[s]) {
-        if (std::isnan(v) || k.rfind("memory/", 0) == 0) continue;  // each rank's own process
-        EXPECT_EQ(ranks[i].metrics[s].at(k), v) << "call " << s << " metric " << k;
-      }
-    }
-  }
-  // The update equals the single-rank update: compared as the change of
-  // the flattened weights, relative to its size.
-  std::vector<at::Tensor> a, b;
-  for (size_t p = 0; p < single.params.size(); ++p) {
-    a.push_back(single.params[p].reshape({-1}));
-    b.push_back(ranks[0].params[p].reshape({-1}));
-  }
-  const at::Tensor d_single = torch::cat(a) - before_flat;
-  const at::Tensor d_dp = torch::cat(b) - before_flat;
-  const double scale = d_single.abs().max().item<double>();
-  ASSERT_GT(scale, 0) << "the weights did not change";
-  EXPECT_LT((d_dp - d_single).abs().max().item<double>(), 1e-4 * scale);
-  // And so do the metrics (sums over different partitions of the same rows).
-  ASSERT_EQ(single.metrics.size(), ranks[0].metrics.size());
-  for (size_t s = 0; s < single.metrics.size(); ++s) {
-    for (const auto& [k, v] : single.metrics[s]) {
-      // Timings and the process's memory are facts of the process, not of the step.
-      if (std::isnan(v) || k.rfind("time", 0) == 0 || k.rfind("memory/", 0) == 0) continue;
-      ASSERT_TRUE(ranks[0].metrics[s].count(k)) << "call " << s << " lacks metric " << k;
-      EXPECT_NEAR(ranks[0].metrics[s].at(k), v, 1e-4 * std::max(1.0, std::abs(v)))
-          << "call " << s << " metric " << k;
-    }
-  }
-}
-
-at::Tensor flat(const model::Policy& p) {
-  std::vector<at::Tensor> parts;
-  for (const at::Tensor& t : p->parameters()) parts.push_back(t.detach().reshape({-1}));
-  return torch::cat(parts);
 }
 
 // The collectives a sharded optimizer stands on (issue 20), on three Gloo

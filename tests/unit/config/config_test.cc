@@ -258,6 +258,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  loss: ppo\n"
             "  proximal: recorded\n"
             "  micro_batch_tokens: 8192\n"
+            "  pack_sequences: false\n"
             "  ppo_epochs: 1\n"
             "  mini_batches: 1\n"
             "  allow_missing_logprobs: false\n"
@@ -274,6 +275,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  rendezvous: \"\"\n"
             "  allreduce_bucket_mb: 25\n"
             "  collective_timeout_s: 300.0\n"
+            "  sharding: none\n"
             "  activation_checkpointing: false\n"
             "  router_replay: off\n"
             "  advantage:\n"
@@ -550,11 +552,12 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "services"},
       {"trainer temperature", "trainer:\n  temperature: 0.7\n",
        "x.yaml:2: trainer.temperature: unknown key; known keys: max_staleness, lr, loss, proximal, "
-       "micro_batch_tokens, ppo_epochs, mini_batches, allow_missing_logprobs, "
+       "micro_batch_tokens, pack_sequences, ppo_epochs, mini_batches, allow_missing_logprobs, "
        "drop_equal_reward_groups, mask_truncated, kl_coef, kl_estimator, sft_coef, "
        "loss_scale_factor, reference, max_reuse, max_extra_batches, world_size, rendezvous, "
        "allreduce_bucket_mb, "
-       "collective_timeout_s, activation_checkpointing, router_replay, advantage, ppo, gspo, gmpo, "
+       "collective_timeout_s, sharding, activation_checkpointing, router_replay, advantage, ppo, "
+       "gspo, gmpo, "
        "cispo, sapo, clip_cov, kl_cov, luffy, entropy, reward_kl, rollout_correction, "
        "optimizer"},
       {"trainer nested typo", "trainer:\n  advantage:\n    estimater: rloo\n",

@@ -138,6 +138,24 @@ TEST(PolicyTest, InitIsDeterministicPerSeed) {
   EXPECT_TRUE(torch::equal(a->named_parameters()["model.norm.weight"], torch::ones({32})));
 }
 
+// A clone is the same model: every weight equal, in the source's dtype (a
+// bf16 policy's reference or engine copy used to come out fp32, twice the
+// memory and another arithmetic), independent of the source afterwards.
+TEST(PolicyTest, CloneKeepsEveryWeightAndItsDtype) {
+  Policy p(TinyConfig());
+  init_weights(*p, 4);
+  p->to(torch::kBFloat16);
+  Policy copy = clone_policy(*p);
+  const auto a = p->named_parameters();
+  for (const auto& item : copy->named_parameters()) {
+    EXPECT_EQ(item.value().scalar_type(), torch::kBFloat16) << item.key();
+    EXPECT_TRUE(torch::equal(item.value(), a[item.key()])) << item.key();
+  }
+  torch::NoGradGuard no_grad;
+  copy->parameters()[0].add_(1);
+  EXPECT_FALSE(torch::equal(copy->parameters()[0], p->parameters()[0]));
+}
+
 TEST(PolicyTest, ForwardIsCausal) {
   Policy p = MakePolicy(TinyConfig());
   at::Tensor ids = torch::tensor({{1, 5, 9, 2, 7, 3}}, torch::kInt64);
@@ -170,6 +188,57 @@ TEST(PolicyTest, PaddedBatchScoringEqualsPerSequenceScoring) {
     EXPECT_TRUE(AllClose(logits[b].narrow(0, 0, n), p->forward(alone)[0], 1e-5)) << "row " << b;
     // Padding positions are 0 (the caller's mask decides; they are not NaN).
     EXPECT_TRUE(batch[b].narrow(0, n - 1, T - n).eq(0).all().item<bool>()) << "row " << b;
+  }
+}
+
+// Sequence packing: three sequences end to end in one row, and a second
+// row holding one sequence and padding, score each sequence as it scores
+// alone (positions restart, attention stays inside each sequence); the last
+// position of each sequence and the padding give 0, log-probs and entropy.
+TEST(PolicyTest, PackedSequencesScoreAsTheyDoAlone) {
+  for (const std::string arch : {"llama", "qwen3_moe"}) {
+    PolicyConfig c = TinyConfig(arch);
+    if (arch == "qwen3_moe") {
+      c.head_dim = 8;
+      c.num_experts = 6;
+      c.num_experts_per_tok = 2;
+      c.moe_intermediate_size = 16;
+      c.norm_topk_prob = true;
+    }
+    Policy p = MakePolicy(c);
+    torch::NoGradGuard g;
+    const std::vector<std::vector<int64_t>> seqs = {
+        {3, 8, 1, 4, 4}, {2, 9, 30}, {4, 19, 6, 7}, {5, 5, 1, 2, 3, 4, 11}};
+    // Row 0: seqs 0, 1, 2 (12 tokens); row 1: seq 3 and 5 padding positions.
+    const int64_t W = 12;
+    at::Tensor ids = torch::zeros({2, W}, torch::kInt64);
+    at::Tensor starts = torch::arange(W, torch::kInt64).repeat({2, 1});
+    std::vector<std::pair<int64_t, int64_t>> where = {{0, 0}, {0, 5}, {0, 8}, {1, 0}};
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto [row, at] = where[i];
+      for (size_t t = 0; t < seqs[i].size(); ++t) {
+        ids[row][at + static_cast<int64_t>(t)] = seqs[i][t];
+        starts[row][at + static_cast<int64_t>(t)] = at;
+      }
+    }
+    ScoreOptions so;
+    so.sequence_starts = starts;
+    ScoreOutput packed = p->score_with_entropy(ids, torch::tensor({12, 7}), so);
+    at::Tensor covered = torch::zeros({2, W - 1}, torch::kBool);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto [row, at] = where[i];
+      const int64_t n = static_cast<int64_t>(seqs[i].size());
+      ScoreOutput alone = p->score_with_entropy(torch::tensor(seqs[i], torch::kInt64).view({1, n}));
+      EXPECT_TRUE(AllClose(packed.logprobs[row].narrow(0, at, n - 1), alone.logprobs[0], 1e-5))
+          << arch << " sequence " << i;
+      EXPECT_TRUE(AllClose(packed.entropy[row].narrow(0, at, n - 1), alone.entropy[0], 1e-5))
+          << arch << " sequence " << i;
+      covered[row].narrow(0, at, n - 1).fill_(true);
+    }
+    EXPECT_TRUE(packed.logprobs.masked_select(covered.logical_not()).eq(0).all().item<bool>())
+        << arch << ": " << packed.logprobs;
+    EXPECT_TRUE(packed.entropy.masked_select(covered.logical_not()).eq(0).all().item<bool>())
+        << arch;
   }
 }
 

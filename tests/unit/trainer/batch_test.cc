@@ -216,6 +216,51 @@ TEST(BatchTest, TokenBudgetSplitCoversEveryRowOnceWithinBudget) {
   EXPECT_GT(parts.size(), 2u);
 }
 
+// Sequence packing's layout: rows of 9, 7, 5, 3 and 2 tokens (width 9) go
+// first fit, longest first, into three rows: [9], [7, 2], [5, 3]; each
+// sequence keeps its tokens and its start, and unpacking a per-position
+// output gives every row back in place (0 past its length).
+TEST(BatchTest, PackRowsFirstFitLongestFirstAndUnpackRestoresEveryRow) {
+  const std::vector<int64_t> lens = {5, 9, 2, 7, 3};
+  TrainBatch b;
+  const int64_t B = 5, T = 9;
+  b.input_ids = torch::zeros({B, T}, torch::kInt64);
+  for (int64_t r = 0; r < B; ++r) {
+    for (int64_t t = 0; t < lens[r]; ++t) b.input_ids[r][t] = 100 * (r + 1) + t;
+  }
+  b.lengths = torch::tensor(lens, torch::kInt64);
+  b.routed_experts = (b.input_ids * 10).view({B, T, 1, 1}).expand({B, T, 2, 1}).contiguous();
+  const PackedRows p = pack_rows(b, T, /*pad_token_id=*/-7);
+  ASSERT_EQ(p.input_ids.sizes(), (at::IntArrayRef{3, T}));
+  EXPECT_TRUE(torch::equal(p.lengths, torch::tensor({9, 9, 8}, torch::kInt64))) << p.lengths;
+  EXPECT_TRUE(torch::equal(p.packed_row, torch::tensor({2, 0, 1, 1, 2}, torch::kInt64)));
+  EXPECT_TRUE(torch::equal(p.offset, torch::tensor({0, 0, 7, 0, 5}, torch::kInt64)));
+  // Row 2 holds rows 0 (5 tokens) and 4 (3 tokens), then one padding position.
+  EXPECT_TRUE(torch::equal(p.sequence_starts[2],
+                           torch::tensor({0, 0, 0, 0, 0, 5, 5, 5, 8}, torch::kInt64)));
+  EXPECT_EQ(p.input_ids[2][5].item<int64_t>(), 500);
+  EXPECT_EQ(p.input_ids[2][8].item<int64_t>(), -7);
+  EXPECT_EQ(p.routed_experts[2][8][0][0].item<int64_t>(), -1);
+  EXPECT_EQ(p.routed_experts[1][7][1][0].item<int64_t>(), 3000);
+  // Per position [R, W] and Policy::score's [R, W - 1] layouts.
+  const at::Tensor valid = torch::arange(T).view({1, T}).lt(b.lengths.view({B, 1}));
+  const at::Tensor expected = b.input_ids.masked_fill(valid.logical_not(), 0).to(torch::kFloat32);
+  EXPECT_TRUE(torch::equal(unpack_positions(p.input_ids.to(torch::kFloat32), p, b), expected));
+  const at::Tensor shifted =
+      unpack_positions(p.input_ids.narrow(1, 0, T - 1).to(torch::kFloat32), p, b);
+  const at::Tensor valid_shifted =
+      torch::arange(T - 1).view({1, T - 1}).lt((b.lengths - 1).view({B, 1}));
+  EXPECT_TRUE(torch::equal(shifted, b.input_ids.narrow(1, 0, T - 1)
+                                        .masked_fill(valid_shifted.logical_not(), 0)
+                                        .to(torch::kFloat32)));
+  // A budget of 17 tokens: padded, {9}, {7, 5} (2 x 7), {3, 2}; counting the
+  // rows' own tokens, {9, 7} (16) and {5, 3, 2} (10).
+  EXPECT_EQ(split_by_token_budget(b, 17, TokenBudget::kPadded),
+            (std::vector<std::vector<int64_t>>{{1}, {3, 0}, {4, 2}}));
+  EXPECT_EQ(split_by_token_budget(b, 17, TokenBudget::kReal),
+            (std::vector<std::vector<int64_t>>{{1, 3}, {0, 4, 2}}));
+}
+
 TEST(BatchTest, MissingBehaviorLogprobsAreCountedAndRefused) {
   auto groups = two_groups();
   auto ok = build_batch(groups, BatchOptions{});

@@ -559,6 +559,20 @@ std::vector<rollout::TrajectoryGroup> sample_moe_groups(model::Policy& policy) {
   return groups;
 }
 
+// A copy of `policy` whose MoE routers drifted (perturbed gates, as after
+// updates an engine has not seen).
+model::Policy with_drifted_routers(const model::Policy& policy) {
+  model::Policy p = model::clone_policy(*policy);
+  torch::NoGradGuard g;
+  at::Generator gen = at::detail::createCPUGenerator(9);
+  for (auto& item : p->named_parameters()) {
+    if (item.key().find("mlp.gate.weight") != std::string::npos) {
+      item.value().add_(torch::empty(item.value().sizes()).normal_(0.0, 0.05, gen));
+    }
+  }
+  return p;
+}
+
 // The trainer's routers drift from the engine's (here: perturbed gates, as
 // after updates the engine has not seen). Without replay some tokens go to
 // other experts and their log-probs jump; with replay the trainer uses the
@@ -568,17 +582,7 @@ TEST(TrainerTest, RouterReplayUsesTheEnginesExpertsAndReportsTheMismatch) {
   model::init_weights(*engine_policy, 5, 0.4);
   auto groups = sample_moe_groups(engine_policy);
   ASSERT_FALSE(groups[0].trajectories[0].routed_experts.empty());
-  auto drifted = [&] {
-    model::Policy p = model::clone_policy(*engine_policy);
-    torch::NoGradGuard g;
-    at::Generator gen = at::detail::createCPUGenerator(9);
-    for (auto& item : p->named_parameters()) {
-      if (item.key().find("mlp.gate.weight") != std::string::npos) {
-        item.value().add_(torch::empty(item.value().sizes()).normal_(0.0, 0.05, gen));
-      }
-    }
-    return p;
-  };
+  auto drifted = [&] { return with_drifted_routers(engine_policy); };
   TrainerOptions o;
   o.optimizer.lr = 1e-3;
   o.micro_batch_tokens = 64;
@@ -675,6 +679,94 @@ TEST(TrainerTest, ActivationCheckpointingGivesTheSameUpdate) {
   auto pa = a->named_parameters(), pb = b->named_parameters();
   for (const auto& item : pa) {
     EXPECT_TRUE(relay::testing::AllClose(item.value(), pb[item.key()], 1e-6)) << item.key();
+  }
+}
+
+// Groups whose rows differ in length (prompts of 1, 2, 9 and 12 tokens),
+// sampled by `policy` (routing recorded for an MoE one), with a learning
+// signal. The short rows pack two to a row of the longest one's length.
+std::vector<rollout::TrajectoryGroup> sample_uneven_groups(model::Policy& policy) {
+  model::Policy copy = model::clone_policy(*policy);
+  rollout::EngineOptions eo;
+  eo.num_slots = 8;
+  eo.max_new_tokens = 6;
+  auto engine = rollout::Engine::create(copy, eo, 0, 1).value();
+  for (int g = 0; g < 4; ++g) {
+    rollout::PromptGroup pg;
+    pg.group_id = std::to_string(g);
+    const int prompt_len = std::vector<int>{1, 2, 9, 12}[static_cast<size_t>(g)];
+    for (int t = 0; t < prompt_len; ++t) pg.prompt.push_back(1 + (3 * t + g) % 20);
+    pg.k = 3;
+    pg.seed = 50 + g;
+    EXPECT_TRUE(engine->submit(pg).ok());
+  }
+  auto groups = engine->run().value();
+  for (auto& g : groups) {
+    for (size_t i = 0; i < g.trajectories.size(); ++i) g.trajectories[i].reward = i == 0;
+  }
+  return groups;
+}
+
+// trainer.pack_sequences: the same step as padded rows, through the
+// pre-update pass, the reference's pass, the entropy bonus and two
+// mini-batches, with one micro-batch or several (the budget then counts
+// real tokens, so the split differs; token-mean losses do not depend on it).
+TEST(TrainerTest, PackedSequencesGiveThePaddedStep) {
+  model::Policy initial = make_policy(3);
+  auto groups = sample_uneven_groups(initial);
+  const TrainBatch batch = build_batch(groups, {}).value();
+  ASSERT_LT(pack_rows(batch, batch.input_ids.size(1), 0).input_ids.size(0), batch.size())
+      << "nothing to pack";
+  for (int64_t budget : {4096, 40}) {
+    TrainerOptions o;
+    o.optimizer.lr = 1e-2;
+    o.micro_batch_tokens = budget;
+    o.mini_batches = 2;
+    o.kl_coef = 0.05;
+    o.entropy.coef = 0.01;
+    // Another split sums the gradients in another order; a larger eps keeps
+    // AdamW from magnifying that rounding for gradients near zero.
+    o.optimizer.eps = 1e-3;
+    model::Policy a = model::clone_policy(*initial), b = model::clone_policy(*initial);
+    auto padded = Trainer::create(a, o).value()->step(groups);
+    o.pack_sequences = true;
+    auto packed = Trainer::create(b, o).value()->step(groups);
+    ASSERT_TRUE(padded.ok()) << padded.status();
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    for (const auto& [k, v] : *padded) {
+      if (std::isnan(v) || k.rfind("time", 0) == 0 || k.rfind("memory/", 0) == 0) continue;
+      ASSERT_TRUE(packed->count(k)) << k;
+      EXPECT_NEAR(packed->at(k), v, 1e-5 * std::max(1.0, std::abs(v)))
+          << "budget " << budget << " metric " << k;
+    }
+    auto pa = a->named_parameters(), pb = b->named_parameters();
+    for (const auto& item : pa) {
+      EXPECT_TRUE(relay::testing::AllClose(item.value(), pb[item.key()], 1e-6))
+          << "budget " << budget << " " << item.key();
+    }
+  }
+}
+
+// MoE with router replay: packed rows carry each row's recorded experts to
+// its new place, and the routing mismatch is counted per row as before.
+TEST(TrainerTest, PackedSequencesKeepRouterReplay) {
+  model::Policy engine_policy(MoeConfig());
+  model::init_weights(*engine_policy, 5, 0.4);
+  auto groups = sample_uneven_groups(engine_policy);
+  ASSERT_FALSE(groups[0].trajectories[0].routed_experts.empty());
+  const model::Policy drifted = with_drifted_routers(engine_policy);
+  TrainerOptions o;
+  o.optimizer.lr = 1e-3;
+  o.router_replay = RouterReplay::kReplay;
+  auto padded = Trainer::create(model::clone_policy(*drifted), o).value()->step(groups);
+  o.pack_sequences = true;
+  auto packed = Trainer::create(model::clone_policy(*drifted), o).value()->step(groups);
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_GT(padded->at("router/mismatch_token_fraction"), 0.0);
+  for (const char* k : {"router/mismatch_token_fraction", "router/mismatch_layer_fraction",
+                        "mismatch/k3", "grad_norm", "loss"}) {
+    EXPECT_NEAR(packed->at(k), padded->at(k), 1e-5 * std::max(1.0, std::abs(padded->at(k)))) << k;
   }
 }
 

@@ -28,7 +28,8 @@ class RankLeader {
   explicit RankLeader(std::shared_ptr<trainer::Collectives> group) : group_(std::move(group)) {}
 
   // The data-parallel setting for a trainer on rank 0: each step() and
-  // sft_step() is forwarded to the followers before it runs.
+  // sft_step() (and a sharded trainer's save_state()) is forwarded to the
+  // followers before it runs.
   trainer::DataParallel data_parallel(int64_t bucket_bytes);
 
   // The followers build a trainer for `role` ("sft" or "rl") over `policy`'s
@@ -53,7 +54,8 @@ struct FollowerOptions {
   // function of the config as rank 0's.
   std::function<StatusOr<trainer::TrainerOptions>(const std::string& role)> options;
   int64_t bucket_bytes = int64_t{25} << 20;
-  // Called after every step with that call's result, for logging.
+  // Called after every step with that call's result, for logging, and
+  // with the error of a state save that failed ("save_state").
   std::function<void(const std::string& call, const StatusOr<trainer::StepMetrics>&)> on_step;
 };
 

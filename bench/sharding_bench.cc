@@ -1,0 +1,251 @@
+// What trainer.sharding: optimizer saves and costs: the bytes one trainer
+// rank holds (weights, gradients, fp32 master copies, AdamW moments) and the
+// time of Trainer::step, for world sizes 1, 2 and 4, against sharding: none
+// at the same world size. Results: docs/BENCHMARKS.md.
+//
+// The ranks are threads of this process in one Gloo group on loopback (as
+// the unit tests run them), each with its own copy of the model, so every
+// rank's tensors are its own and are counted exactly from the trainer's
+// memory/* metrics; the process's resident set is the sum over ranks and is
+// not a per-rank figure. Activations do not depend on the sharding (they
+// follow trainer.micro_batch_tokens); they are left out.
+//
+// A configuration whose ranks would not fit in this machine's memory
+// (estimated from the parameter count) is skipped with a note.
+//
+//   sharding_bench [--models tiny,qwen2-100m,qwen2.5-0.5b] [--worlds 1,2,4]
+//                  [--shape BxT] [--reps R] [--dtype fp32|bf16] [--json]
+//
+// Step time is rank 0's wall time of Trainer::step (the ranks meet in every
+// collective), the median of --reps timed steps after one untimed step; the
+// unsharded and the sharded run of a world size go back to back, and the
+// ratio is that of their medians. All ranks share this machine's cores, so
+// the step time at world size W is W ranks' work on the same cores: compare
+// the sharded and unsharded rows of one W, not rows of different W.
+
+#include <torch/torch.h>
+
+#include <sys/sysinfo.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_util.h"
+#include "relay/comm/dist/trainer_group.h"
+#include "relay/model/policy.h"
+#include "relay/trainer/trainer.h"
+#include "testing/ports.h"
+
+namespace {
+
+using relay::bench::fail;
+using relay::bench::flag;
+using relay::bench::has;
+using relay::bench::median;
+using relay::model::Policy;
+using relay::model::PolicyConfig;
+using relay::rollout::TrajectoryGroup;
+using relay::trainer::Sharding;
+using relay::trainer::StepMetrics;
+
+// Qwen2.5-0.5B's shape (494,032,768 parameters): 24 layers, hidden 896,
+// FFN 4864, GQA 14/2, tied 151,936-token embeddings.
+PolicyConfig qwen25_05b_config() {
+  PolicyConfig q = relay::bench::qwen2_100m_config();
+  q.vocab_size = 151936;
+  q.hidden_size = 896;
+  q.intermediate_size = 4864;
+  q.num_hidden_layers = 24;
+  q.num_attention_heads = 14;
+  q.num_key_value_heads = 2;
+  q.max_position_embeddings = 32768;
+  return q;
+}
+
+struct Run {
+  std::vector<StepMetrics> last;  // each rank's metrics of its last step
+  std::vector<double> seconds;    // rank 0's timed steps
+};
+
+constexpr double kGiB = 1ull << 30;
+
+// `reps` timed steps (after one untimed) of `world` ranks over copies of
+// `initial`.
+Run run(const Policy& initial, int world, Sharding sharding,
+        const std::vector<TrajectoryGroup>& groups, int reps) {
+  relay::trainer::TrainerOptions o;
+  o.rollout_correction.bypass = true;  // no pass before the update: the update is what differs
+  o.max_staleness = -1;
+  o.optimizer.lr = 1e-5;
+  o.micro_batch_tokens = 1 << 20;
+  o.sharding = sharding;
+  const int port = relay::testing::free_port();
+  Run out;
+  out.last.resize(static_cast<size_t>(world));
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      relay::trainer::DataParallel dp;
+      if (world > 1) {
+        relay::comm::TrainerGroupOptions go;
+        go.rank.rank = rank;
+        go.rank.world_size = world;
+        go.rank.host = "127.0.0.1";
+        go.rank.port = port;
+        go.timeout = std::chrono::seconds(600);
+        auto group = relay::comm::join_trainer_group(go);
+        if (!group.ok()) {
+          errors[rank] = std::string(group.status().message());
+          return;
+        }
+        dp.group = *group;
+      }
+      auto t =
+          relay::trainer::Trainer::create(relay::model::clone_policy(*initial), o, 0, nullptr, dp);
+      if (!t.ok()) {
+        errors[rank] = std::string(t.status().message());
+        return;
+      }
+      for (int i = 0; i <= reps; ++i) {
+        const auto t0 = relay::bench::Clock::now();
+        auto m = (*t)->step(groups);
+        if (!m.ok()) {
+          errors[rank] = std::string(m.status().message());
+          return;
+        }
+        if (rank == 0 && i > 0) out.seconds.push_back(relay::bench::seconds_since(t0));
+        out.last[rank] = *m;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) {
+    if (!e.empty()) fail("world " + std::to_string(world) + ": " + e);
+  }
+  return out;
+}
+
+// Bytes the ranks of one configuration hold at their peak, roughly: each a
+// copy of the weights and their gradients, plus (replicated) master copies,
+// fp32 gradients and moments, or (sharded) a 1/world share of them.
+double estimate_gib(int64_t params, int64_t weight_bytes, bool master, int world,
+                    Sharding sharding) {
+  const double n = static_cast<double>(params);
+  const double state = n * 4 * (master ? 4 : 2);  // moments (+ master and fp32 gradients)
+  const double per_rank =
+      n * weight_bytes * 2 + (sharding == Sharding::kNone ? state : state / world);
+  return per_rank * world * 1.3 / kGiB;  // + activations and temporaries
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> models = relay::bench::split(
+      flag(argc, argv, "--models") ? flag(argc, argv, "--models") : "qwen2-100m,qwen2.5-0.5b");
+  std::vector<int> worlds;
+  for (const std::string& w :
+       relay::bench::split(flag(argc, argv, "--worlds") ? flag(argc, argv, "--worlds") : "1,2,4")) {
+    worlds.push_back(std::stoi(w));
+  }
+  int64_t batch = 4, seq = 64;
+  if (const char* s = flag(argc, argv, "--shape")) {
+    if (std::sscanf(s, "%ldx%ld", &batch, &seq) != 2 || batch < 1 || seq < 9) {
+      fail("--shape: expected BxT with T > 8");
+    }
+  }
+  const int reps = flag(argc, argv, "--reps") ? std::stoi(flag(argc, argv, "--reps")) : 3;
+  const std::string dtype = flag(argc, argv, "--dtype") ? flag(argc, argv, "--dtype") : "fp32";
+  if (dtype != "fp32" && dtype != "bf16") fail("--dtype: fp32 or bf16");
+  const bool json = has(argc, argv, "--json");
+  struct sysinfo si {};
+  ::sysinfo(&si);
+  const double machine_gib = static_cast<double>(si.totalram) * si.mem_unit / kGiB;
+
+  std::printf(
+      "| model | W | sharding | weights GiB | gradients GiB | master GiB | moments GiB | "
+      "master+moments vs W=1 | step s | step vs none "
+      "|\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const std::string& name : models) {
+    PolicyConfig config;
+    if (name == "tiny")
+      config = relay::bench::tiny_config();
+    else if (name == "qwen2-100m")
+      config = relay::bench::qwen2_100m_config();
+    else if (name == "qwen2.5-0.5b")
+      config = qwen25_05b_config();
+    else
+      fail("--models: unknown '" + name + "' (tiny, qwen2-100m, qwen2.5-0.5b)");
+    Policy initial(config);
+    relay::model::init_weights(*initial, 1, 0.02);
+    if (dtype == "bf16") initial->to(torch::kBFloat16);
+    int64_t params = 0;
+    for (const at::Tensor& p : initial->parameters()) params += p.numel();
+    std::mt19937 rng(3);
+    std::vector<TrajectoryGroup> groups;
+    const int k = static_cast<int>(std::min<int64_t>(batch, 4));
+    for (int g = 0; g < batch / k; ++g) {
+      groups.push_back(relay::bench::synthetic_group(g, k, 8, static_cast<int>(seq - 8), 0,
+                                                     config.vocab_size, rng));
+    }
+    double single_state = 0;  // master + moments of one unsharded rank
+    for (int world : worlds) {
+      std::vector<Sharding> modes = {Sharding::kNone};
+      if (world > 1) modes.push_back(Sharding::kOptimizer);
+      at::set_num_threads(
+          std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world));
+      std::vector<Run> runs(modes.size());
+      std::vector<bool> skipped(modes.size(), false);
+      for (size_t i = 0; i < modes.size(); ++i) {
+        const double need =
+            estimate_gib(params, dtype == "bf16" ? 2 : 4, dtype == "bf16", world, modes[i]);
+        if (need > machine_gib * 0.85) {
+          skipped[i] = true;
+          std::printf(
+              "| %s | %d | %s | skipped: needs about %.0f GiB, the machine has %.0f |||||||\n",
+              name.c_str(), world, modes[i] == Sharding::kNone ? "none" : "optimizer", need,
+              machine_gib);
+          continue;
+        }
+        runs[i] = run(initial, world, modes[i], groups, reps);
+      }
+      for (size_t i = 0; i < modes.size(); ++i) {
+        if (skipped[i]) continue;
+        const StepMetrics& m = runs[i].last[0];
+        const double state = m.at("memory/master_weights_gb") + m.at("memory/optimizer_gb");
+        if (world == 1) single_state = state;
+        const double vs_none =
+            i > 0 && !skipped[0] ? median(runs[i].seconds) / median(runs[0].seconds) : NAN;
+        const char* mode = modes[i] == Sharding::kNone ? "none" : "optimizer";
+        std::printf("| %s | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f |\n",
+                    name.c_str(), world, mode, m.at("memory/weights_gb"),
+                    m.at("memory/gradients_gb"), m.at("memory/master_weights_gb"),
+                    m.at("memory/optimizer_gb"), single_state > 0 ? state / single_state : NAN,
+                    median(runs[i].seconds), vs_none);
+        if (json) {
+          relay::bench::JsonRow("sharding")
+              .add("model", name)
+              .add("world", world)
+              .add("sharding", mode)
+              .add("dtype", dtype)
+              .add("weights_gib", m.at("memory/weights_gb"))
+              .add("gradients_gib", m.at("memory/gradients_gb"))
+              .add("master_gib", m.at("memory/master_weights_gb"))
+              .add("moments_gib", m.at("memory/optimizer_gb"))
+              .add("state_vs_w1", single_state > 0 ? state / single_state : NAN)
+              .add("step_s", median(runs[i].seconds))
+              .add("step_vs_none", vs_none)
+              .print(stdout);
+        }
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}

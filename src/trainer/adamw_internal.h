@@ -1,0 +1,55 @@
+#pragma once
+
+// What the two optimizers of optimizer.h share: AdamW's update as torch
+// defines it, access to a torch AdamW's per-parameter state, and the master
+// copies' part of the saved layout. Private to src/trainer.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "relay/common/status.h"
+#include "trainer/optimizer.h"
+
+namespace relay::trainer {
+
+// One AdamW update of `param` by `grad`, with the moments at optimizer step
+// `step` (1 on the first update), op for op as torch::optim::AdamW does it
+// (amsgrad off), so that a tensor updated in slices comes out as the same
+// tensor updated whole.
+void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                  at::Tensor& exp_avg_sq, int64_t step, const OptimizerOptions& options, double lr);
+
+// `param`'s state in a torch AdamW that steps it; null before its first step.
+torch::optim::AdamWParamState* adamw_state(torch::optim::AdamW& optimizer, const at::Tensor& param);
+// Sets `param`'s state (its step count and both moments).
+void set_adamw_state(torch::optim::AdamW& optimizer, const at::Tensor& param, int64_t step,
+                     const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+
+// AdamWOptions from relay's (lr as given; the trainer sets it every step).
+torch::optim::AdamWOptions adamw_options(const OptimizerOptions& options);
+
+// The master copies a state archive holds, checked against `expected` (the
+// optimizer's own count and shapes): any mismatch is an error naming `path`.
+StatusOr<std::vector<at::Tensor>> read_master(torch::serialize::InputArchive& archive,
+                                              const std::string& path,
+                                              const std::vector<at::IntArrayRef>& expected);
+void write_master(torch::serialize::OutputArchive& archive, const std::vector<at::Tensor>& master);
+
+// Reads the archive's "optimizer" entry into a torch AdamW over `params`
+// (tensors of the optimizer's shapes, used as keys only), all or nothing:
+// a state that does not fit is an error naming `path`.
+Status read_adamw(torch::serialize::InputArchive& archive, const std::string& path,
+                  torch::optim::AdamW& into);
+
+std::unique_ptr<Optimizer> make_replicated_adamw(const std::vector<at::Tensor>& params,
+                                                 const OptimizerOptions& options,
+                                                 const DataParallel& dp);
+StatusOr<std::unique_ptr<Optimizer>> make_sharded_adamw(const std::vector<at::Tensor>& params,
+                                                        const OptimizerOptions& options,
+                                                        const DataParallel& dp);
+
+}  // namespace relay::trainer

@@ -1,0 +1,128 @@
+#include "trainer/optimizer.h"
+
+#include <cmath>
+#include <sstream>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "relay/model/torch_error.h"
+#include "trainer/adamw_internal.h"
+
+namespace relay::trainer {
+namespace {
+
+// The key torch's optimizers file a parameter's state under: the address of
+// its TensorImpl, printed (LibTorch 1.x) or as it is (2.x).
+template <typename Map>
+typename Map::key_type state_key(const at::Tensor& param) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;
+    out << param.unsafeGetTensorImpl();
+    return out.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
+using StateMap = std::remove_reference_t<decltype(std::declval<torch::optim::AdamW&>().state())>;
+
+}  // namespace
+
+void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                  at::Tensor& exp_avg_sq, int64_t step, const OptimizerOptions& o, double lr) {
+  if (o.weight_decay != 0) param.mul_(1 - lr * o.weight_decay);
+  const double bias_correction1 = 1 - std::pow(o.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(step));
+  exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
+  exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+  const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
+  param.addcdiv_(exp_avg, denom, -lr / bias_correction1);
+}
+
+torch::optim::AdamWParamState* adamw_state(torch::optim::AdamW& optimizer,
+                                           const at::Tensor& param) {
+  auto it = optimizer.state().find(state_key<StateMap>(param));
+  if (it == optimizer.state().end()) return nullptr;
+  return static_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+void set_adamw_state(torch::optim::AdamW& optimizer, const at::Tensor& param, int64_t step,
+                     const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  auto state = std::make_unique<torch::optim::AdamWParamState>();
+  state->step(step);
+  state->exp_avg(exp_avg);
+  state->exp_avg_sq(exp_avg_sq);
+  optimizer.state()[state_key<StateMap>(param)] = std::move(state);
+}
+
+torch::optim::AdamWOptions adamw_options(const OptimizerOptions& o) {
+  return torch::optim::AdamWOptions(o.lr)
+      .betas({o.beta1, o.beta2})
+      .eps(o.eps)
+      .weight_decay(o.weight_decay);
+}
+
+StatusOr<std::vector<at::Tensor>> read_master(torch::serialize::InputArchive& archive,
+                                              const std::string& path,
+                                              const std::vector<at::IntArrayRef>& expected) {
+  std::vector<at::Tensor> master;
+  try {
+    at::Tensor count;
+    archive.read("num_master", count);
+    const int64_t n = count.item<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      at::Tensor t;
+      archive.read("master/" + std::to_string(i), t);
+      master.push_back(t);
+    }
+  } catch (const std::exception& e) {
+    return DataLossError(absl::StrCat(
+        path, ": not a relay trainer state, or a corrupt one: ", model::exception_message(e)));
+  }
+  if (master.size() != expected.size()) {
+    return InvalidArgumentError(absl::StrCat(
+        path, ": holds ", master.size(), " fp32 master weights, this trainer has ", expected.size(),
+        " (optimizer.fp32_master_weights or the model's dtype changed)"));
+  }
+  for (size_t i = 0; i < master.size(); ++i) {
+    if (!master[i].sizes().equals(expected[i])) {
+      return InvalidArgumentError(absl::StrCat(path, ": master weight ", i, " has shape ",
+                                               torch::str(master[i].sizes()), ", expected ",
+                                               torch::str(expected[i])));
+    }
+  }
+  return master;
+}
+
+void write_master(torch::serialize::OutputArchive& archive, const std::vector<at::Tensor>& master) {
+  archive.write("num_master", torch::tensor({static_cast<int64_t>(master.size())}));
+  for (size_t i = 0; i < master.size(); ++i) {
+    archive.write("master/" + std::to_string(i), master[i].detach().cpu());
+  }
+}
+
+Status read_adamw(torch::serialize::InputArchive& archive, const std::string& path,
+                  torch::optim::AdamW& into) {
+  try {
+    torch::serialize::InputArchive opt;
+    archive.read("optimizer", opt);
+    into.load(opt);
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(absl::StrCat(
+        path, ": optimizer state does not fit this model: ", model::exception_message(e)));
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<Optimizer>> make_optimizer(const std::vector<at::Tensor>& params,
+                                                    const OptimizerOptions& options,
+                                                    Sharding sharding, const DataParallel& dp) {
+  if (params.empty()) return InvalidArgumentError("optimizer: the policy has no parameters");
+  if (sharding == Sharding::kOptimizer && dp.active()) {
+    return make_sharded_adamw(params, options, dp);
+  }
+  return make_replicated_adamw(params, options, dp);
+}
+
+}  // namespace relay::trainer

@@ -1,0 +1,137 @@
+// trainer.sharding: none. Every rank holds the whole optimizer: torch's
+// AdamW over the parameters or over their fp32 master copies.
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/adamw_internal.h"
+
+namespace relay::trainer {
+namespace {
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+class ReplicatedAdamW final : public Optimizer {
+ public:
+  ReplicatedAdamW(const std::vector<at::Tensor>& params, const OptimizerOptions& options,
+                  const DataParallel& dp)
+      : params_(params), dp_(dp) {
+    for (const at::Tensor& p : params_) {
+      if (options.fp32_master_weights && p.scalar_type() != torch::kFloat32) {
+        // Mixed fp32 / low-precision parameters: fp32 ones get a master
+        // copy too, so that one list of tensors lines up with the parameters.
+        for (const at::Tensor& q : params_) {
+          master_.push_back(q.detach().to(torch::kFloat32).clone().set_requires_grad(true));
+        }
+        break;
+      }
+    }
+    stepped_ = master_.empty() ? params_ : master_;
+    adamw_ = std::make_unique<torch::optim::AdamW>(stepped_, adamw_options(options));
+  }
+
+  void zero_grad() override {
+    adamw_->zero_grad();
+    for (at::Tensor& p : params_) p.mutable_grad().reset();
+  }
+
+  StatusOr<double> step(double lr, double max_norm,
+                        const std::function<void()>& on_apply) override {
+    if (!master_.empty()) {
+      // Gradients move to the fp32 master copies; the low-precision ones go.
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (params_[i].grad().defined()) {
+          master_[i].mutable_grad() = params_[i].grad().detach().to(torch::kFloat32);
+        }
+        params_[i].mutable_grad().reset();
+      }
+    }
+    if (dp_.active()) {
+      // Summed in fp32 (the master copies' gradients when there are any).
+      if (Status s = all_reduce_gradients(*dp_.group, stepped_, dp_.bucket_bytes); !s.ok()) {
+        zero_grad();
+        return s;
+      }
+    }
+    const double grad_norm = torch::nn::utils::clip_grad_norm_(stepped_, max_norm);
+    if (!std::isfinite(grad_norm)) {
+      zero_grad();
+      return InternalError(
+          absl::StrCat("gradient norm is ", grad_norm, "; the update was not applied"));
+    }
+    for (auto& group : adamw_->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    on_apply();
+    adamw_->step();
+    if (!master_.empty()) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(master_[i]);
+    }
+    // The gradients are spent: free them now rather than at the next
+    // zero_grad(), so they do not sit in memory through the next pre-update
+    // pass and the wait for rollouts.
+    zero_grad();
+    return grad_norm;
+  }
+
+  Status save(torch::serialize::OutputArchive& archive) const override {
+    write_master(archive, master_);
+    torch::serialize::OutputArchive opt;
+    adamw_->save(opt);
+    archive.write("optimizer", opt);
+    return OkStatus();
+  }
+
+  bool save_is_collective() const override { return false; }
+
+  Status load(torch::serialize::InputArchive& archive, const std::string& path) override {
+    std::vector<at::IntArrayRef> shapes;
+    for (const at::Tensor& m : master_) shapes.push_back(m.sizes());
+    RELAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> master, read_master(archive, path, shapes));
+    // Into a scratch optimizer first (its parameters only key the state),
+    // so that a mismatch leaves this one untouched.
+    std::vector<at::Tensor> keys;
+    for (const at::Tensor& p : stepped_)
+      keys.push_back(torch::zeros({}, p.options()).expand(p.sizes()));
+    torch::optim::AdamW probe(keys, torch::optim::AdamWOptions(1));
+    RELAY_RETURN_IF_ERROR(read_adamw(archive, path, probe));
+    RELAY_RETURN_IF_ERROR(read_adamw(archive, path, *adamw_));
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < master.size(); ++i) master_[i].copy_(master[i]);
+    return OkStatus();
+  }
+
+  OptimizerMemory memory() const override {
+    OptimizerMemory m;
+    for (const at::Tensor& t : master_) m.master += bytes_of(t);
+    // What backward allocates: one gradient like each stepped tensor (the
+    // fp32 master copies when there are any), freed after the update.
+    for (const at::Tensor& t : stepped_) m.gradients += bytes_of(t);
+    for (const at::Tensor& p : stepped_) {
+      if (torch::optim::AdamWParamState* st = adamw_state(*adamw_, p)) {
+        m.moments +=
+            bytes_of(st->exp_avg()) + bytes_of(st->exp_avg_sq()) + bytes_of(st->max_exp_avg_sq());
+      }
+    }
+    return m;
+  }
+
+ private:
+  std::vector<at::Tensor> params_;   // the policy's
+  std::vector<at::Tensor> master_;   // empty unless master weights are in use
+  std::vector<at::Tensor> stepped_;  // what AdamW steps: params_ or master_
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+  DataParallel dp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_replicated_adamw(const std::vector<at::Tensor>& params,
+                                                 const OptimizerOptions& options,
+                                                 const DataParallel& dp) {
+  return std::make_unique<ReplicatedAdamW>(params, options, dp);
+}
+
+}  // namespace relay::trainer
