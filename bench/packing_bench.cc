@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
   const int64_t max_new = number("--max-new", 256), budget = number("--budget", 4096);
   const int reps = static_cast<int>(number("--reps", 3));
   const bool json = relay::bench::has(argc, argv, "--json");
+  // With --json the row goes to stdout and the line to stderr (scripts/bench.sh).
+  FILE* table = json ? stderr : stdout;
   relay::model::PolicyConfig config;
   if (model == "tiny")
     config = relay::bench::tiny_config();
@@ -134,14 +136,15 @@ int main(int argc, char** argv) {
   }
   std::vector<double> ratio;
   for (size_t i = 0; i < t_padded.size(); ++i) ratio.push_back(t_padded[i] / t_packed[i]);
-  std::printf(
-      "%s, %lld rows (%.0f real tokens), budget %lld: padding %.1f%% -> %.1f%% of the "
-      "tokens computed; step %.2f s padded, %.2f s packed: packed/padded speed %.2f "
-      "(%s / %s)\n",
-      model.c_str(), static_cast<long long>(rows), padded.real, static_cast<long long>(budget),
-      100 * padded.fraction(), 100 * packed.fraction(), relay::bench::median(t_padded),
-      relay::bench::median(t_packed), relay::bench::median(ratio),
-      relay::bench::spread(t_padded).c_str(), relay::bench::spread(t_packed).c_str());
+  std::fprintf(table,
+               "%s, %lld rows (%.0f real tokens), budget %lld: padding %.1f%% -> %.1f%% of the "
+               "tokens computed; step %.2f s padded, %.2f s packed: packed/padded speed %.2f "
+               "(%s / %s)\n",
+               model.c_str(), static_cast<long long>(rows), padded.real,
+               static_cast<long long>(budget), 100 * padded.fraction(), 100 * packed.fraction(),
+               relay::bench::median(t_padded), relay::bench::median(t_packed),
+               relay::bench::median(ratio), relay::bench::spread(t_padded).c_str(),
+               relay::bench::spread(t_packed).c_str());
   if (json) {
     relay::bench::JsonRow("packing")
         .add("model", model)

@@ -164,14 +164,16 @@ int main(int argc, char** argv) {
   const std::string dtype = flag(argc, argv, "--dtype") ? flag(argc, argv, "--dtype") : "fp32";
   if (dtype != "fp32" && dtype != "bf16") fail("--dtype: fp32 or bf16");
   const bool json = has(argc, argv, "--json");
+  // With --json the rows go to stdout and the table to stderr (scripts/bench.sh).
+  FILE* table = json ? stderr : stdout;
   struct sysinfo si {};
   ::sysinfo(&si);
   const double machine_gib = static_cast<double>(si.totalram) * si.mem_unit / kGiB;
 
-  std::printf(
-      "| model | W | sharding | weights GiB | gradients GiB | master GiB | moments GiB | "
-      "master+moments vs W=1 | step s | step vs none "
-      "|\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fprintf(table,
+               "| model | W | sharding | weights GiB | gradients GiB | master GiB | moments GiB | "
+               "master+moments vs W=1 | step s | step vs none "
+               "|\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : models) {
     PolicyConfig config;
     if (name == "tiny")
@@ -207,7 +209,8 @@ int main(int argc, char** argv) {
             estimate_gib(params, dtype == "bf16" ? 2 : 4, dtype == "bf16", world, modes[i]);
         if (need > machine_gib * 0.85) {
           skipped[i] = true;
-          std::printf(
+          std::fprintf(
+              table,
               "| %s | %d | %s | skipped: needs about %.0f GiB, the machine has %.0f |||||||\n",
               name.c_str(), world, modes[i] == Sharding::kNone ? "none" : "optimizer", need,
               machine_gib);
@@ -223,11 +226,11 @@ int main(int argc, char** argv) {
         const double vs_none =
             i > 0 && !skipped[0] ? median(runs[i].seconds) / median(runs[0].seconds) : NAN;
         const char* mode = modes[i] == Sharding::kNone ? "none" : "optimizer";
-        std::printf("| %s | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f |\n",
-                    name.c_str(), world, mode, m.at("memory/weights_gb"),
-                    m.at("memory/gradients_gb"), m.at("memory/master_weights_gb"),
-                    m.at("memory/optimizer_gb"), single_state > 0 ? state / single_state : NAN,
-                    median(runs[i].seconds), vs_none);
+        std::fprintf(table, "| %s | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f |\n",
+                     name.c_str(), world, mode, m.at("memory/weights_gb"),
+                     m.at("memory/gradients_gb"), m.at("memory/master_weights_gb"),
+                     m.at("memory/optimizer_gb"), single_state > 0 ? state / single_state : NAN,
+                     median(runs[i].seconds), vs_none);
         if (json) {
           relay::bench::JsonRow("sharding")
               .add("model", name)
@@ -243,6 +246,7 @@ int main(int argc, char** argv) {
               .add("step_vs_none", vs_none)
               .print(stdout);
         }
+        std::fflush(table);
         std::fflush(stdout);
       }
     }

@@ -82,6 +82,27 @@ def main():
                               num(c["tokens_per_s"]), f"static batching {num(st['tokens_per_s'])}",
                               ratio(c["ratio"])))
 
+    # Trainer memory and work: optimizer sharding, sequence packing.
+    sharding = rows_of(os.path.join(out_dir, "sharding.out"))
+    for r in sharding:
+        if r.get("sharding") != "optimizer":
+            continue
+        base = pick(sharding, model=r["model"], world=r["world"], sharding="none")
+        state = r["master_gib"] + r["moments_gib"]
+        base_state = base["master_gib"] + base["moments_gib"] if base else None
+        table.append(("trainer", f"{r['model']}, {r['world']} ranks, sharding optimizer: "
+                      "master + AdamW GiB per rank (step time vs none)",
+                      num(state, ".3f"), f"sharding none {num(base_state, '.3f')}",
+                      f"{ratio(state / base_state if base_state else None)} "
+                      f"({ratio(r.get('step_vs_none'))} time)"))
+    for r in rows_of(os.path.join(out_dir, "packing.out")):
+        table.append(("trainer", f"{r['model']}, {r['rows']} rows, pack_sequences: padding "
+                      "computed; step s", f"{100 * r['padding_packed']:.1f}%; "
+                      f"{num(r['step_packed_s'], '.2f')}",
+                      f"padded {100 * r['padding_padded']:.1f}%; "
+                      f"{num(r['step_padded_s'], '.2f')}",
+                      f"{ratio(r['speedup'])} speed"))
+
     # Store and ingest.
     store = rows_of(os.path.join(out_dir, "store.out"))
     raw = pick(store, path="raw file")
