@@ -43,11 +43,13 @@ model::ScoreOptions Trainer::score_options(const TrainBatch& mb, model::MoeRouti
 
 model::ScoreOutput Trainer::score_rows(model::PolicyImpl& model, const TrainBatch& mb,
                                        model::ScoreOptions so, bool with_entropy) const {
-  if (!options_.pack_sequences) {
+  PackedRows packed;
+  // Packing that saves no row would only add its copies and its mask.
+  if (options_.pack_sequences) packed = pack_rows(mb, mb.input_ids.size(1), options_.pad_token_id);
+  if (!options_.pack_sequences || packed.input_ids.size(0) == mb.size()) {
     if (with_entropy) return model.score_with_entropy(mb.input_ids, mb.lengths, so);
     return {model.score(mb.input_ids, mb.lengths, so), at::Tensor()};
   }
-  const PackedRows packed = pack_rows(mb, mb.input_ids.size(1), options_.pad_token_id);
   model::MoeRouting* routing = so.routing;
   if (routing != nullptr && packed.routed_experts.defined()) {
     const at::Tensor& r = packed.routed_experts;
