@@ -456,6 +456,18 @@ TEST(CudaCommTest, TrainerGroupOfOneRank) {
   EXPECT_TRUE(torch::equal(on_host, torch::arange(6, torch::kFloat32).view({2, 3})));
   ASSERT_TRUE((*group)->broadcast(on_device, 0).ok());
   EXPECT_EQ((*group)->add_counter("cuda-test", 2).value(), 2);
+  // What the sharded optimizer stands on: NCCL's own reduce-scatter and
+  // all-gather (of one rank: the identity), bf16 included.
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    at::Tensor shard = torch::arange(5, torch::kFloat32).to(device(), dtype);
+    at::Tensor gathered = torch::zeros({5}, shard.options());
+    ASSERT_TRUE((*group)->all_gather(shard, gathered).ok());
+    EXPECT_TRUE(torch::equal(gathered, shard)) << dtype;
+  }
+  at::Tensor full = torch::arange(4, torch::kFloat32).to(device());
+  at::Tensor mine = torch::zeros({4}, full.options());
+  ASSERT_TRUE((*group)->reduce_scatter_sum(full, mine).ok());
+  EXPECT_TRUE(torch::equal(mine, full));
 }
 
 TEST(CudaCommTest, WeightSyncGroupOfOneRankBroadcasts) {
@@ -637,11 +649,12 @@ at::Tensor flat_cpu(const model::Policy& p) {
 }
 
 RankResult train(model::Policy policy, const std::vector<rollout::TrajectoryGroup>& groups,
-                 trainer::DataParallel dp) {
+                 trainer::DataParallel dp, trainer::Sharding sharding = trainer::Sharding::kNone) {
   RankResult out;
   trainer::TrainerOptions o = step_options();
   o.mini_batches = 2;
   o.entropy.coef = 0.01;
+  o.sharding = sharding;
   auto t = trainer::Trainer::create(policy, o, 0, nullptr, std::move(dp));
   if (!t.ok()) {
     out.status = t.status();
@@ -659,8 +672,9 @@ RankResult train(model::Policy policy, const std::vector<rollout::TrajectoryGrou
   return out;
 }
 
-TEST(CudaCommTest, DataParallelTrainerOnTwoGpusMatchesOneRank) {
-  RELAY_NEED_GPUS(2);
+// Two ranks on GPUs 0 and 1 train on copies of `initial` with `sharding`;
+// they must end with the same weights, and with the update one rank makes.
+void expect_two_gpus_match_one_rank(trainer::Sharding sharding, const char* what) {
   model::Policy initial = make_policy(3, device(0));
   const auto groups = sample_groups(initial, std::nullopt);
   const RankResult single = train(model::clone_policy(*initial), groups, {});
@@ -688,7 +702,7 @@ TEST(CudaCommTest, DataParallelTrainerOnTwoGpusMatchesOneRank) {
       trainer::DataParallel dp;
       dp.group = *group;
       dp.bucket_bytes = 4096;  // many buckets
-      ranks[r] = train(policy, groups, dp);
+      ranks[r] = train(policy, groups, dp, sharding);
     });
   }
   for (auto& t : threads) t.join();
@@ -698,8 +712,20 @@ TEST(CudaCommTest, DataParallelTrainerOnTwoGpusMatchesOneRank) {
   const double scale = (single.weights - before).abs().max().item<double>();
   ASSERT_GT(scale, 0) << "the weights did not change";
   const double diff = max_abs_diff(ranks[0].weights - before, single.weights - before);
-  std::printf("two GPUs vs one: max |update diff| %.3g of %.3g\n", diff, scale);
+  std::printf("two GPUs (%s) vs one: max |update diff| %.3g of %.3g\n", what, diff, scale);
   EXPECT_LT(diff, 1e-4 * scale);
+}
+
+TEST(CudaCommTest, DataParallelTrainerOnTwoGpusMatchesOneRank) {
+  RELAY_NEED_GPUS(2);
+  expect_two_gpus_match_one_rank(trainer::Sharding::kNone, "sharding none");
+}
+
+// trainer.sharding: optimizer under NCCL: its reduce-scatter and the
+// all-gather of the updated ranges.
+TEST(CudaCommTest, ShardedOptimizerOnTwoGpusMatchesOneRank) {
+  RELAY_NEED_GPUS(2);
+  expect_two_gpus_match_one_rank(trainer::Sharding::kOptimizer, "sharding optimizer");
 }
 
 }  // namespace
