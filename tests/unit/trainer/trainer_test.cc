@@ -537,27 +537,35 @@ model::PolicyConfig MoeConfig() {
   return c;
 }
 
-// Groups an MoE engine sampled (with routing recorded), scored like sample_groups'.
-std::vector<rollout::TrajectoryGroup> sample_moe_groups(model::Policy& policy) {
+// One group of k per prompt, sampled by a copy of `policy` (routing
+// recorded for an MoE one) with seeds first_seed, first_seed + 1, ...; each
+// group's first response is rewarded 1, the others 0.
+std::vector<rollout::TrajectoryGroup> sample_first_rewarded(
+    model::Policy& policy, const std::vector<std::vector<int64_t>>& prompts, int k,
+    uint64_t first_seed) {
   model::Policy copy = model::clone_policy(*policy);
   rollout::EngineOptions eo;
   eo.num_slots = 8;
   eo.max_new_tokens = 6;
   auto engine = rollout::Engine::create(copy, eo, 0, 1).value();
-  for (int g = 0; g < 3; ++g) {
+  for (size_t g = 0; g < prompts.size(); ++g) {
     rollout::PromptGroup pg;
     pg.group_id = std::to_string(g);
-    pg.prompt = {1, 3 + g, 7, 2};
-    pg.k = 4;
-    pg.seed = 30 + g;
+    pg.prompt = prompts[g];
+    pg.k = k;
+    pg.seed = first_seed + g;
     EXPECT_TRUE(engine->submit(pg).ok());
   }
   auto groups = engine->run().value();
   for (auto& g : groups) {
-    for (auto& t : g.trajectories) t.reward = 0;
-    g.trajectories[0].reward = 1.0;
+    for (size_t i = 0; i < g.trajectories.size(); ++i) g.trajectories[i].reward = i == 0;
   }
   return groups;
+}
+
+// Groups an MoE engine sampled (with routing recorded).
+std::vector<rollout::TrajectoryGroup> sample_moe_groups(model::Policy& policy) {
+  return sample_first_rewarded(policy, {{1, 3, 7, 2}, {1, 4, 7, 2}, {1, 5, 7, 2}}, 4, 30);
 }
 
 // A copy of `policy` whose MoE routers drifted (perturbed gates, as after
@@ -688,25 +696,13 @@ TEST(TrainerTest, ActivationCheckpointingGivesTheSameUpdate) {
 // signal. Each half of the batch (groups 0-1, 2-3) mixes short and long
 // rows, so two short rows pack into one of the long one's length.
 std::vector<rollout::TrajectoryGroup> sample_uneven_groups(model::Policy& policy) {
-  model::Policy copy = model::clone_policy(*policy);
-  rollout::EngineOptions eo;
-  eo.num_slots = 8;
-  eo.max_new_tokens = 6;
-  auto engine = rollout::Engine::create(copy, eo, 0, 1).value();
+  std::vector<std::vector<int64_t>> prompts;
   for (int g = 0; g < 4; ++g) {
-    rollout::PromptGroup pg;
-    pg.group_id = std::to_string(g);
     const int prompt_len = std::vector<int>{1, 12, 2, 14}[static_cast<size_t>(g)];
-    for (int t = 0; t < prompt_len; ++t) pg.prompt.push_back(1 + (3 * t + g) % 20);
-    pg.k = 3;
-    pg.seed = 50 + g;
-    EXPECT_TRUE(engine->submit(pg).ok());
+    prompts.emplace_back();
+    for (int t = 0; t < prompt_len; ++t) prompts.back().push_back(1 + (3 * t + g) % 20);
   }
-  auto groups = engine->run().value();
-  for (auto& g : groups) {
-    for (size_t i = 0; i < g.trajectories.size(); ++i) g.trajectories[i].reward = i == 0;
-  }
-  return groups;
+  return sample_first_rewarded(policy, prompts, 3, 50);
 }
 
 // trainer.pack_sequences: the same step as padded rows, through the
