@@ -103,6 +103,23 @@ def main():
                       f"{num(r['step_padded_s'], '.2f')}",
                       f"{ratio(r['speedup'])} speed"))
 
+    lora = rows_of(os.path.join(out_dir, "lora.out"))
+    for r in lora:
+        if r.get("bench") == "lora":
+            table.append(("trainer", f"{r['model']}, LoRA {r['lora']}: bytes per weight version; "
+                          "trainer GiB; step s", f"{num(r['version_bytes_lora'] / 2**20, '.2f')} MiB; "
+                          f"{num(r['trainer_gib_lora'], '.3f')}; {num(r['step_s_lora'], '.2f')}",
+                          f"full fine-tuning {num(r['version_bytes_full'] / 2**20, '.1f')} MiB; "
+                          f"{num(r['trainer_gib_full'], '.3f')}; {num(r['step_s_full'], '.2f')}",
+                          f"{ratio(r['version_ratio'])} bytes ({ratio(r['step_ratio'])} time)"))
+        elif r.get("bench") == "lora_decode":
+            table.append(("decode", f"{r['model']}, LoRA {r['lora']} as a side path: tokens/s",
+                          num(r["side_tokens_per_s"]),
+                          f"merged into the weights {num(r['merged_tokens_per_s'])} "
+                          f"(+{num(r['merge_s'], '.3f')} s merge per version)",
+                          ratio(r["merged_tokens_per_s"] and
+                                r["side_tokens_per_s"] / r["merged_tokens_per_s"])))
+
     # Store and ingest.
     store = rows_of(os.path.join(out_dir, "store.out"))
     raw = pick(store, path="raw file")

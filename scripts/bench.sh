@@ -52,7 +52,7 @@ if [ "$build" = 1 ]; then
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRELAY_WERROR=ON \
     > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log" >&2; exit 1; }
   targets=(relay relay-trainer relay-rollout rollout_bench store_bench ingest_bench
-           weight_sync_bench version_switch_bench sharding_bench packing_bench)
+           weight_sync_bench version_switch_bench sharding_bench packing_bench lora_bench)
   # Added on another branch: built when this tree has the target.
   if ninja -C "$build_dir" -t targets all 2>/dev/null | grep -q '^trainer_bench:'; then
     targets+=(trainer_bench)
@@ -61,7 +61,7 @@ if [ "$build" = 1 ]; then
     { tail -30 "$out/build.log" >&2; exit 1; }
 fi
 for p in rollout_bench store_bench ingest_bench weight_sync_bench version_switch_bench \
-  sharding_bench packing_bench; do
+  sharding_bench packing_bench lora_bench; do
   [ -x "$bin/$p" ] || { echo "bench.sh: $bin/$p is not built" >&2; exit 1; }
 done
 
@@ -131,12 +131,14 @@ if [ "$quick" = 1 ]; then
   e2e=(1 0 2)  # repetitions, then staleness bounds
   sharding_args=(--models qwen2-100m --worlds 1,2 --reps 1)
   packing_args=(--model tiny --rows 16 --reps 3)
+  lora_args=(--models tiny,qwen2-100m --reps 1)
 else
   q=()
   decode_args=(--batches 8,64)  # batch 1 is rollout_bench's slowest and least telling row
   e2e=(5 0 1 2 4)
   sharding_args=(--models qwen2-100m --worlds 1,2,4 --reps 3)
   packing_args=(--model qwen2-100m --rows 16 --reps 3)
+  lora_args=(--models qwen2-100m,qwen2.5-0.5b --reps 3)
 fi
 
 step store "$bin/store_bench" "${q[@]}" --json
@@ -146,6 +148,7 @@ step version_switch "$bin/version_switch_bench" "${q[@]}" --json
 step decode "$bin/rollout_bench" "${decode_args[@]}" --json
 step sharding "$bin/sharding_bench" "${sharding_args[@]}" --json
 step packing "$bin/packing_bench" "${packing_args[@]}" --json
+step lora "$bin/lora_bench" "${lora_args[@]}" --json
 
 # Decode and a trainer step against plain-PyTorch baselines on the same
 # weights (Debian's python3-torch; $RELAY_PYTHON picks another interpreter).

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "relay/model/lora.h"
 #include "relay/model/weight_manifest.h"
 
 namespace relay::app {
@@ -100,7 +101,7 @@ StatusOr<std::optional<trainer::StepMetrics>> InProcessGroupSource::train_step(
   m["batch/generated_batches"] = static_cast<double>(fill.generated_batches);
   m["batch/filled_fraction"] =
       static_cast<double>(batch.size()) / static_cast<double>(options_.groups_per_step);
-  std::unordered_map<std::string, at::Tensor> weights = model::parameter_tensors(*trainer.policy());
+  RELAY_ASSIGN_OR_RETURN(auto weights, model::published_weights(*trainer.policy(), &base_digest_));
   RELAY_ASSIGN_OR_RETURN(model::WeightManifest manifest,
                          model::weight_manifest(weights, trainer.version()));
   RELAY_RETURN_IF_ERROR(engine_->update_weights(trainer.version(), manifest.digest, weights));

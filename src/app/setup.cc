@@ -26,6 +26,7 @@
 #include "relay/model/checkpoint.h"
 #include "relay/model/device.h"
 #include "relay/model/hf_config.h"
+#include "relay/model/lora.h"
 #include "relay/model/threads.h"
 #include "relay/model/torch_error.h"
 #include "relay/model/weight_manifest.h"
@@ -276,6 +277,12 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   s.model_dir = dir;
   RELAY_RETURN_IF_ERROR(load_or_build_model(dir, s));
   RELAY_RETURN_IF_ERROR(place_on_device(s));
+  // trainer.lora: every process of the run (trainer ranks, workers) attaches
+  // the same adapters to the same base; a model loaded from an adapter
+  // directory has them already (the trainer checks they match).
+  if (s.config.trainer.lora.enabled() && !model::has_lora(*s.policy)) {
+    RELAY_RETURN_IF_ERROR(model::attach_lora(*s.policy, s.config.trainer.lora, s.config.run.seed));
+  }
   RELAY_RETURN_IF_ERROR(make_task(args, s));
   RELAY_ASSIGN_OR_RETURN(std::vector<int64_t> stops, stop_tokens(dir, s));
   // The section's engine options, and what the section cannot know.
@@ -303,6 +310,17 @@ StatusOr<trainer::TrainerOptions> trainer_options(const RolloutSetup& s) {
 StatusOr<model::SaveOptions> model_save_options(const RolloutSetup& s) {
   model::SaveOptions o;
   o.overwrite = true;
+  if (!s.model_dir.empty() && model::has_lora(*s.policy)) {
+    // Adapter checkpoints name their base: the model directory, or the base
+    // of the adapter directory it was loaded from. (A fresh model's base is
+    // saved with the run: trainer_run.cc.)
+    std::string base = s.model_dir;
+    if (model::is_peft_adapter_dir(base)) {
+      RELAY_ASSIGN_OR_RETURN(model::PeftAdapter a, model::read_peft_adapter(base));
+      base = a.base_model;
+    }
+    o.lora_base = std::filesystem::absolute(base).lexically_normal().string();
+  }
   if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
     o.extra_files[model::kCharTokenizerFile] = ct->to_json();
     return o;

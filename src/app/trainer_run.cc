@@ -19,6 +19,8 @@
 #include "relay/common/dashboard.h"
 #include "relay/common/file_io.h"
 #include "relay/common/number_format.h"
+#include "relay/model/checkpoint.h"
+#include "relay/model/lora.h"
 #include "relay/store/dispenser.h"
 
 namespace relay::app {
@@ -74,6 +76,17 @@ StatusOr<internal::Started> prepare(TrainerContext& c, const TrainerRunArgs& arg
     return InvalidArgumentError("eval.prompts: leaves no prompt to train on");
   }
   RELAY_ASSIGN_OR_RETURN(c.save_options, model_save_options(c.s));
+  if (model::has_lora(*c.s.policy) && c.save_options.lora_base.empty()) {
+    // A fresh model's LoRA base (model.init): saved once with the run, so
+    // that its adapter checkpoints name a directory that holds it.
+    const std::filesystem::path base =
+        std::filesystem::absolute(std::filesystem::path(c.run.checkpoints) / "base");
+    if (!std::filesystem::exists(base / "config.json")) {
+      RELAY_RETURN_IF_ERROR(
+          model::save_policy(*model::base_policy(*c.s.policy), base.string(), c.save_options));
+    }
+    c.save_options.lora_base = base.lexically_normal().string();
+  }
   c.verifier = std::make_unique<rollout::SafeVerifier>(
       c.s.task, std::chrono::milliseconds(ms(c.s.config.task.verifier_timeout_s)));
   EvalOptions eo;

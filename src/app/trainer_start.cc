@@ -28,6 +28,8 @@ Status start_followers(TrainerContext& c, const trainer::Trainer& t, const model
 StatusOr<model::Policy> load_reference(const TrainerContext& c, bool resuming) {
   if (!c.options.needs_reference()) return model::Policy{nullptr};
   const std::string& configured = c.s.config.trainer.reference;
+  // LoRA: the base is the reference, the policy itself with adapters off.
+  if (configured.empty() && c.options.lora.enabled()) return model::Policy{nullptr};
   const std::string dir = !configured.empty() ? configured : resuming ? c.run.reference : "";
   if (dir.empty()) return model::Policy{nullptr};
   return model::load_policy(dir, {c.s.policy->parameters()[0].scalar_type()});
@@ -105,7 +107,8 @@ StatusOr<Started> start_fresh(TrainerContext& c, const model::Policy& reference)
       r.trainer, trainer::Trainer::create(c.s.policy, c.options, r.rl_start_version, reference,
                                           c.data_parallel()));
   RELAY_RETURN_IF_ERROR(start_followers(c, *r.trainer, reference, ""));
-  if (c.options.needs_reference() && c.s.config.trainer.reference.empty()) {
+  if (c.options.needs_reference() && c.s.config.trainer.reference.empty() &&
+      !c.options.lora.enabled()) {
     // The KL reference is the policy RL starts from; a resumed run needs it.
     RELAY_RETURN_IF_ERROR(model::save_policy(*c.s.policy, c.run.reference, c.save_options));
   }

@@ -40,6 +40,7 @@ Command add_store_command(CLI::App& relay);        // store inspect: the rollout
 Command add_train_local_command(CLI::App& relay);  // train-local: the loop in one process
 Command add_report_command(CLI::App& relay);       // report: the dashboard as one HTML file
 Command add_serve_command(CLI::App& relay);        // serve: the OpenAI-compatible endpoint
+Command add_export_command(CLI::App& relay);       // export: an HF directory, LoRA merged
 
 // Prints "relay <command>: <status message>" on stderr; returns 1.
 int fail(const std::string& command, const Status& status);

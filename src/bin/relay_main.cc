@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
       add_config_command(app),      add_init_command(app),     add_score_command(app),
       add_tokenize_command(app),    add_generate_command(app), add_rollout_command(app),
       add_run_command(app),         add_eval_command(app),     add_store_command(app),
-      add_train_local_command(app), add_report_command(app),   add_serve_command(app)};
+      add_train_local_command(app), add_report_command(app),   add_serve_command(app),
+      add_export_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

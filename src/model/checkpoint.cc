@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "relay/common/file_io.h"
 #include "relay/model/hf_config.h"
+#include "relay/model/lora.h"
 #include "relay/model/safetensors.h"
 
 namespace relay::model {
@@ -46,11 +47,49 @@ bool ignorable(const std::string& name, const PolicyConfig& config) {
   return config.tie_word_embeddings && name == "lm_head.weight";
 }
 
+// An adapter directory: its base model with the adapter on top.
+StatusOr<Policy> load_adapter_policy(const std::string& dir, const LoadOptions& options) {
+  RELAY_ASSIGN_OR_RETURN(PeftAdapter adapter, read_peft_adapter(dir));
+  StatusOr<Policy> base = load_policy(adapter.base_model, options);
+  if (!base.ok()) {
+    return Status(base.status().code(), absl::StrCat(dir,
+                                                     ": its base model (adapter_config.json "
+                                                     "base_model_name_or_path): ",
+                                                     base.status().message()));
+  }
+  Policy policy = *std::move(base);
+  RELAY_RETURN_IF_ERROR(attach_lora(*policy, adapter.config, /*seed=*/0));
+  RELAY_RETURN_IF_ERROR(load_adapter_tensors(*policy, adapter, dir));
+  return policy;
+}
+
+// config.json and the weights of `policy` into `staging`.
+Status write_full_policy(PolicyImpl& policy, const fs::path& staging, const SaveOptions& options) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  c10::ScalarType saved_dtype = options.dtype;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& item : policy.named_parameters()) {
+      at::Tensor t = item.value().detach();
+      if (options.dtype != c10::ScalarType::Undefined) t = t.to(options.dtype);
+      saved_dtype = t.scalar_type();
+      tensors.emplace_back(item.key(), t.to(torch::kCPU).contiguous());
+    }
+  }
+  PolicyConfig config = policy.config();
+  config.torch_dtype = torch_dtype_name(saved_dtype);
+  RELAY_RETURN_IF_ERROR(write_hf_config(config, (staging / "config.json").string()));
+  return write_checkpoint_tensors(staging.string(), tensors, options.max_shard_bytes);
+}
+
 }  // namespace
 
 StatusOr<Policy> load_policy(const std::string& dir, const LoadOptions& options) {
   if (!fs::is_directory(dir))
     return NotFoundError(absl::StrCat("model directory not found: ", dir));
+  if (!fs::exists(fs::path(dir) / "config.json") && is_peft_adapter_dir(dir)) {
+    return load_adapter_policy(dir, options);
+  }
   RELAY_ASSIGN_OR_RETURN(PolicyConfig config,
                          read_hf_config((fs::path(dir) / "config.json").string()));
   RELAY_ASSIGN_OR_RETURN(CheckpointTensors tensors, CheckpointTensors::open(dir));
@@ -110,21 +149,18 @@ Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions
     return s;
   };
 
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  c10::ScalarType saved_dtype = options.dtype;
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& item : policy.named_parameters()) {
-      at::Tensor t = item.value().detach();
-      if (options.dtype != c10::ScalarType::Undefined) t = t.to(options.dtype);
-      saved_dtype = t.scalar_type();
-      tensors.emplace_back(item.key(), t.to(torch::kCPU).contiguous());
+  Status s = OkStatus();
+  if (has_lora(policy)) {
+    if (options.lora_base.empty()) {
+      return fail(FailedPreconditionError(absl::StrCat(
+          dir,
+          ": the policy has LoRA adapters, which are saved with the path of their base "
+          "model (SaveOptions::lora_base), and none was given")));
     }
+    s = write_peft_adapter(policy, staging.string(), options.lora_base, options.dtype);
+  } else {
+    s = write_full_policy(policy, staging.string(), options);
   }
-  PolicyConfig config = policy.config();
-  config.torch_dtype = torch_dtype_name(saved_dtype);
-  Status s = write_hf_config(config, (staging / "config.json").string());
-  if (s.ok()) s = write_checkpoint_tensors(staging.string(), tensors, options.max_shard_bytes);
   for (const auto& [name, contents] : options.extra_files) {
     if (!s.ok()) break;
     if (name.empty() || name.find('/') != std::string::npos || name == "config.json") {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include <torch/nn/init.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -20,6 +21,38 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
   xf = xf * torch::rsqrt(variance + eps_);
   return weight * xf.to(x.scalar_type());
+}
+
+ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features, bool with_bias) {
+  // torch::nn::Linear's initialisation, draw for draw, so a policy built
+  // without a checkpoint or init_weights() starts where it always did.
+  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (with_bias) {
+    bias = register_parameter("bias", torch::empty({out_features}));
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+    torch::nn::init::uniform_(bias, -bound, bound);
+  }
+}
+
+void ProjectionImpl::add_adapter(int64_t rank, double scaling, double dropout) {
+  TORCH_CHECK(!lora_A, "Projection: the adapter is already there");
+  auto on_weight = torch::TensorOptions().dtype(weight.scalar_type()).device(weight.device());
+  lora_A = register_module("lora_A", LoraMatrix(torch::zeros({rank, weight.size(1)}, on_weight)));
+  lora_B = register_module("lora_B", LoraMatrix(torch::zeros({weight.size(0), rank}, on_weight)));
+  scaling_ = scaling;
+  dropout_ = dropout;
+}
+
+at::Tensor ProjectionImpl::forward(const at::Tensor& x) {
+  at::Tensor y = torch::linear(x, weight, bias);
+  if (!lora_A || !adapter_enabled_) return y;
+  at::Tensor in = x.to(lora_A->weight.scalar_type());
+  if (dropout_ > 0 && is_training() && torch::GradMode::is_enabled()) {
+    in = torch::dropout(in, dropout_, /*train=*/true);
+  }
+  at::Tensor delta = torch::linear(torch::linear(in, lora_A->weight), lora_B->weight);
+  return y + (delta * scaling_).to(y.scalar_type());
 }
 
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -48,15 +81,10 @@ AttentionImpl::AttentionImpl(const PolicyConfig& config, int64_t layer_index)
   const bool qwen2 = config.model_type == "qwen2";
   const bool qkv_bias = config.attention_bias || qwen2;
   const bool o_bias = config.attention_bias && !qwen2;
-  using torch::nn::LinearOptions;
-  q_proj = register_module(
-      "q_proj", torch::nn::Linear(LinearOptions(hidden, num_heads_ * head_dim_).bias(qkv_bias)));
-  k_proj = register_module(
-      "k_proj", torch::nn::Linear(LinearOptions(hidden, num_kv_heads_ * head_dim_).bias(qkv_bias)));
-  v_proj = register_module(
-      "v_proj", torch::nn::Linear(LinearOptions(hidden, num_kv_heads_ * head_dim_).bias(qkv_bias)));
-  o_proj = register_module(
-      "o_proj", torch::nn::Linear(LinearOptions(num_heads_ * head_dim_, hidden).bias(o_bias)));
+  q_proj = register_module("q_proj", Projection(hidden, num_heads_ * head_dim_, qkv_bias));
+  k_proj = register_module("k_proj", Projection(hidden, num_kv_heads_ * head_dim_, qkv_bias));
+  v_proj = register_module("v_proj", Projection(hidden, num_kv_heads_ * head_dim_, qkv_bias));
+  o_proj = register_module("o_proj", Projection(num_heads_ * head_dim_, hidden, o_bias));
   if (config.has_qk_norm()) {
     q_norm = register_module("q_norm", RMSNorm(head_dim_, config.rms_norm_eps));
     k_norm = register_module("k_norm", RMSNorm(head_dim_, config.rms_norm_eps));
@@ -102,10 +130,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const ForwardContext& ctx
 }
 
 MlpImpl::MlpImpl(int64_t h, int64_t f) {
-  using torch::nn::LinearOptions;
-  gate_proj = register_module("gate_proj", torch::nn::Linear(LinearOptions(h, f).bias(false)));
-  up_proj = register_module("up_proj", torch::nn::Linear(LinearOptions(h, f).bias(false)));
-  down_proj = register_module("down_proj", torch::nn::Linear(LinearOptions(f, h).bias(false)));
+  gate_proj = register_module("gate_proj", Projection(h, f, false));
+  up_proj = register_module("up_proj", Projection(h, f, false));
+  down_proj = register_module("down_proj", Projection(f, h, false));
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {

@@ -13,6 +13,7 @@
 #include "relay/model/device.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/lm_head.h"
+#include "relay/model/lora.h"
 #include "relay/model/rope.h"
 
 namespace relay::model {
@@ -133,6 +134,13 @@ at::Tensor DecoderImpl::forward(const at::Tensor& input_ids, const ForwardContex
                                 bool checkpointing) {
   at::Tensor h = embed_tokens(input_ids);
   const bool recompute = checkpointing && torch::GradMode::is_enabled();
+  if (recompute && !h.requires_grad()) {
+    // A frozen embedding (a LoRA base): a checkpointed layer whose input
+    // needs no gradient would record no backward at all, and the adapters
+    // inside it would get none. PEFT's enable_input_require_grads does the
+    // same.
+    h = h.detach().requires_grad_(true);
+  }
   for (const auto& layer : *layers) {
     auto* l = layer->as<DecoderLayerImpl>();
     h = recompute ? CheckpointedLayer::apply(h, l, &ctx) : l->forward(h, ctx);
@@ -356,6 +364,13 @@ void init_weights(PolicyImpl& policy, uint64_t seed, double initializer_range) {
 
 Policy clone_policy(const PolicyImpl& policy) {
   Policy copy(policy.config());
+  if (const std::optional<LoraConfig> lora = lora_config(policy)) {
+    // The same adapters (their values are copied below), placed as the
+    // source's: attach_lora puts them on the weights' device and dtype.
+    copy->to(policy.parameters().front().device(), policy.parameters().front().scalar_type());
+    const Status st = attach_lora(*copy, *lora, /*seed=*/0);
+    TORCH_CHECK(st.ok(), "clone_policy: ", std::string(st.message()));
+  }
   torch::NoGradGuard no_grad;
   const auto src = policy.named_parameters();
   // Each parameter in its own dtype and device: a bf16 policy's copy is
@@ -368,6 +383,7 @@ Policy clone_policy(const PolicyImpl& policy) {
     } else {
       item.value().set_data(from.detach().clone());
     }
+    item.value().set_requires_grad(from.requires_grad());
   }
   copy->eval();
   return copy;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "relay/model/device.h"
+#include "relay/model/lora.h"
 #include "rollout/engine_state.h"
 
 namespace relay::rollout {
@@ -34,8 +35,16 @@ Engine::Engine(model::Policy policy, EngineOptions options, const model::KVCache
   stats_.kv_bytes_per_position = cache_.bytes_per_position();
   stats_snapshot_ = stats_;
   version_snapshot_ = version;
-  for (const auto& item : policy_->named_parameters()) {
-    param_shapes_.emplace(item.key(), item.value().sizes().vec());
+  if (model::has_lora(*policy_)) {
+    auto params = policy_->named_parameters();
+    for (const std::string& name : model::adapter_names(*policy_)) {
+      param_shapes_.emplace(name, params[name].sizes().vec());
+    }
+    param_shapes_.emplace(model::kBaseDigestTensor, std::vector<int64_t>{1});
+  } else {
+    for (const auto& item : policy_->named_parameters()) {
+      param_shapes_.emplace(item.key(), item.value().sizes().vec());
+    }
   }
 }
 
@@ -90,6 +99,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
                                                  int64_t version, uint64_t digest) {
   if (!policy) return InvalidArgumentError("Engine: policy is null");
   RELAY_RETURN_IF_ERROR(check_options(options, ""));
+  std::optional<uint64_t> base;
+  if (model::has_lora(*policy)) {
+    RELAY_ASSIGN_OR_RETURN(base, model::base_digest(*policy));
+  }
   if (version < 0)
     return InvalidArgumentError(absl::StrCat("version: must be >= 0, got ", version));
   const int64_t vocab = policy->config().vocab_size;
@@ -116,8 +129,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
 
   RELAY_ASSIGN_OR_RETURN(const model::KVCacheOptions kv, kv_cache_options(*policy, options));
   policy->eval();
-  return std::unique_ptr<Engine>(
+  std::unique_ptr<Engine> engine(
       new Engine(std::move(policy), std::move(options), kv, version, digest));
+  engine->base_digest_ = base;
+  return engine;
 }
 
 // ---------------------------------------------------------------------------
@@ -274,6 +289,19 @@ Status Engine::update_weights(int64_t version, uint64_t digest,
       return InvalidArgumentError(
           absl::StrCat("update_weights: version ", version, ": unknown parameter '", name, "'"));
     }
+  }
+  if (base_digest_) {
+    // LoRA: the adapters were trained on the trainer's base; on any other
+    // they would sample from a model nobody trained.
+    at::Tensor& theirs = tensors.at(model::kBaseDigestTensor);
+    const auto digest_of = static_cast<uint64_t>(theirs.to(torch::kCPU).item<int64_t>());
+    if (digest_of != *base_digest_) {
+      return FailedPreconditionError(absl::StrFormat(
+          "update_weights: version %d adapts base weights with digest %x, and this engine's base "
+          "weights have digest %x: start the worker with the trainer's model directory",
+          version, digest_of, *base_digest_));
+    }
+    tensors.erase(model::kBaseDigestTensor);
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (version <= staged_version_) {

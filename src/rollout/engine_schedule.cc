@@ -86,9 +86,10 @@ int64_t Engine::response_budget(const Sequence& seq) const {
 }
 
 void Engine::apply_update(PendingUpdate& update) {
-  for (auto& item : policy_->named_parameters()) {
-    item.value().copy_(update.tensors.at(item.key()));
-  }
+  // Every parameter, or with LoRA only the adapters (update_weights checked
+  // the names).
+  auto params = policy_->named_parameters();
+  for (const auto& [name, t] : update.tensors) params[name].copy_(t);
   update.tensors.clear();  // the staged copy is no longer needed
   version_ = update.version;
   digests_[version_] = update.digest;

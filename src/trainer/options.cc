@@ -217,6 +217,15 @@ void check(const TrainerOptions& o, Problems p) {
   check(o.advantage, p.at("advantage"));
   check(o.rollout_correction, p.at("rollout_correction"));
   check(o.optimizer, p.at("optimizer"));
+  model::check(o.lora, p.at("lora"));
+  if (o.lora.enabled() && o.lora.dropout > 0 && o.activation_checkpointing) {
+    // The checkpointed forward runs without gradients, hence without
+    // dropout, and its recompute with a fresh mask: the two would disagree.
+    p.at("lora").add("dropout",
+                     "must be 0 with trainer.activation_checkpointing (the recompute would draw "
+                     "another dropout mask)",
+                     o.lora.dropout);
+  }
 }
 
 Status validate(const TrainerOptions& options) { return check_options(options, "trainer"); }

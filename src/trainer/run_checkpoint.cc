@@ -63,12 +63,16 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root)
 // directory (files deleted, a copy that never finished) says so too.
 std::string missing_for_resume(const fs::path& dir) {
   std::error_code ec;
-  for (const char* name :
-       {kCheckpointInfoFile, kTrainerStateFile, kDispenserStateFile, "config.json"}) {
+  for (const char* name : {kCheckpointInfoFile, kTrainerStateFile, kDispenserStateFile}) {
     if (fs::exists(dir / name, ec)) continue;
     const std::string why = absl::StrCat("no ", name);
     return fs::is_empty(dir, ec) ? why + " (the directory is empty)" : why;
   }
+  // A LoRA run's checkpoint is a PEFT adapter directory (model/lora.h).
+  if (fs::exists(dir / "adapter_config.json", ec) && !fs::exists(dir / "config.json", ec)) {
+    return fs::exists(dir / "adapter_model.safetensors", ec) ? "" : "no adapter_model.safetensors";
+  }
+  if (!fs::exists(dir / "config.json", ec)) return "no config.json";
   if (!fs::exists(dir / "model.safetensors", ec) &&
       !fs::exists(dir / "model.safetensors.index.json", ec)) {
     return "no model.safetensors (nor model.safetensors.index.json)";

@@ -2,12 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "relay/model/lora.h"
 #include "relay/model/torch_error.h"
 #include "trainer/optimizer.h"
 #include "trainer/step_state.h"
@@ -45,7 +47,12 @@ Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
       dp_(std::move(data_parallel)),
       optimizer_(std::move(optimizer)),
       version_(version) {
-  if (options_.needs_reference()) {
+  if (options_.needs_reference() && !reference && model::has_lora(*policy_)) {
+    // LoRA: the base model is the reference; it is the policy with its
+    // adapters off, so nothing is copied.
+    reference_ = policy_;
+    reference_is_base_ = true;
+  } else if (options_.needs_reference()) {
     // The reference is the given policy or the policy as it is now, frozen,
     // in the compute dtype: under autocast its products run in that
     // precision anyway, so an fp32 copy would only double its memory.
@@ -146,6 +153,38 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
   return OkStatus();
 }
 
+namespace {
+
+// trainer.lora against the adapters the policy carries: a policy without
+// them gets them; one with them must have the ones the options describe.
+Status match_adapters(model::PolicyImpl& policy, const model::LoraConfig& want) {
+  const std::optional<model::LoraConfig> has = model::lora_config(policy);
+  if (!has) return want.enabled() ? model::attach_lora(policy, want, /*seed=*/0) : OkStatus();
+  if (!want.enabled()) {
+    return InvalidArgumentError(
+        "trainer.lora: the policy carries LoRA adapters (it was loaded from a PEFT adapter "
+        "directory), and trainer.lora.rank is 0; set trainer.lora to the adapter's options to "
+        "train it");
+  }
+  model::LoraConfig expanded = want;
+  if (std::find(want.targets.begin(), want.targets.end(), "all-linear") != want.targets.end()) {
+    expanded.targets = model::kLoraProjections;
+  }
+  std::vector<std::string> a = expanded.targets, b = has->targets;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  a.erase(std::unique(a.begin(), a.end()), a.end());
+  if (has->rank != want.rank || std::abs(has->alpha - want.alpha) > 1e-9 * want.alpha || a != b) {
+    return InvalidArgumentError(absl::StrCat(
+        "trainer.lora: the policy's adapters have rank ", has->rank, ", alpha ", has->alpha,
+        " on [", absl::StrJoin(has->targets, ", "), "]; trainer.lora asks for rank ", want.rank,
+        ", alpha ", want.alpha, " on [", absl::StrJoin(want.targets, ", "), "]"));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, TrainerOptions options,
                                                    int64_t version, model::Policy reference,
                                                    DataParallel data_parallel) {
@@ -155,9 +194,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, Trainer
     return InvalidArgumentError(absl::StrCat("trainer.allreduce_bucket_mb: must be > 0, got ",
                                              data_parallel.bucket_bytes, " bytes"));
   }
+  RELAY_RETURN_IF_ERROR(match_adapters(*policy, options.lora));
   if (reference && options.needs_reference()) {
     auto theirs = reference->named_parameters();
+    const std::vector<std::string> adapters = model::adapter_names(*policy);
     for (const auto& item : policy->named_parameters()) {
+      // A LoRA policy's reference is a model without its adapters.
+      if (std::binary_search(adapters.begin(), adapters.end(), item.key())) continue;
       const at::Tensor* r = theirs.find(item.key());
       if (r == nullptr || r->sizes() != item.value().sizes()) {
         return InvalidArgumentError(
@@ -167,9 +210,18 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, Trainer
       }
     }
   }
+  // Frozen parameters (a LoRA base) never reach the optimizer: no
+  // gradients, moments or master copies for them, on any rank.
+  std::vector<at::Tensor> trainable;
+  for (const at::Tensor& p : policy->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  if (trainable.empty()) {
+    return InvalidArgumentError("Trainer: the policy has no trainable parameter");
+  }
   RELAY_ASSIGN_OR_RETURN(
       std::unique_ptr<Optimizer> optimizer,
-      make_optimizer(policy->parameters(), options.optimizer, options.sharding, data_parallel));
+      make_optimizer(trainable, options.optimizer, options.sharding, data_parallel));
   return std::unique_ptr<Trainer>(new Trainer(std::move(policy), std::move(options), version,
                                               std::move(reference), std::move(data_parallel),
                                               std::move(optimizer)));

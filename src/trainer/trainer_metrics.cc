@@ -168,11 +168,17 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
     return total;
   };
   m["memory/weights_gb"] = bytes(policy_->parameters()) / kGiB;
+  std::vector<at::Tensor> trainable;
+  for (const at::Tensor& p : policy_->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  m["memory/trainable_weights_gb"] = bytes(trainable) / kGiB;
   const OptimizerMemory held = optimizer_->memory();
   m["memory/master_weights_gb"] = static_cast<double>(held.master) / kGiB;
   m["memory/gradients_gb"] = static_cast<double>(held.gradients) / kGiB;
   m["memory/optimizer_gb"] = static_cast<double>(held.moments) / kGiB;
-  m["memory/reference_gb"] = reference_ ? bytes(reference_->parameters()) / kGiB : 0.0;
+  m["memory/reference_gb"] =
+      reference_ && !reference_is_base_ ? bytes(reference_->parameters()) / kGiB : 0.0;
   // The process as the kernel sees it: resident after the step, its peak
   // during the step, and how far the step rose above where it started
   // (activations, gradients, LM-head chunks and other temporaries).

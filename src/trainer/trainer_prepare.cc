@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "relay/model/device.h"
+#include "relay/model/lora.h"
 #include "relay/trainer/trainer.h"
 #include "trainer/step_state.h"
 
@@ -272,6 +274,8 @@ StatusOr<PreUpdateScores> Trainer::score_before_update(const TrainBatch& batch) 
     if (reference_) {
       model::ScoreOptions ref = so;
       ref.routing = nullptr;  // the reference routes by itself
+      std::optional<model::AdaptersDisabled> base;
+      if (reference_is_base_) base.emplace(*reference_);
       scatter_rows(s.reference, rows,
                    gather_response(score_rows(*reference_, mb, ref, false).logprobs, mb));
     }

@@ -776,6 +776,52 @@ TEST_F(CliTest, EveryShippedConfigChecks) {
 // The README's main job, as shipped: `relay run configs/arith.yaml` from a
 // fresh model (warm start, then asynchronous GRPO with two workers) ends at
 // >= 0.9 held-out accuracy, with the run directory laid out as documented.
+// configs/arith_lora.yaml as its header says to run it: the main job's warm
+// start alone makes the base, then rank-8 adapters learn the task by RL on
+// it. Three seeds on this machine: 0.63-0.72 on the base, 0.95-1.0 after 60
+// steps. Every version carries the adapters alone, and the engine's
+// log-probs are the trainer's at every version.
+TEST_F(CliTest, LoraConfigLearnsOnTheWarmStartedBase) {
+  const std::string base = ::testing::TempDir() + "/lora_job_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  const std::string source = std::string(RELAY_SOURCE_DIR) + "/configs/";
+  CliResult r = RelayCli("run " + source +
+                         "arith.yaml experiment.name=arith_base experiment.steps=0 "
+                         "experiment.output_dir=" +
+                         base);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const std::string model = base + "/arith_base/checkpoints/step_000000";
+  r = RelayCli("run " + source + "arith_lora.yaml model.path=" + model +
+               " experiment.output_dir=" + base);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  int64_t model_bytes = 0;
+  for (const auto& e : fs::directory_iterator(model)) {
+    if (e.path().extension() == ".safetensors") model_bytes += fs::file_size(e.path());
+  }
+  std::ifstream in(base + "/arith_lora/metrics.jsonl");
+  std::string line;
+  std::vector<double> evals;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] == "eval") evals.push_back(j["accuracy"].get<double>());
+    if (j["phase"] != "rl") continue;
+    ++steps;
+    EXPECT_LT(j["weights/version_mb"].get<double>() * (1 << 20), 0.25 * model_bytes) << line;
+    if (j["mismatch/engine_k3"].is_number()) {
+      EXPECT_LT(j["mismatch/engine_k3"].get<double>(), 1e-6) << line;
+    }
+  }
+  EXPECT_EQ(steps, 60);
+  ASSERT_GE(evals.size(), 2u) << r.out;
+  EXPECT_GE(evals.back(), 0.9) << r.out;
+  EXPECT_GT(evals.back(), evals.front() + 0.2) << "RL through the adapters improves on the base";
+  const std::string last = base + "/arith_lora/checkpoints/step_000060";
+  EXPECT_TRUE(fs::exists(last + "/adapter_config.json"));
+  EXPECT_FALSE(fs::exists(last + "/config.json"));
+  fs::remove_all(base);
+}
+
 // The agent config: a fresh model with a task-trained tokenizer learns to
 // call the calculator tool in its warm start (whole episodes demonstrated:
 // the call, the tool's answer, the result) and keeps using it through RL.

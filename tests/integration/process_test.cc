@@ -653,6 +653,112 @@ TEST_F(ProcessTest, ShardedOptimizerStateResumesUnderOtherWorldSizes) {
   EXPECT_EQ(rl_steps(base_ + "/arith/metrics.jsonl"), 4);
 }
 
+// The RL metrics of each step in a run's metrics.jsonl.
+std::map<int64_t, nlohmann::json> rl_metrics(const std::string& path) {
+  std::map<int64_t, nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] == "rl") out[j["step"].get<int64_t>()] = j;
+  }
+  return out;
+}
+
+// trainer.lora across processes: two trainer ranks train adapters on a
+// frozen base (a fresh model.init model here, so the run saves it as
+// checkpoints/base; its warm start trains the adapters too), the worker
+// receives each version's adapters alone, checkpoints are PEFT adapter
+// directories naming that base, a resumed run loads one, and `relay export
+// --merge` turns it into a model directory that scores as the adapter does.
+TEST_F(ProcessTest, LoraRunShipsAdaptersWritesPeftCheckpointsAndResumes) {
+  const std::string config = std::string(RELAY_SOURCE_DIR) + "/configs/arith_lora.yaml";
+  const std::vector<std::string> common = {"model.path=",
+                                           "rollout.workers=1",
+                                           "experiment.groups_per_step=4",
+                                           "rollout.n=4",
+                                           "experiment.warm_start.sft_steps=3",
+                                           "eval.prompts=0",
+                                           "trainer.kl_coef=0.01",
+                                           "experiment.output_dir=" + base_};
+  auto run_with = [&](const std::vector<std::string>& extra, const std::string& log) {
+    std::vector<std::string> args = {RELAY_CLI_PATH, "run", config};
+    args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto run = start(args, base_ + "/" + log);
+    EXPECT_EQ(run->wait(240s), 0) << run->output();
+    return run->output();
+  };
+  std::string out = run_with({"trainer.world_size=2", "experiment.steps=2"}, "run1.log");
+  EXPECT_NE(out.find("done: version 5, step 2 of 2"), std::string::npos) << out;
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(out, m0, std::regex("trainer rank 0: weights digest ([0-9a-f]+)")))
+      << out;
+  ASSERT_TRUE(std::regex_search(out, m1, std::regex("trainer rank 1: weights digest ([0-9a-f]+)")))
+      << out;
+  EXPECT_EQ(m0[1].str(), m1[1].str()) << "the ranks' weights differ";
+
+  const std::string run = base_ + "/arith_lora";
+  const std::string step2 = run + "/checkpoints/step_000002";
+  EXPECT_TRUE(fs::exists(step2 + "/adapter_config.json"));
+  EXPECT_TRUE(fs::exists(step2 + "/adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(step2 + "/config.json")) << "a LoRA checkpoint holds no base weights";
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/base/config.json"));
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/reference")) << "the base is the reference";
+  std::ifstream cfg(step2 + "/adapter_config.json");
+  const nlohmann::json adapter = nlohmann::json::parse(cfg);
+  EXPECT_EQ(adapter["base_model_name_or_path"].get<std::string>(),
+            fs::absolute(run + "/checkpoints/base").lexically_normal().string());
+  EXPECT_EQ(adapter["r"], 8);
+  // Each version ships the adapters: a fraction of the model's bytes.
+  const auto metrics = rl_metrics(run + "/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 2u);
+  int64_t model_bytes = 0;
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints/base")) {
+    if (e.path().extension() == ".safetensors") model_bytes += fs::file_size(e.path());
+  }
+  const double version_mb = metrics.at(2)["weights/version_mb"].get<double>();
+  EXPECT_GT(version_mb, 0);
+  EXPECT_LT(version_mb * (1 << 20), 0.5 * static_cast<double>(model_bytes)) << version_mb;
+  EXPECT_GT(metrics.at(2)["kl_ref"].get<double>(), 0) << "the adapters moved off the base";
+
+  out = run_with({"experiment.steps=3", "--resume"}, "run2.log");
+  EXPECT_NE(out.find("resumed from " + step2), std::string::npos) << out;
+  EXPECT_NE(out.find("done: version 6, step 3 of 3"), std::string::npos) << out;
+  EXPECT_EQ(rl_steps(run + "/metrics.jsonl"), 3);
+
+  // export: refused without --merge; with it, a model directory whose
+  // log-probs are the adapter's.
+  const std::string step3 = run + "/checkpoints/step_000003";
+  auto refused =
+      start({RELAY_CLI_PATH, "export", step3, "--out", base_ + "/merged"}, base_ + "/export0.log");
+  EXPECT_EQ(refused->wait(60s), 1);
+  EXPECT_NE(refused->output().find("pass --merge"), std::string::npos) << refused->output();
+  auto exported = start({RELAY_CLI_PATH, "export", step3, "--out", base_ + "/merged", "--merge"},
+                        base_ + "/export.log");
+  ASSERT_EQ(exported->wait(60s), 0) << exported->output();
+  EXPECT_TRUE(fs::exists(base_ + "/merged/config.json"));
+  EXPECT_TRUE(fs::exists(base_ + "/merged/relay_tokenizer.json"));
+  auto score = [&](const std::string& model, const std::string& log) {
+    auto s =
+        start({RELAY_CLI_PATH, "score", "--model", model, "--ids", "1,12,15,13,14,2,20", "--json"},
+              base_ + "/" + log);
+    EXPECT_EQ(s->wait(60s), 0) << s->output();
+    const std::string text = s->output();
+    return nlohmann::json::parse(text.substr(text.find('{')))["logprobs"];
+  };
+  const nlohmann::json merged = score(base_ + "/merged", "score_merged.log");
+  const nlohmann::json side = score(step3, "score_adapter.log");
+  const nlohmann::json base = score(run + "/checkpoints/base", "score_base.log");
+  ASSERT_EQ(merged.size(), side.size());
+  double moved = 0;
+  for (size_t i = 0; i < merged.size(); ++i) {
+    EXPECT_NEAR(merged[i].get<double>(), side[i].get<double>(), 1e-4) << i;
+    moved = std::max(moved, std::fabs(side[i].get<double>() - base[i].get<double>()));
+  }
+  EXPECT_GT(moved, 1e-4) << "the adapter changed nothing";
+}
+
 // What relay-trainer says when resuming meets a damaged checkpoint: an
 // emptied newest directory is a warning naming it and what it lacks (the
 // run resumes from the one before); a truncated trainer_state.pt is one
@@ -802,18 +908,6 @@ TEST_F(ProcessTest, ResumeExplainsDamagedCheckpoints) {
                zero + ": no trainer_state.pt\n"),
       std::string::npos)
       << out;
-}
-
-// The RL metrics of each step in a run's metrics.jsonl.
-std::map<int64_t, nlohmann::json> rl_metrics(const std::string& path) {
-  std::map<int64_t, nlohmann::json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j["phase"] == "rl") out[j["step"].get<int64_t>()] = j;
-  }
-  return out;
 }
 
 // Stopping a run and resuming it from its checkpoint continues exactly: the

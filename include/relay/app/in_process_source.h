@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@ class InProcessGroupSource : public GroupSource {
   PromptSplit split_;
   rollout::SafeVerifier* verifier_;
   std::unique_ptr<rollout::Engine> engine_;
+  std::optional<uint64_t> base_digest_;  // LoRA: the frozen base, hashed once
   InProcessSourceOptions options_;
   trainer::BatchFiller filler_;
   // task.environment's driver (null without one); after engine_, so it goes

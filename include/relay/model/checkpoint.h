@@ -23,7 +23,9 @@ struct LoadOptions {
 };
 
 // Builds the policy that config.json describes and fills every parameter from
-// the safetensors files. Errors name the directory and tensor: a missing
+// the safetensors files. A PEFT LoRA adapter directory (lora.h; one with
+// adapter_config.json and no config.json) loads as its base model with the
+// adapter attached. Errors name the directory and tensor: a missing
 // tensor, a shape that disagrees with config.json, or a tensor the
 // architecture does not have (RoPE inv_freq buffers and a duplicated tied
 // lm_head are accepted and ignored).
@@ -37,11 +39,15 @@ struct SaveOptions {
   // Other files written with the checkpoint (file name -> contents), e.g. the
   // tokenizer, so they appear in `dir` in the same atomic rename.
   std::map<std::string, std::string> extra_files;
+  // A policy with LoRA adapters is written as a PEFT adapter directory
+  // (adapter_config.json, adapter_model.safetensors) whose base model is
+  // this directory; it must be set then. The base itself is not written.
+  std::string lora_base;
 };
 
-// Writes config.json and the weights. Everything goes to a staging directory
-// first and is renamed into place, so `dir` is either the old checkpoint or
-// the complete new one, never half of each.
+// Writes config.json and the weights (or, with adapters, the adapter). Everything goes to a staging
+// directory first and is renamed into place, so `dir` is either the old checkpoint or the complete
+// new one, never half of each.
 Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions& options = {});
 
 // config.json's torch_dtype spelling ("float32" | "bfloat16" | "float16") <-> ScalarType.

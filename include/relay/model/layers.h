@@ -9,6 +9,8 @@
 //   model.layers.<i>.mlp.{gate,up,down}_proj.weight       (dense layers)
 //   model.layers.<i>.mlp.gate.weight                      (MoE router, [experts, hidden])
 //   model.layers.<i>.mlp.experts.<e>.{gate,up,down}_proj.weight
+// and, on projections given a LoRA adapter (lora.h), PEFT's names less its
+// adapter name: model.layers.<i>.self_attn.q_proj.lora_{A,B}.weight.
 //
 // The numerics follow the reference implementation in `transformers`: RMSNorm
 // in fp32, rotate-half RoPE with cos/sin computed in fp32, softmax in fp32,
@@ -64,6 +66,48 @@ struct ForwardContext {
   MoeRouting* routing = nullptr;  // MoE record / replay; null = neither
 };
 
+// One LoRA matrix, registered as a module holding "weight" so that its
+// parameter is named <projection>.lora_A.weight as in PEFT's files.
+class LoraMatrixImpl : public torch::nn::Module {
+ public:
+  explicit LoraMatrixImpl(const at::Tensor& value) { weight = register_parameter("weight", value); }
+  at::Tensor weight;
+};
+TORCH_MODULE(LoraMatrix);
+
+// A linear projection, y = x W^T + b (torch::nn::Linear's math, parameters
+// and default initialisation), that can carry a LoRA adapter (PEFT's
+// LoraLayer on a Linear): y + B(A(dropout(x))) * scaling, with
+// A [rank, in] and B [out, rank] registered as lora_A.weight and
+// lora_B.weight. Dropout acts only in a training-mode pass that records
+// gradients, so passes that only score (old and reference log-probs) see the
+// adapter whole.
+class ProjectionImpl : public torch::nn::Module {
+ public:
+  ProjectionImpl(int64_t in_features, int64_t out_features, bool bias);
+  at::Tensor forward(const at::Tensor& x);
+
+  // Registers lora_A and lora_B (zero-filled, on the weight's device and in
+  // its dtype; lora.h initialises them). REQUIRES: no adapter yet.
+  void add_adapter(int64_t rank, double scaling, double dropout);
+  bool has_adapter() const { return static_cast<bool>(lora_A); }
+  double scaling() const { return scaling_; }
+  double dropout() const { return dropout_; }
+  // The adapter's contribution is left out while disabled (the base model).
+  void set_adapter_enabled(bool on) { adapter_enabled_ = on; }
+  bool adapter_enabled() const { return adapter_enabled_; }
+
+  at::Tensor weight;  // [out, in]
+  at::Tensor bias;    // [out], undefined without one
+  LoraMatrix lora_A{nullptr}, lora_B{nullptr};
+
+ private:
+  double scaling_ = 0;
+  double dropout_ = 0;
+  bool adapter_enabled_ = true;
+};
+TORCH_MODULE(Projection);
+
 // y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32.
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -87,7 +131,7 @@ class AttentionImpl : public torch::nn::Module {
   AttentionImpl(const PolicyConfig& config, int64_t layer_index);
   at::Tensor forward(const at::Tensor& x, const ForwardContext& ctx);
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qwen3: over each head's dimension, before RoPE
 
  private:
@@ -103,7 +147,7 @@ class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(int64_t hidden, int64_t intermediate);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  Projection gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(Mlp);
 

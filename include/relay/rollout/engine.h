@@ -325,7 +325,12 @@ class Engine {
   model::KVCache cache_;
   const int64_t capacity_;       // positions per sequence
   const int64_t routing_width_;  // ints per position of routed_experts (0 = not recorded)
-  std::map<std::string, std::vector<int64_t>> param_shapes_;  // immutable after construction
+  // What a weight update must carry, by name (model::published_weights):
+  // every parameter, or with LoRA adapters only the adapters, plus the
+  // trainer's base digest, which must equal base_digest_. Immutable after
+  // construction.
+  std::map<std::string, std::vector<int64_t>> param_shapes_;
+  std::optional<uint64_t> base_digest_;
 
   // Engine-thread state.
   int64_t version_ = 0;

@@ -5,6 +5,19 @@
 
 #include "relay/trainer/options.h"
 
+namespace relay::model {
+
+// trainer.lora (here, beside the trainer's keys; found by ADL).
+template <class V>
+void visit_fields(V& v, LoraConfig& o) {
+  v.field("rank", o.rank);
+  v.field("alpha", o.alpha);
+  v.field("dropout", o.dropout);
+  v.field("targets", o.targets);
+}
+
+}  // namespace relay::model
+
 namespace relay::trainer {
 
 // ------------------------------------------------------------- YAML keys
@@ -177,6 +190,7 @@ void visit_fields(V& v, TrainerOptions& o) {
   v.section("reward_kl", o.reward_kl);
   v.section("rollout_correction", o.rollout_correction);
   v.section("optimizer", o.optimizer);
+  v.section("lora", o.lora);
 }
 
 }  // namespace relay::trainer

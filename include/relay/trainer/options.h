@@ -24,6 +24,7 @@
 #include "relay/common/name_table.h"
 #include "relay/common/problems.h"
 #include "relay/common/status.h"
+#include "relay/model/lora_config.h"
 #include "relay/trainer/loss_options.h"
 #include "relay/trainer/rollout_correction_options.h"
 
@@ -209,6 +210,11 @@ struct TrainerOptions {
   OptimizerOptions optimizer;
   // Recompute each decoder layer's activations in backward instead of keeping them.
   bool activation_checkpointing = false;
+  // LoRA adapters (model/lora.h): only they train, the base is the KL
+  // reference, and weight versions carry only them. rank 0 = off. A policy
+  // given to Trainer::create without adapters gets them (seed 0); the
+  // processes of a run attach them with run.seed when they build the model.
+  model::LoraConfig lora;
   // MoE models: route every position that carries recorded routing to the
   // engine's experts; the router's own weights over them keep their gradient.
   RouterReplay router_replay = RouterReplay::kOff;

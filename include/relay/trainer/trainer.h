@@ -225,6 +225,9 @@ class Trainer {
 
   model::Policy policy_;
   model::Policy reference_{nullptr};
+  // LoRA without a configured reference: reference_ is policy_ itself,
+  // scored with its adapters off (the base model), not a second copy.
+  bool reference_is_base_ = false;
   TrainerOptions options_;
   DataParallel dp_;
   // AdamW over the policy's parameters (trainer.sharding).

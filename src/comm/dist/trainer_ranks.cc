@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "relay/model/lora.h"
 #include "relay/store/convert.h"
 #include "relay/v1/trainer_ranks.pb.h"
 
@@ -118,7 +119,10 @@ Status follow_rank_leader(std::shared_ptr<trainer::Collectives> group, model::Po
         RELAY_RETURN_IF_ERROR(broadcast_weights(*group, *policy));
         model::Policy reference{nullptr};
         if (c.has_reference()) {
-          reference = model::clone_policy(*policy);
+          // Rank 0's reference has the model's architecture, without
+          // adapters (a LoRA policy's own reference is its base, unsent).
+          reference = model::has_lora(*policy) ? model::clone_policy(*model::base_policy(*policy))
+                                               : model::clone_policy(*policy);
           RELAY_RETURN_IF_ERROR(broadcast_weights(*group, *reference));
         }
         RELAY_ASSIGN_OR_RETURN(trainer::TrainerOptions to, options.options(c.role()));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "relay/comm/service/submission.h"
+#include "relay/model/lora.h"
 #include "relay/model/policy.h"
 
 namespace relay::comm {
@@ -16,8 +17,14 @@ TrainerHost::TrainerHost(trainer::Trainer* trainer, store::RolloutStore* store,
     : trainer_(trainer), store_(store), publisher_(publisher), options_(options) {}
 
 Status TrainerHost::publish_current() {
-  RELAY_RETURN_IF_ERROR(
-      publisher_->publish(trainer_->version(), model::parameter_tensors(*trainer_->policy())));
+  // Every parameter, or with LoRA the adapters alone (model::published_weights).
+  RELAY_ASSIGN_OR_RETURN(auto weights,
+                         model::published_weights(*trainer_->policy(), &base_digest_));
+  RELAY_RETURN_IF_ERROR(publisher_->publish(trainer_->version(), weights));
+  published_bytes_ = 0;
+  for (const auto& [name, t] : weights) {
+    published_bytes_ += static_cast<double>(t.numel() * t.element_size());
+  }
   version_ = trainer_->version();
   return OkStatus();
 }
@@ -136,6 +143,8 @@ Status TrainerHost::finish_step(StepState& s, std::vector<rollout::TrajectoryGro
   m.insert_or_assign("store/wait_versions_mean",
                      s.taken.empty() ? 0.0 : wait_versions / static_cast<double>(s.taken.size()));
   RELAY_RETURN_IF_ERROR(publish_current());
+  // What each worker receives of the new version (with LoRA, the adapters).
+  m.insert_or_assign("weights/version_mb", published_bytes_ / (1 << 20));
   last_groups_ = std::move(groups);
   ++steps_;
   if (options_.compact_every > 0 && steps_ % options_.compact_every == 0) {

@@ -7,6 +7,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "relay/model/lora.h"
 #include "relay/model/weight_manifest.h"
 #include "relay/v1/worker.pb.h"
 
@@ -104,7 +106,11 @@ Status RolloutWorker::start() {
   // version 0 (or any version whose bytes it has): only the manifest
   // travels, not the model (2 GB for a 0.5B-parameter fp32 model).
   const auto t0 = std::chrono::steady_clock::now();
-  RELAY_ASSIGN_OR_RETURN(const model::WeightManifest held, model::weight_manifest(*policy_, 0));
+  // What a version carries: every parameter, or with LoRA the adapters and
+  // the base's digest (model::published_weights).
+  RELAY_ASSIGN_OR_RETURN(auto own, model::published_weights(*policy_, &base_digest_));
+  RELAY_ASSIGN_OR_RETURN(const model::WeightManifest held, model::weight_manifest(own, 0));
+  own.clear();
   RELAY_ASSIGN_OR_RETURN(FetchedWeights w,
                          client_->fetch_weights(worker_id_, -1, options_.fetch_chunk_bytes, &held));
   spdlog::info("worker {}: version {}: {} in {:.1f} s", worker_id_, w.manifest.version,
@@ -133,6 +139,17 @@ Status RolloutWorker::load_weights(const FetchedWeights& w) {
   torch::NoGradGuard no_grad;
   auto params = policy_->named_parameters();
   for (const auto& [name, t] : w.tensors) {
+    if (name == model::kBaseDigestTensor) {
+      const auto theirs = static_cast<uint64_t>(t.item<int64_t>());
+      if (!base_digest_ || theirs != *base_digest_) {
+        return FailedPreconditionError(absl::StrFormat(
+            "worker: the trainer's LoRA adapters were trained on base weights with digest %x, "
+            "and this worker's base has digest %x; start the worker with the trainer's model "
+            "directory",
+            theirs, base_digest_.value_or(0)));
+      }
+      continue;
+    }
     at::Tensor* p = params.find(name);
     if (p == nullptr || p->sizes() != t.sizes()) {
       return FailedPreconditionError(absl::StrCat(

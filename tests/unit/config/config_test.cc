@@ -361,6 +361,11 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    total_steps: 0\n"
             "    min_lr_ratio: 0.0\n"
             "    fp32_master_weights: true\n"
+            "  lora:\n"
+            "    rank: 0\n"
+            "    alpha: 8.0\n"
+            "    dropout: 0.0\n"
+            "    targets: [q_proj, v_proj]\n"
             "services:\n"
             "  listen: 127.0.0.1:0\n"
             "  http_listen: 127.0.0.1:0\n"
@@ -559,7 +564,7 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "collective_timeout_s, sharding, activation_checkpointing, router_replay, advantage, ppo, "
        "gspo, gmpo, "
        "cispo, sapo, clip_cov, kl_cov, luffy, entropy, reward_kl, rollout_correction, "
-       "optimizer"},
+       "optimizer, lora"},
       {"trainer nested typo", "trainer:\n  advantage:\n    estimater: rloo\n",
        "x.yaml:3: trainer.advantage.estimater: unknown key; did you mean 'estimator'?"},
       {"trainer section type", "trainer:\n  optimizer: adamw\n",

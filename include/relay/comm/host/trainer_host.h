@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "relay/comm/service/submission.h"
@@ -88,6 +89,8 @@ class TrainerHost {
   trainer::Trainer* trainer_;
   store::RolloutStore* store_;
   WeightPublisher* publisher_;
+  std::optional<uint64_t> base_digest_;  // LoRA: the frozen base, hashed once
+  double published_bytes_ = 0;           // the latest version's tensors
   TrainerHostOptions options_;
   std::atomic<int64_t> version_{-1};
   int64_t steps_ = 0;

@@ -119,6 +119,7 @@ class RolloutWorker {
 
   std::unique_ptr<TrainerClient> client_;
   model::Policy policy_;
+  std::optional<uint64_t> base_digest_;  // LoRA: this worker's frozen base, hashed once
   rollout::EngineOptions engine_options_;
   std::shared_ptr<const rollout::Task> task_;
   std::shared_ptr<const model::Tokenizer> tokenizer_;
