@@ -180,11 +180,11 @@ int main(int argc, char** argv) {
              m.at("memory/master_weights_gb") + m.at("memory/optimizer_gb");
     };
     const double full_step = median(full_run.seconds), lora_step = median(lora_run.seconds);
-    int64_t trained = 0, total = 0;
+    int64_t trained = 0, total = 0;  // total: the base model's parameters
     for (const auto& p : adapted->parameters()) {
-      total += p.numel();
       if (p.requires_grad()) trained += p.numel();
     }
+    for (const auto& p : base->parameters()) total += p.numel();
     std::string spec = "r" + std::to_string(lora.rank);
     for (size_t i = 0; i < lora.targets.size(); ++i) {
       spec += (i == 0 ? " " : ",") + lora.targets[i];

@@ -332,11 +332,17 @@ StatusOr<model::SaveOptions> model_save_options(const RolloutSetup& s) {
     return o;
   }
   // The files HF tools look for next to the weights; whichever the source
-  // directory has are carried over unchanged.
+  // directory has are carried over unchanged (a PEFT adapter directory
+  // without a tokenizer: its base's).
+  std::string from = s.model_dir;
+  if (model::is_peft_adapter_dir(from) && !std::filesystem::exists(from + "/tokenizer.json")) {
+    RELAY_ASSIGN_OR_RETURN(model::PeftAdapter a, model::read_peft_adapter(from));
+    from = a.base_model;
+  }
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                            "generation_config.json", "vocab.json", "merges.txt"}) {
-    const std::string path = s.model_dir + "/" + name;
-    if (s.model_dir.empty() || !std::filesystem::exists(path)) continue;
+    const std::string path = from + "/" + name;
+    if (from.empty() || !std::filesystem::exists(path)) continue;
     RELAY_ASSIGN_OR_RETURN(o.extra_files[name], read_file(path));
   }
   if (o.extra_files.count("tokenizer.json") == 0) {

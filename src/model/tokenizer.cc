@@ -7,6 +7,7 @@
 #include "model/json_nesting.h"
 #include "relay/common/file_io.h"
 #include "relay/model/bpe_tokenizer.h"
+#include "relay/model/lora.h"
 
 namespace relay::model {
 namespace {
@@ -170,6 +171,11 @@ StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir
       RELAY_RETURN_IF_ERROR(bpe->use_special_tokens(names, config));
     }
     return t;
+  }
+  if (is_peft_adapter_dir(model_dir)) {
+    // PEFT's save_pretrained writes no tokenizer: the base model's it is.
+    RELAY_ASSIGN_OR_RETURN(PeftAdapter adapter, read_peft_adapter(model_dir));
+    return load_tokenizer(adapter.base_model);
   }
   return NotFoundError(absl::StrCat(model_dir, ": no tokenizer (", kCharTokenizerFile, " or ",
                                     kHfTokenizerFile, ")"));

@@ -71,8 +71,9 @@ inline constexpr const char* kCharTokenizerFile = "relay_tokenizer.json";
 
 // Loads the tokenizer stored in a model directory: relay_tokenizer.json, or
 // else a Hugging Face tokenizer.json (BpeTokenizer), whose eos / bos / pad
-// come from tokenizer_config.json when the directory has one. NotFound when
-// the directory has neither tokenizer file.
+// come from tokenizer_config.json when the directory has one. A PEFT adapter
+// directory without either file gives its base model's. NotFound when the
+// directory has neither tokenizer file.
 StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir);
 // Loads one tokenizer file: a Hugging Face tokenizer.json (it has a "model"
 // object) or relay's char tokenizer file.

@@ -17,6 +17,7 @@
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
 #include "relay/model/safetensors.h"
+#include "relay/model/tokenizer.h"
 #include "testing/tensor_testing.h"
 
 namespace relay::model {
@@ -243,6 +244,24 @@ TEST(LoraTest, PeftAdapterDirectoriesRoundTrip) {
   EXPECT_TRUE(has_lora(*back));
   EXPECT_TRUE(torch::equal(back->score(ids(), lengths()), p->score(ids(), lengths())));
   EXPECT_EQ(lora_config(*back)->targets, lora_config(*p)->targets);
+  fs::remove_all(base_dir);
+  fs::remove_all(adapter_dir);
+}
+
+TEST(LoraTest, AnAdapterWithoutATokenizerUsesItsBases) {
+  const std::string base_dir = temp_dir("base3"), adapter_dir = temp_dir("adapter3");
+  Policy p = make_policy();
+  SaveOptions with_tokenizer;
+  with_tokenizer.extra_files[kCharTokenizerFile] = CharTokenizer::create().value().to_json();
+  ASSERT_TRUE(save_policy(*p, base_dir, with_tokenizer).ok());
+  ASSERT_TRUE(attach_lora(*p, all_linear(), 1).ok());
+  SaveOptions so;
+  so.lora_base = base_dir;
+  ASSERT_TRUE(save_policy(*p, adapter_dir, so).ok());
+  ASSERT_FALSE(fs::exists(fs::path(adapter_dir) / kCharTokenizerFile));
+  StatusOr<std::unique_ptr<Tokenizer>> t = load_tokenizer(adapter_dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->vocab_size(), CharTokenizer::create().value().vocab_size());
   fs::remove_all(base_dir);
   fs::remove_all(adapter_dir);
 }
