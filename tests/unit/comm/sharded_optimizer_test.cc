@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "relay/comm/dist/trainer_ranks.h"
+#include "relay/model/lora.h"
 #include "relay/trainer/trainer.h"
 #include "testing/ports.h"
 #include "testing/trainer_ranks.h"
@@ -317,6 +318,53 @@ TEST(ShardedOptimizerTest, RankZeroGathersTheFollowersPartsThroughTheProtocol) {
   for (const at::Tensor& p : leader_policy->parameters()) two.params.push_back(p.detach().clone());
   RankResult one = run_single(after_one, dp_options(), groups, {"step"}, *state);
   EXPECT_LT(relative_difference(one, two, flat(after_one)), 1e-4);
+}
+
+}  // namespace
+}  // namespace relay::comm
+
+namespace relay::comm {
+namespace {
+
+// trainer.lora on two ranks, replicated and sharded: the ranks reduce the
+// adapters' gradients only (the base has none), the optimizer's ranges cut
+// the adapters alone, and the update is the one-rank update; the base, the
+// KL reference on every rank, never moves.
+TEST(ShardedOptimizerTest, LoraAdaptersTrainOnTwoRanksAsOnOneEitherSharding) {
+  model::Policy initial = relay::testing::make_policy(5);
+  TrainerOptions options = relay::testing::dp_options();
+  options.lora.rank = 4;
+  options.lora.alpha = 8;
+  options.lora.targets = {"all-linear"};
+  options.kl_coef = 0.05;
+  ASSERT_TRUE(model::attach_lora(*initial, options.lora, 3).ok());
+  {
+    // Adapters as after some training, so the first step's gradients reach A too.
+    torch::NoGradGuard no_grad;
+    for (auto& item : initial->named_parameters()) {
+      if (item.key().find("lora_B") != std::string::npos) item.value().normal_(0, 0.05);
+    }
+  }
+  const auto groups = relay::testing::sample_groups(initial, 3, 4);
+  const std::vector<std::string> calls = {"sft", "step", "step"};
+  const relay::testing::RankResult single =
+      relay::testing::run_single(initial, options, groups, calls);
+  for (Sharding sharding : {Sharding::kNone, Sharding::kOptimizer}) {
+    TrainerOptions o = options;
+    o.sharding = sharding;
+    auto ranks = relay::testing::run_ranks(2, initial, o, groups, calls, 1000);
+    relay::testing::expect_same_training(single, ranks, relay::testing::flat(initial));
+    const auto before = initial->parameters();
+    ASSERT_EQ(ranks[0].params.size(), before.size());
+    int frozen = 0;
+    for (size_t p = 0; p < before.size(); ++p) {
+      if (before[p].requires_grad()) continue;
+      ++frozen;
+      EXPECT_TRUE(torch::equal(ranks[0].params[p], before[p])) << "base parameter " << p;
+    }
+    EXPECT_GT(frozen, 0);
+    EXPECT_GT(ranks[0].metrics.back().at("kl_ref"), 0);
+  }
 }
 
 }  // namespace
