@@ -182,6 +182,29 @@ inline model::PolicyConfig qwen2_100m_config() {
   return q;
 }
 
+// Qwen2.5-0.5B's shape (494,032,768 parameters): 24 layers, hidden 896,
+// FFN 4864, GQA 14/2, tied 151,936-token embeddings.
+inline model::PolicyConfig qwen25_05b_config() {
+  model::PolicyConfig q = qwen2_100m_config();
+  q.vocab_size = 151936;
+  q.hidden_size = 896;
+  q.intermediate_size = 4864;
+  q.num_hidden_layers = 24;
+  q.num_attention_heads = 14;
+  q.num_key_value_heads = 2;
+  q.max_position_embeddings = 32768;
+  return q;
+}
+
+// The shape a bench's --models names: tiny, qwen2-100m or qwen2.5-0.5b
+// (fails naming `flag_name` otherwise).
+inline model::PolicyConfig model_config(const std::string& name, const std::string& flag_name) {
+  if (name == "tiny") return tiny_config();
+  if (name == "qwen2-100m") return qwen2_100m_config();
+  if (name == "qwen2.5-0.5b") return qwen25_05b_config();
+  fail(flag_name + ": unknown '" + name + "' (tiny, qwen2-100m, qwen2.5-0.5b)");
+}
+
 // k trajectories of `response` random tokens (ids below `vocab`) after one
 // shared `prompt`-token prompt, every token of `version`, log-probs in
 // [-8, 0), rewards alternating 0/1.

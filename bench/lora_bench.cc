@@ -44,18 +44,6 @@ using relay::trainer::StepMetrics;
 constexpr double kGiB = 1ull << 30;
 constexpr double kMiB = 1ull << 20;
 
-PolicyConfig qwen25_05b_config() {
-  PolicyConfig q = relay::bench::qwen2_100m_config();
-  q.vocab_size = 151936;
-  q.hidden_size = 896;
-  q.intermediate_size = 4864;
-  q.num_hidden_layers = 24;
-  q.num_attention_heads = 14;
-  q.num_key_value_heads = 2;
-  q.max_position_embeddings = 32768;
-  return q;
-}
-
 double bytes_of(const std::unordered_map<std::string, at::Tensor>& tensors) {
   double total = 0;
   for (const auto& [name, t] : tensors) total += static_cast<double>(t.numel() * t.element_size());
@@ -138,15 +126,7 @@ int main(int argc, char** argv) {
                "|---|---|---:|---:|---:|---:|---:|---:|\n");
   std::vector<std::string> decode_rows;
   for (const std::string& name : models) {
-    PolicyConfig config;
-    if (name == "tiny")
-      config = relay::bench::tiny_config();
-    else if (name == "qwen2-100m")
-      config = relay::bench::qwen2_100m_config();
-    else if (name == "qwen2.5-0.5b")
-      config = qwen25_05b_config();
-    else
-      fail("--models: unknown '" + name + "' (tiny, qwen2-100m, qwen2.5-0.5b)");
+    const PolicyConfig config = relay::bench::model_config(name, "--models");
     Policy base(config);
     relay::model::init_weights(*base, 1, 0.02);
     base->eval();

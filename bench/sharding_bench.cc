@@ -54,20 +54,6 @@ using relay::rollout::TrajectoryGroup;
 using relay::trainer::Sharding;
 using relay::trainer::StepMetrics;
 
-// Qwen2.5-0.5B's shape (494,032,768 parameters): 24 layers, hidden 896,
-// FFN 4864, GQA 14/2, tied 151,936-token embeddings.
-PolicyConfig qwen25_05b_config() {
-  PolicyConfig q = relay::bench::qwen2_100m_config();
-  q.vocab_size = 151936;
-  q.hidden_size = 896;
-  q.intermediate_size = 4864;
-  q.num_hidden_layers = 24;
-  q.num_attention_heads = 14;
-  q.num_key_value_heads = 2;
-  q.max_position_embeddings = 32768;
-  return q;
-}
-
 struct Run {
   std::vector<StepMetrics> last;  // each rank's metrics of its last step
   std::vector<double> seconds;    // rank 0's timed steps
@@ -175,15 +161,7 @@ int main(int argc, char** argv) {
                "master+moments vs W=1 | step s | step vs none "
                "|\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : models) {
-    PolicyConfig config;
-    if (name == "tiny")
-      config = relay::bench::tiny_config();
-    else if (name == "qwen2-100m")
-      config = relay::bench::qwen2_100m_config();
-    else if (name == "qwen2.5-0.5b")
-      config = qwen25_05b_config();
-    else
-      fail("--models: unknown '" + name + "' (tiny, qwen2-100m, qwen2.5-0.5b)");
+    const PolicyConfig config = relay::bench::model_config(name, "--models");
     Policy initial(config);
     relay::model::init_weights(*initial, 1, 0.02);
     if (dtype == "bf16") initial->to(torch::kBFloat16);
