@@ -106,11 +106,15 @@ Status RolloutWorker::start() {
   // version 0 (or any version whose bytes it has): only the manifest
   // travels, not the model (2 GB for a 0.5B-parameter fp32 model).
   const auto t0 = std::chrono::steady_clock::now();
-  // What a version carries: every parameter, or with LoRA the adapters and
-  // the base's digest (model::published_weights).
-  RELAY_ASSIGN_OR_RETURN(auto own, model::published_weights(*policy_, &base_digest_));
-  RELAY_ASSIGN_OR_RETURN(const model::WeightManifest held, model::weight_manifest(own, 0));
-  own.clear();
+  // What a version carries: every parameter (read in place, not copied),
+  // or with LoRA the adapters and the base's digest (model::published_weights).
+  model::WeightManifest held;
+  if (model::has_lora(*policy_)) {
+    RELAY_ASSIGN_OR_RETURN(auto own, model::published_weights(*policy_, &base_digest_));
+    RELAY_ASSIGN_OR_RETURN(held, model::weight_manifest(own, 0));
+  } else {
+    RELAY_ASSIGN_OR_RETURN(held, model::weight_manifest(*policy_, 0));
+  }
   RELAY_ASSIGN_OR_RETURN(FetchedWeights w,
                          client_->fetch_weights(worker_id_, -1, options_.fetch_chunk_bytes, &held));
   spdlog::info("worker {}: version {}: {} in {:.1f} s", worker_id_, w.manifest.version,
