@@ -127,6 +127,39 @@ TEST(LoraTest, TargetsChooseTheProjections) {
   EXPECT_EQ(back->targets, (std::vector<std::string>{"q_proj", "v_proj"}));
 }
 
+// Qwen3-MoE: a target names every expert's projection of that name and the
+// dense layers' too; the router ("mlp.gate") is never adapted.
+TEST(LoraTest, MoeExpertsAreAdaptedByProjectionNameAndTheRouterNever) {
+  PolicyConfig c = TinyConfig("qwen3");
+  c.model_type = "qwen3_moe";
+  c.head_dim = 16;
+  c.num_hidden_layers = 2;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 24;
+  c.norm_topk_prob = true;
+  c.decoder_sparse_step = 1;
+  c.mlp_only_layers = {1};
+  Policy p(c);
+  init_weights(*p, 2, 0.3);
+  p->eval();
+  LoraConfig lora;
+  lora.rank = 2;
+  lora.targets = {"gate_proj"};
+  ASSERT_TRUE(attach_lora(*p, lora, 0).ok());
+  const std::vector<std::string> names = adapter_names(*p);
+  EXPECT_EQ(names.size(), 2u * (4 + 1));  // 4 experts in layer 0, the dense MLP of layer 1
+  for (const std::string& n : names) {
+    EXPECT_NE(n.find("gate_proj.lora_"), std::string::npos) << n;
+  }
+  EXPECT_TRUE(std::binary_search(names.begin(), names.end(),
+                                 "model.layers.0.mlp.experts.3.gate_proj.lora_B.weight"));
+  randomize_b(*p, 1);
+  Policy merged = merged_policy(*p);
+  EXPECT_TRUE(
+      relay::testing::AllClose(merged->score(ids(), lengths()), p->score(ids(), lengths()), 2e-5));
+}
+
 TEST(LoraTest, BadOptionsAreNamed) {
   LoraConfig c;
   c.rank = 4;
