@@ -171,6 +171,35 @@ TEST_F(CliTest, BadInputGivesOneLineErrors) {
 
 // More ids than the model has positions (configs/tiny.yaml: 128) are
 // refused, not scored at positions the model was never meant to see.
+// relay export of a plain model directory: a copy (here in bf16) that keeps
+// its tokenizer and scores like the source within bf16's rounding; --merge
+// is for adapters only, and an existing --out is kept without --overwrite.
+TEST_F(CliTest, ExportCopiesAModelDirectoryAndRefusesWhatItCannotDo) {
+  const std::string out = ::testing::TempDir() + "/cli_export_" + std::to_string(::getpid());
+  fs::remove_all(out);
+  CliResult r = RelayCli("export " + *model_dir_ + " --out " + out + " --merge");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("is not a LoRA adapter directory"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = RelayCli("export " + *model_dir_ + " --out " + out + " --dtype bfloat16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream config(out + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(config)["torch_dtype"], "bfloat16");
+  EXPECT_TRUE(fs::exists(out + "/relay_tokenizer.json"));
+  auto logprobs = [](const std::string& dir) {
+    CliResult s = RelayCli("score --model " + dir + " --ids 1,12,15,13,14,2 --json");
+    EXPECT_EQ(s.exit_code, 0) << s.err;
+    return nlohmann::json::parse(s.out)["logprobs"];
+  };
+  const nlohmann::json a = logprobs(*model_dir_), b = logprobs(out);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i].get<double>(), b[i].get<double>(), 0.05);
+  r = RelayCli("export " + *model_dir_ + " --out " + out);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("already exists"), std::string::npos) << r.err;
+  fs::remove_all(out);
+}
+
 TEST_F(CliTest, ScoreRefusesMoreIdsThanTheModelsContext) {
   std::string ids = "1";
   for (int i = 1; i < 129; ++i) ids += ",1";

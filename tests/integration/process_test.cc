@@ -196,6 +196,18 @@ class ProcessTest : public ::testing::Test {
   }
   std::string run_dir() const { return base_ + "/tiny"; }
 
+  // `relay run config` with `common` then `extra` overrides, logged to
+  // base_/log; expects it to finish with 0 within 240 s; its output.
+  std::string relay_run(const std::string& config, const std::vector<std::string>& common,
+                        const std::vector<std::string>& extra, const std::string& log) const {
+    std::vector<std::string> args = {RELAY_CLI_PATH, "run", config};
+    args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto run = start(args, base_ + "/" + log);
+    EXPECT_EQ(run->wait(240s), 0) << run->output();
+    return run->output();
+  }
+
   std::string base_;
 };
 
@@ -624,12 +636,7 @@ TEST_F(ProcessTest, ShardedOptimizerStateResumesUnderOtherWorldSizes) {
                                            "rollout.n=4",       "experiment.warm_start.sft_steps=5",
                                            "eval.prompts=0",    "experiment.output_dir=" + base_};
   auto run_with = [&](const std::vector<std::string>& extra, const std::string& log) {
-    std::vector<std::string> args = {RELAY_CLI_PATH, "run", config};
-    args.insert(args.end(), common.begin(), common.end());
-    args.insert(args.end(), extra.begin(), extra.end());
-    auto run = start(args, base_ + "/" + log);
-    EXPECT_EQ(run->wait(240s), 0) << run->output();
-    return run->output();
+    return relay_run(config, common, extra, log);
   };
   std::string out = run_with(
       {"trainer.world_size=2", "trainer.sharding=optimizer", "experiment.steps=2"}, "run1.log");
@@ -682,12 +689,7 @@ TEST_F(ProcessTest, LoraRunShipsAdaptersWritesPeftCheckpointsAndResumes) {
                                            "trainer.kl_coef=0.01",
                                            "experiment.output_dir=" + base_};
   auto run_with = [&](const std::vector<std::string>& extra, const std::string& log) {
-    std::vector<std::string> args = {RELAY_CLI_PATH, "run", config};
-    args.insert(args.end(), common.begin(), common.end());
-    args.insert(args.end(), extra.begin(), extra.end());
-    auto run = start(args, base_ + "/" + log);
-    EXPECT_EQ(run->wait(240s), 0) << run->output();
-    return run->output();
+    return relay_run(config, common, extra, log);
   };
   std::string out = run_with({"trainer.world_size=2", "experiment.steps=2"}, "run1.log");
   EXPECT_NE(out.find("done: version 5, step 2 of 2"), std::string::npos) << out;

@@ -146,6 +146,42 @@ TEST(LoraTrainerTest, TheOptimizerHoldsStateForTheAdaptersOnly) {
   EXPECT_LT(m->at("memory/trainable_weights_gb"), m->at("memory/weights_gb") / 4);
 }
 
+// bf16 weights: the adapters are bf16 like the base, and only they get fp32
+// master copies (4 bytes each) and moments; the frozen bf16 base stays put.
+TEST(LoraTrainerTest, Bf16WeightsKeepFp32MastersOfTheAdaptersOnly) {
+  model::Policy policy = make_policy();
+  policy->to(torch::kBFloat16);
+  const auto base_before = snapshot(*policy);
+  TrainerOptions o = lora_options();
+  o.kl_coef = 0;
+  auto trainer = Trainer::create(policy, o).value();
+  rollout::EngineOptions eo;
+  eo.num_slots = 8;
+  eo.max_new_tokens = 6;
+  auto engine = rollout::Engine::create(model::clone_policy(*policy), eo, 0, 1).value();
+  StatusOr<StepMetrics> m = trainer->step(sample(*engine, 0));
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  double adapter_params = 0;
+  for (const auto& item : policy->named_parameters()) {
+    EXPECT_EQ(item.value().scalar_type(), torch::kBFloat16) << item.key();
+    if (item.value().requires_grad()) {
+      adapter_params += static_cast<double>(item.value().numel());
+    } else {
+      EXPECT_TRUE(torch::equal(item.value(), base_before.at(item.key()))) << item.key();
+    }
+  }
+  constexpr double kGiB = 1ull << 30;
+  EXPECT_NEAR(m->at("memory/master_weights_gb"), adapter_params * 4 / kGiB, 1e-12);
+  EXPECT_NEAR(m->at("memory/optimizer_gb"), adapter_params * 8 / kGiB, 1e-12);
+  double moved = 0;
+  for (const std::string& name : model::adapter_names(*policy)) {
+    if (name.find("lora_B") != std::string::npos) {
+      moved += policy->named_parameters()[name].to(torch::kFloat32).abs().sum().item<double>();
+    }
+  }
+  EXPECT_GT(moved, 0) << "the bf16 adapters never trained";
+}
+
 TEST(LoraTrainerTest, APolicyWithOtherAdaptersIsRefused) {
   model::Policy policy = make_policy();
   model::LoraConfig other;
