@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "relay/app/warm_start.h"
 #include "relay/common/metrics.h"
 #include "relay/model/checkpoint.h"
+#include "relay/model/lora.h"
 #include "relay/model/tokenizer.h"
 
 namespace relay::app {
@@ -72,12 +74,17 @@ StatusOr<model::Policy> load_reference(const RolloutSetup& s,
   return ref;
 }
 
-// The trained model with relay's char tokenizer file when it has one.
+// The trained model with its tokenizer files (model_save_options). With LoRA
+// adapters it is a PEFT adapter directory naming its base: the model
+// directory, or for a fresh model.init model the base written beside it as
+// `dir`-base.
 Status save_model(const RolloutSetup& s, const trainer::Trainer& t, const std::string& dir) {
-  model::SaveOptions save;
-  save.overwrite = true;
-  if (auto* ct = dynamic_cast<const model::CharTokenizer*>(s.tokenizer.get())) {
-    save.extra_files[model::kCharTokenizerFile] = ct->to_json();
+  RELAY_ASSIGN_OR_RETURN(model::SaveOptions save, model_save_options(s));
+  if (model::has_lora(*t.policy()) && save.lora_base.empty()) {
+    const std::string base = std::filesystem::absolute(dir + "-base").lexically_normal().string();
+    RELAY_RETURN_IF_ERROR(model::save_policy(*model::base_policy(*t.policy()), base, save));
+    std::printf("wrote %s (the LoRA base)\n", base.c_str());
+    save.lora_base = base;
   }
   RELAY_RETURN_IF_ERROR(model::save_policy(*t.policy(), dir, save));
   std::printf("wrote %s\n", dir.c_str());

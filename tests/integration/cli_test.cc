@@ -200,6 +200,34 @@ TEST_F(CliTest, ExportCopiesAModelDirectoryAndRefusesWhatItCannotDo) {
   fs::remove_all(out);
 }
 
+// train-local --save with trainer.lora: a PEFT adapter directory naming its
+// base, the --model directory, or for a fresh model.init model the base
+// written beside it; either loads back (here through relay score).
+TEST_F(CliTest, TrainLocalSavesALoraAdapterNamingItsBase) {
+  const std::string out = ::testing::TempDir() + "/cli_lora_" + std::to_string(::getpid());
+  const std::string common =
+      " --sft-steps 2 --steps 1 --groups-per-step 4 --eval-prompts 8 --save " + out +
+      " trainer.lora.rank=4 rollout.n=4";
+  for (const bool with_model : {true, false}) {
+    fs::remove_all(out);
+    fs::remove_all(out + "-base");
+    CliResult r = RelayCli("train-local " + kTinyConfig +
+                           (with_model ? " --model " + *model_dir_ : std::string()) + common);
+    ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+    ASSERT_TRUE(fs::exists(out + "/adapter_config.json")) << r.out;
+    EXPECT_FALSE(fs::exists(out + "/config.json"));
+    std::ifstream config(out + "/adapter_config.json");
+    const std::string base = nlohmann::json::parse(config)["base_model_name_or_path"];
+    EXPECT_EQ(base, fs::absolute(with_model ? *model_dir_ : out + "-base").lexically_normal())
+        << with_model;
+    EXPECT_EQ(fs::exists(out + "-base"), !with_model);
+    CliResult s = RelayCli("score --model " + out + " --ids 1,12,15,13 --json");
+    EXPECT_EQ(s.exit_code, 0) << s.err;
+  }
+  fs::remove_all(out);
+  fs::remove_all(out + "-base");
+}
+
 TEST_F(CliTest, ScoreRefusesMoreIdsThanTheModelsContext) {
   std::string ids = "1";
   for (int i = 1; i < 129; ++i) ids += ",1";
