@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 
 #include "relay/model/lora.h"
 #include "relay/model/weight_manifest.h"
@@ -36,6 +37,14 @@ TrainerOptions lora_options() {
   o.lora.alpha = 8;
   o.lora.targets = {"all-linear"};
   return o;
+}
+
+// A rollout engine over a copy of `policy` (adapters included), at version 0.
+std::unique_ptr<rollout::Engine> engine_for(const model::PolicyImpl& policy) {
+  rollout::EngineOptions eo;
+  eo.num_slots = 8;
+  eo.max_new_tokens = 6;
+  return rollout::Engine::create(model::clone_policy(policy), eo, 0, 1).value();
 }
 
 // Three groups of four from `engine` at its current version, with rewards
@@ -74,10 +83,7 @@ TEST(LoraTrainerTest, AdaptersTrainTheBaseStaysAndTheEngineAgreesAtEveryVersion)
 
   // The engine's copy starts with the same adapters; each version then
   // brings only the adapters (and the base's digest).
-  rollout::EngineOptions eo;
-  eo.num_slots = 8;
-  eo.max_new_tokens = 6;
-  auto engine = rollout::Engine::create(model::clone_policy(*policy), eo, 0, 1).value();
+  auto engine = engine_for(*policy);
   std::optional<uint64_t> base_digest;
   int64_t adapter_bytes = 0, full_bytes = 0;
   for (const auto& item : policy->named_parameters()) {
@@ -129,10 +135,7 @@ TEST(LoraTrainerTest, TheOptimizerHoldsStateForTheAdaptersOnly) {
   TrainerOptions o = lora_options();
   o.kl_coef = 0;
   auto trainer = Trainer::create(policy, o).value();
-  rollout::EngineOptions eo;
-  eo.num_slots = 8;
-  eo.max_new_tokens = 6;
-  auto engine = rollout::Engine::create(model::clone_policy(*policy), eo, 0, 1).value();
+  auto engine = engine_for(*policy);
   StatusOr<StepMetrics> m = trainer->step(sample(*engine, 0));
   ASSERT_TRUE(m.ok()) << m.status().message();
   double adapter_gb = 0;
@@ -155,10 +158,7 @@ TEST(LoraTrainerTest, Bf16WeightsKeepFp32MastersOfTheAdaptersOnly) {
   TrainerOptions o = lora_options();
   o.kl_coef = 0;
   auto trainer = Trainer::create(policy, o).value();
-  rollout::EngineOptions eo;
-  eo.num_slots = 8;
-  eo.max_new_tokens = 6;
-  auto engine = rollout::Engine::create(model::clone_policy(*policy), eo, 0, 1).value();
+  auto engine = engine_for(*policy);
   StatusOr<StepMetrics> m = trainer->step(sample(*engine, 0));
   ASSERT_TRUE(m.ok()) << m.status().message();
   double adapter_params = 0;
