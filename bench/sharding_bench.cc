@@ -1,7 +1,8 @@
-// What trainer.sharding: optimizer saves and costs: the bytes one trainer
-// rank holds (weights, gradients, fp32 master copies, AdamW moments) and the
-// time of Trainer::step, for world sizes 1, 2 and 4, against sharding: none
-// at the same world size. Results: docs/BENCHMARKS.md.
+// What trainer.sharding: optimizer and full save and cost: the bytes one
+// trainer rank holds (weights, gradients, fp32 master copies, AdamW moments;
+// with full, the weights between passes and at a pass's peak) and the time
+// of Trainer::step, for world sizes 1, 2 and 4, against sharding: none at
+// the same world size. Results: docs/BENCHMARKS.md.
 //
 // The ranks are threads of this process in one Gloo group on loopback (as
 // the unit tests run them), each with its own copy of the model, so every
@@ -14,7 +15,8 @@
 // (estimated from the parameter count) is skipped with a note.
 //
 //   sharding_bench [--models tiny,qwen2-100m,qwen2.5-0.5b] [--worlds 1,2,4]
-//                  [--shape BxT] [--reps R] [--dtype fp32|bf16] [--json]
+//                  [--shardings none,optimizer,full] [--shape BxT] [--reps R]
+//                  [--dtype fp32|bf16] [--json]
 //
 // Step time is rank 0's wall time of Trainer::step (the ranks meet in every
 // collective), the median of --reps timed steps after one untimed step; the
@@ -53,6 +55,10 @@ using relay::model::PolicyConfig;
 using relay::rollout::TrajectoryGroup;
 using relay::trainer::Sharding;
 using relay::trainer::StepMetrics;
+
+const char* mode_name(Sharding s) {
+  return s == Sharding::kNone ? "none" : s == Sharding::kOptimizer ? "optimizer" : "full";
+}
 
 struct Run {
   std::vector<StepMetrics> last;  // each rank's metrics of its last step
@@ -125,8 +131,10 @@ double estimate_gib(int64_t params, int64_t weight_bytes, bool master, int world
                     Sharding sharding) {
   const double n = static_cast<double>(params);
   const double state = n * 4 * (master ? 4 : 2);  // moments (+ master and fp32 gradients)
-  const double per_rank =
-      n * weight_bytes * 2 + (sharding == Sharding::kNone ? state : state / world);
+  const double weights = n * weight_bytes * 2;
+  const double per_rank = sharding == Sharding::kNone        ? weights + state
+                          : sharding == Sharding::kOptimizer ? weights + state / world
+                                                             : (weights + state) / world;
   return per_rank * world * 1.3 / kGiB;  // + activations and temporaries
 }
 
@@ -146,6 +154,14 @@ int main(int argc, char** argv) {
       fail("--shape: expected BxT with T > 8");
     }
   }
+  std::vector<Sharding> shardings;
+  for (const std::string& m :
+       relay::bench::split(flag(argc, argv, "--shardings") ? flag(argc, argv, "--shardings")
+                                                           : "none,optimizer,full")) {
+    const auto parsed = relay::trainer::kShardingNames.parse(m);
+    if (!parsed.ok()) fail("--shardings: " + std::string(parsed.status().message()));
+    shardings.push_back(*parsed);
+  }
   const int reps = flag(argc, argv, "--reps") ? std::stoi(flag(argc, argv, "--reps")) : 3;
   const std::string dtype = flag(argc, argv, "--dtype") ? flag(argc, argv, "--dtype") : "fp32";
   if (dtype != "fp32" && dtype != "bf16") fail("--dtype: fp32 or bf16");
@@ -156,10 +172,11 @@ int main(int argc, char** argv) {
   ::sysinfo(&si);
   const double machine_gib = static_cast<double>(si.totalram) * si.mem_unit / kGiB;
 
-  std::fprintf(table,
-               "| model | W | sharding | weights GiB | gradients GiB | master GiB | moments GiB | "
-               "master+moments vs W=1 | step s | step vs none "
-               "|\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fprintf(
+      table,
+      "| model | W | sharding | weights GiB | weights peak GiB | gradients GiB | master GiB "
+      "| moments GiB | master+moments vs W=1 | step s | step vs none "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : models) {
     const PolicyConfig config = relay::bench::model_config(name, "--models");
     Policy initial(config);
@@ -176,8 +193,11 @@ int main(int argc, char** argv) {
     }
     double single_state = 0;  // master + moments of one unsharded rank
     for (int world : worlds) {
+      // none first: the others' step time is relative to it.
       std::vector<Sharding> modes = {Sharding::kNone};
-      if (world > 1) modes.push_back(Sharding::kOptimizer);
+      for (Sharding sh : shardings) {
+        if (world > 1 && sh != Sharding::kNone) modes.push_back(sh);
+      }
       at::set_num_threads(
           std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world));
       std::vector<Run> runs(modes.size());
@@ -189,9 +209,8 @@ int main(int argc, char** argv) {
           skipped[i] = true;
           std::fprintf(
               table,
-              "| %s | %d | %s | skipped: needs about %.0f GiB, the machine has %.0f |||||||\n",
-              name.c_str(), world, modes[i] == Sharding::kNone ? "none" : "optimizer", need,
-              machine_gib);
+              "| %s | %d | %s | skipped: needs about %.0f GiB, the machine has %.0f ||||||||\n",
+              name.c_str(), world, mode_name(modes[i]), need, machine_gib);
           continue;
         }
         runs[i] = run(initial, world, modes[i], groups, reps);
@@ -203,12 +222,14 @@ int main(int argc, char** argv) {
         if (world == 1) single_state = state;
         const double vs_none =
             i > 0 && !skipped[0] ? median(runs[i].seconds) / median(runs[0].seconds) : NAN;
-        const char* mode = modes[i] == Sharding::kNone ? "none" : "optimizer";
-        std::fprintf(table, "| %s | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f |\n",
-                     name.c_str(), world, mode, m.at("memory/weights_gb"),
-                     m.at("memory/gradients_gb"), m.at("memory/master_weights_gb"),
-                     m.at("memory/optimizer_gb"), single_state > 0 ? state / single_state : NAN,
-                     median(runs[i].seconds), vs_none);
+        const char* mode = mode_name(modes[i]);
+        const double peak = m.count("memory/weights_peak_gb") ? m.at("memory/weights_peak_gb")
+                                                              : m.at("memory/weights_gb");
+        std::fprintf(
+            table, "| %s | %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f |\n",
+            name.c_str(), world, mode, m.at("memory/weights_gb"), peak, m.at("memory/gradients_gb"),
+            m.at("memory/master_weights_gb"), m.at("memory/optimizer_gb"),
+            single_state > 0 ? state / single_state : NAN, median(runs[i].seconds), vs_none);
         if (json) {
           relay::bench::JsonRow("sharding")
               .add("model", name)
@@ -216,6 +237,7 @@ int main(int argc, char** argv) {
               .add("sharding", mode)
               .add("dtype", dtype)
               .add("weights_gib", m.at("memory/weights_gb"))
+              .add("weights_peak_gib", peak)
               .add("gradients_gib", m.at("memory/gradients_gb"))
               .add("master_gib", m.at("memory/master_weights_gb"))
               .add("moments_gib", m.at("memory/optimizer_gb"))

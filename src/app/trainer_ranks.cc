@@ -23,6 +23,12 @@ std::optional<std::string> process_env(const std::string& name) {
 }  // namespace
 
 void print_weights_digest(const model::PolicyImpl& policy, int rank) {
+  if (policy.parameters().front().numel() == 0) {
+    // trainer.sharding: full: this rank held shards only.
+    std::printf("trainer rank %d: weights sharded (rank 0 holds them whole)\n", rank);
+    std::fflush(stdout);
+    return;
+  }
   StatusOr<model::WeightManifest> m = model::weight_manifest(policy, 0);
   if (!m.ok()) return;
   std::printf("trainer rank %d: weights digest %016llx\n", rank,

@@ -2,25 +2,30 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "app/trainer_context.h"
 #include "relay/app/warm_start.h"
+#include "relay/common/file_io.h"
 #include "relay/common/progress.h"
 #include "relay/model/checkpoint.h"
 
 namespace relay::app::internal {
 namespace {
 
-// The other ranks build the same RL trainer: rank 0's weights, reference
-// and trainer state (`state`: the checkpoint's after a resume, empty for a
-// fresh trainer). Not rank 0's save_state(): with sharding that is a
-// collective the others cannot join before they have a trainer.
-Status start_followers(TrainerContext& c, const trainer::Trainer& t, const model::Policy& ref,
+// The other ranks build the same RL trainer: rank 0's weights at
+// `version`, reference and trainer state (`state`: the checkpoint's after a
+// resume, empty for a fresh trainer). Not rank 0's save_state(): with
+// sharding that is a collective the others cannot join before they have a
+// trainer. Called before rank 0 builds its own trainer: with
+// trainer.sharding: full that keeps only this rank's shards of the policy
+// and the reference.
+Status start_followers(TrainerContext& c, int64_t version, const model::Policy& ref,
                        const std::string& state) {
   if (!c.leader) return OkStatus();
-  return c.leader->start("rl", *t.policy(), t.version(), ref, state);
+  return c.leader->start("rl", *c.s.policy, version, ref, state);
 }
 
 // The KL reference: trainer.reference, else the one a resumed run saved
@@ -46,12 +51,16 @@ StatusOr<Started> resume(TrainerContext& c, const trainer::CheckpointInfo& info,
   model::LoadOptions lo;
   lo.dtype = c.s.policy->parameters()[0].scalar_type();
   RELAY_ASSIGN_OR_RETURN(c.s.policy, model::load_policy(info.dir, lo));
+  if (c.leader) {
+    RELAY_ASSIGN_OR_RETURN(
+        const std::string state,
+        read_file((std::filesystem::path(info.dir) / trainer::kTrainerStateFile).string()));
+    RELAY_RETURN_IF_ERROR(start_followers(c, info.version, reference, state));
+  }
   Started r;
   RELAY_ASSIGN_OR_RETURN(r.trainer, trainer::Trainer::create(c.s.policy, c.options, info.version,
                                                              reference, c.data_parallel()));
-  std::string state;
-  RELAY_RETURN_IF_ERROR(trainer::restore_checkpoint(info, *r.trainer, &state));
-  RELAY_RETURN_IF_ERROR(start_followers(c, *r.trainer, reference, state));
+  RELAY_RETURN_IF_ERROR(trainer::restore_checkpoint(info, *r.trainer, nullptr));
   r.rl_start_version = info.rl_start_version;
   r.state.rl_step = info.rl_step;
   // The store goes back to where it stood at the checkpoint: groups that
@@ -103,15 +112,15 @@ StatusOr<Started> start_fresh(TrainerContext& c, const model::Policy& reference)
   std::function<StatusOr<int64_t>()> warm;
   if (c.s.config.experiment.warm_start.sft_steps > 0) warm = [&c] { return run_warm_start(c); };
   RELAY_ASSIGN_OR_RETURN(r.rl_start_version, before_rl(*c.evaluator, c.s.policy, warm, r.state));
-  RELAY_ASSIGN_OR_RETURN(
-      r.trainer, trainer::Trainer::create(c.s.policy, c.options, r.rl_start_version, reference,
-                                          c.data_parallel()));
-  RELAY_RETURN_IF_ERROR(start_followers(c, *r.trainer, reference, ""));
+  RELAY_RETURN_IF_ERROR(start_followers(c, r.rl_start_version, reference, ""));
   if (c.options.needs_reference() && c.s.config.trainer.reference.empty() &&
       !c.options.lora.enabled()) {
     // The KL reference is the policy RL starts from; a resumed run needs it.
     RELAY_RETURN_IF_ERROR(model::save_policy(*c.s.policy, c.run.reference, c.save_options));
   }
+  RELAY_ASSIGN_OR_RETURN(
+      r.trainer, trainer::Trainer::create(c.s.policy, c.options, r.rl_start_version, reference,
+                                          c.data_parallel()));
   RunCheckpointer zero(&c, r.rl_start_version);
   RELAY_RETURN_IF_ERROR(zero.write(*r.trainer, 0, r.state.accuracy_at(0)));
   return r;

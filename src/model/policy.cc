@@ -49,8 +49,11 @@ at::Tensor packed_attention_mask(const at::Tensor& starts) {
 // backpropagates through it (parameter gradients accumulate as usual).
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
+  // `hooks` (may be null): a sharded layer's weights are acquired for the
+  // forward and for the recompute (LayerHooks).
   static at::Tensor forward(torch::autograd::AutogradContext* ac, const at::Tensor& x,
-                            DecoderLayerImpl* layer, const ForwardContext* fctx) {
+                            DecoderLayerImpl* layer, const ForwardContext* fctx, LayerHooks* hooks,
+                            int64_t index) {
     ForwardContext run = *fctx;
     MoeRouting local;
     MoeRouting* outer = fctx->routing;
@@ -66,7 +69,9 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     at::Tensor y;
     {
       torch::NoGradGuard no_grad;
+      if (hooks != nullptr) hooks->acquire(index);
       y = layer->forward(x, run);
+      if (hooks != nullptr) hooks->release(index);
     }
     if (moe && outer != nullptr) {
       if (outer->record) outer->chosen.push_back(local.chosen.back());
@@ -74,6 +79,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     }
     ac->save_for_backward({x});
     ac->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+    ac->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
+    ac->saved_data["index"] = index;
     ac->saved_data["positions"] = run.positions;
     ac->saved_data["mask"] = run.mask;
     ac->saved_data["inv_freq"] = run.inv_freq;
@@ -88,6 +95,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ac,
                                                  torch::autograd::variable_list grads) {
     auto* layer = reinterpret_cast<DecoderLayerImpl*>(ac->saved_data["layer"].toInt());
+    auto* hooks = reinterpret_cast<LayerHooks*>(ac->saved_data["hooks"].toInt());
+    const int64_t index = ac->saved_data["index"].toInt();
     ForwardContext ctx;
     ctx.positions = ac->saved_data["positions"].toTensor();
     ctx.mask = ac->saved_data["mask"].toTensor();
@@ -106,6 +115,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     }
     const at::Tensor x = ac->get_saved_variables()[0].detach().requires_grad_(true);
     const int64_t autocast = ac->saved_data["autocast"].toInt();
+    if (hooks != nullptr) hooks->acquire(index);
     at::Tensor y;
     {
       torch::AutoGradMode enable(true);
@@ -116,7 +126,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
       y = layer->forward(x, ctx);
     }
     torch::autograd::backward({y}, {grads[0]});
-    return {x.grad(), at::Tensor(), at::Tensor()};
+    if (hooks != nullptr) hooks->gradients_ready(index);
+    return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -133,7 +144,9 @@ DecoderImpl::DecoderImpl(const PolicyConfig& config) {
 at::Tensor DecoderImpl::forward(const at::Tensor& input_ids, const ForwardContext& ctx,
                                 bool checkpointing) {
   at::Tensor h = embed_tokens(input_ids);
-  const bool recompute = checkpointing && torch::GradMode::is_enabled();
+  // Sharded layers are released after their forward, so backward needs
+  // their recompute whatever `checkpointing` says.
+  const bool recompute = (checkpointing || hooks_ != nullptr) && torch::GradMode::is_enabled();
   if (recompute && !h.requires_grad()) {
     // A frozen embedding (a LoRA base): a checkpointed layer whose input
     // needs no gradient would record no backward at all, and the adapters
@@ -141,9 +154,17 @@ at::Tensor DecoderImpl::forward(const at::Tensor& input_ids, const ForwardContex
     // same.
     h = h.detach().requires_grad_(true);
   }
+  int64_t index = 0;
   for (const auto& layer : *layers) {
     auto* l = layer->as<DecoderLayerImpl>();
-    h = recompute ? CheckpointedLayer::apply(h, l, &ctx) : l->forward(h, ctx);
+    if (recompute) {
+      h = CheckpointedLayer::apply(h, l, &ctx, hooks_, index);
+    } else {
+      if (hooks_ != nullptr) hooks_->acquire(index);
+      h = l->forward(h, ctx);
+      if (hooks_ != nullptr) hooks_->release(index);
+    }
+    ++index;
   }
   return norm(h);
 }

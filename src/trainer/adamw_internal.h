@@ -45,6 +45,31 @@ void write_master(torch::serialize::OutputArchive& archive, const std::vector<at
 Status read_adamw(torch::serialize::InputArchive& archive, const std::string& path,
                   torch::optim::AdamW& into);
 
+// The whole state of an optimizer as a single rank holds it, per parameter
+// in the parameters' order: what a sharded optimizer gathers to save and
+// takes its slices of when it loads.
+struct WholeAdamWState {
+  std::vector<at::Tensor> master;               // fp32; empty without master copies
+  std::vector<int64_t> steps;                   // AdamW's step count; 0 = never stepped
+  std::vector<at::Tensor> exp_avg, exp_avg_sq;  // undefined where steps is 0
+};
+
+// Writes `state` in the single-rank layout: "num_master", "master/<i>" and
+// "optimizer", torch's AdamW over tensors of `shapes` in `dtypes` (the
+// master copies' fp32, or the parameters' own), at `lr`.
+void write_whole_adamw(torch::serialize::OutputArchive& archive, const WholeAdamWState& state,
+                       const std::vector<std::vector<int64_t>>& shapes,
+                       const std::vector<at::ScalarType>& dtypes, const OptimizerOptions& options,
+                       double lr);
+// Reads what write_whole_adamw wrote (or a replicated optimizer's save),
+// checked against `shapes` and master copies being on or off: a mismatch is
+// an error naming `path`.
+StatusOr<WholeAdamWState> read_whole_adamw(torch::serialize::InputArchive& archive,
+                                           const std::string& path,
+                                           const std::vector<std::vector<int64_t>>& shapes,
+                                           const std::vector<at::ScalarType>& dtypes,
+                                           bool use_master);
+
 std::unique_ptr<Optimizer> make_replicated_adamw(const std::vector<at::Tensor>& params,
                                                  const OptimizerOptions& options,
                                                  const DataParallel& dp);

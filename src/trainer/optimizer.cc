@@ -115,10 +115,72 @@ Status read_adamw(torch::serialize::InputArchive& archive, const std::string& pa
   return OkStatus();
 }
 
+namespace {
+// Tensors of `shapes` and `dtypes` that only key torch's AdamW state: no
+// storage.
+std::vector<at::Tensor> state_keys(const std::vector<std::vector<int64_t>>& shapes,
+                                   const std::vector<at::ScalarType>& dtypes) {
+  std::vector<at::Tensor> keys;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    keys.push_back(torch::zeros({}, torch::TensorOptions().dtype(dtypes[i])).expand(shapes[i]));
+  }
+  return keys;
+}
+}  // namespace
+
+void write_whole_adamw(torch::serialize::OutputArchive& archive, const WholeAdamWState& state,
+                       const std::vector<std::vector<int64_t>>& shapes,
+                       const std::vector<at::ScalarType>& dtypes, const OptimizerOptions& options,
+                       double lr) {
+  std::vector<at::Tensor> keys = state_keys(shapes, dtypes);
+  torch::optim::AdamW scratch(keys, adamw_options(options).lr(lr));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (state.steps[i] == 0) continue;  // never stepped: torch holds no state for it
+    set_adamw_state(scratch, keys[i], state.steps[i], state.exp_avg[i].to(dtypes[i]),
+                    state.exp_avg_sq[i].to(dtypes[i]));
+  }
+  write_master(archive, state.master);
+  torch::serialize::OutputArchive opt;
+  scratch.save(opt);
+  archive.write("optimizer", opt);
+}
+
+StatusOr<WholeAdamWState> read_whole_adamw(torch::serialize::InputArchive& archive,
+                                           const std::string& path,
+                                           const std::vector<std::vector<int64_t>>& shapes,
+                                           const std::vector<at::ScalarType>& dtypes,
+                                           bool use_master) {
+  WholeAdamWState state;
+  std::vector<at::IntArrayRef> expected;
+  if (use_master) {
+    for (const auto& s : shapes) expected.emplace_back(s);
+  }
+  RELAY_ASSIGN_OR_RETURN(state.master, read_master(archive, path, expected));
+  std::vector<at::Tensor> keys = state_keys(shapes, dtypes);
+  torch::optim::AdamW probe(keys, torch::optim::AdamWOptions(1));
+  RELAY_RETURN_IF_ERROR(read_adamw(archive, path, probe));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    torch::optim::AdamWParamState* st = adamw_state(probe, keys[i]);
+    if (st != nullptr &&
+        (!st->exp_avg().sizes().equals(shapes[i]) || !st->exp_avg_sq().sizes().equals(shapes[i]))) {
+      return InvalidArgumentError(absl::StrCat(path, ": optimizer state of parameter ", i,
+                                               " has shape ", torch::str(st->exp_avg().sizes()),
+                                               ", expected ",
+                                               torch::str(at::IntArrayRef(shapes[i]))));
+    }
+    state.steps.push_back(st != nullptr ? st->step() : 0);
+    state.exp_avg.push_back(st != nullptr ? st->exp_avg() : at::Tensor());
+    state.exp_avg_sq.push_back(st != nullptr ? st->exp_avg_sq() : at::Tensor());
+  }
+  return state;
+}
+
 StatusOr<std::unique_ptr<Optimizer>> make_optimizer(const std::vector<at::Tensor>& params,
                                                     const OptimizerOptions& options,
                                                     Sharding sharding, const DataParallel& dp) {
   if (params.empty()) return InvalidArgumentError("optimizer: the policy has no parameters");
+  // sharding: full makes its optimizer over its shards (fully_sharded.h);
+  // over one rank it is the replicated one.
   if (sharding == Sharding::kOptimizer && dp.active()) {
     return make_sharded_adamw(params, options, dp);
   }

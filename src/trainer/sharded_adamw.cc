@@ -161,60 +161,32 @@ class ShardedAdamW final : public Optimizer {
     if (dp_.rank() != 0) return OkStatus();
     // The layout of a replicated optimizer: torch's AdamW over the stepped
     // tensors (the master copies, or the parameters), with their state.
-    std::vector<at::Tensor> keys = stepped_keys();
-    torch::optim::AdamW scratch(keys, adamw_options(options_).lr(lr_));
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (steps_[i] == 0) continue;  // never stepped: torch holds no state for it
-      const at::ScalarType dtype = keys[i].scalar_type();
-      set_adamw_state(scratch, keys[i], steps_[i], exp_avg[i].to(dtype), exp_avg_sq[i].to(dtype));
-    }
-    write_master(archive, master);
-    torch::serialize::OutputArchive opt;
-    scratch.save(opt);
-    archive.write("optimizer", opt);
+    WholeAdamWState whole{std::move(master), steps_, std::move(exp_avg), std::move(exp_avg_sq)};
+    write_whole_adamw(archive, whole, shapes(), stepped_dtypes(), options_, lr_);
     return OkStatus();
   }
 
   bool save_is_collective() const override { return true; }
 
   Status load(torch::serialize::InputArchive& archive, const std::string& path) override {
-    std::vector<at::IntArrayRef> shapes;
-    if (use_master_) {
-      for (const at::Tensor& p : params_) shapes.push_back(p.sizes());
-    }
-    RELAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> master, read_master(archive, path, shapes));
-    std::vector<at::Tensor> keys = stepped_keys();
-    torch::optim::AdamW probe(keys, torch::optim::AdamWOptions(1));
-    RELAY_RETURN_IF_ERROR(read_adamw(archive, path, probe));
-    std::vector<torch::optim::AdamWParamState*> states;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      torch::optim::AdamWParamState* st = adamw_state(probe, keys[i]);
-      if (st != nullptr && (!st->exp_avg().sizes().equals(params_[i].sizes()) ||
-                            !st->exp_avg_sq().sizes().equals(params_[i].sizes()))) {
-        return InvalidArgumentError(absl::StrCat(path, ": optimizer state of parameter ", i,
-                                                 " has shape ", torch::str(st->exp_avg().sizes()),
-                                                 ", expected ", torch::str(params_[i].sizes())));
-      }
-      states.push_back(st);
-    }
+    RELAY_ASSIGN_OR_RETURN(WholeAdamWState whole, read_whole_adamw(archive, path, shapes(),
+                                                                   stepped_dtypes(), use_master_));
     // Everything fits: this rank's slices of it.
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      steps_[i] = states[i] != nullptr ? states[i]->step() : 0;
-    }
+    steps_ = whole.steps;
     for (Segment& s : segments_) {
       const Piece& p = s.piece;
       auto slice_of = [&](const at::Tensor& t) {
         return t.reshape({-1}).narrow(0, p.param_offset, p.length);
       };
-      if (torch::optim::AdamWParamState* st = states[p.param]) {
-        s.exp_avg.copy_(slice_of(st->exp_avg()));
-        s.exp_avg_sq.copy_(slice_of(st->exp_avg_sq()));
+      if (whole.steps[p.param] > 0) {
+        s.exp_avg.copy_(slice_of(whole.exp_avg[p.param]));
+        s.exp_avg_sq.copy_(slice_of(whole.exp_avg_sq[p.param]));
       } else {
         s.exp_avg.zero_();
         s.exp_avg_sq.zero_();
       }
-      if (use_master_) s.master.copy_(slice_of(master[p.param]));
+      if (use_master_) s.master.copy_(slice_of(whole.master[p.param]));
     }
     return OkStatus();
   }
@@ -341,15 +313,19 @@ class ShardedAdamW final : public Optimizer {
     return out;
   }
 
-  // Tensors of the shapes and dtypes torch's AdamW would step (the master
-  // copies or the parameters), which only key the state: no storage.
-  std::vector<at::Tensor> stepped_keys() const {
-    std::vector<at::Tensor> keys;
-    for (const at::Tensor& p : params_) {
-      const at::ScalarType dtype = use_master_ ? torch::kFloat32 : p.scalar_type();
-      keys.push_back(torch::zeros({}, torch::TensorOptions().dtype(dtype)).expand(p.sizes()));
-    }
-    return keys;
+  std::vector<std::vector<int64_t>> shapes() const {
+    std::vector<std::vector<int64_t>> out;
+    for (const at::Tensor& p : params_) out.push_back(p.sizes().vec());
+    return out;
+  }
+
+  // The dtypes torch's AdamW would step: the master copies' or the
+  // parameters' own.
+  std::vector<at::ScalarType> stepped_dtypes() const {
+    std::vector<at::ScalarType> out;
+    for (const at::Tensor& p : params_)
+      out.push_back(use_master_ ? torch::kFloat32 : p.scalar_type());
+    return out;
   }
 
   std::vector<at::Tensor> params_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "relay/model/lora.h"
 #include "relay/model/torch_error.h"
+#include "trainer/fully_sharded.h"
 #include "trainer/optimizer.h"
 #include "trainer/step_state.h"
 
@@ -40,12 +41,10 @@ StatusOr<StepMetrics> catching(
 }  // namespace
 
 Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
-                 model::Policy reference, DataParallel data_parallel,
-                 std::unique_ptr<Optimizer> optimizer)
+                 model::Policy reference, DataParallel data_parallel)
     : policy_(std::move(policy)),
       options_(std::move(options)),
       dp_(std::move(data_parallel)),
-      optimizer_(std::move(optimizer)),
       version_(version) {
   if (options_.needs_reference() && !reference && model::has_lora(*policy_)) {
     // LoRA: the base model is the reference; it is the policy with its
@@ -66,7 +65,60 @@ Trainer::Trainer(model::Policy policy, TrainerOptions options, int64_t version,
   entropy_ = std::make_unique<EntropyController>(options_.entropy);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // trainer.sharding: full: rank 0 gives its module back whole, as of the
+  // last version (a half-updated step never reached the host copy), so
+  // that another trainer (RL after the warm start) can take it. The other
+  // ranks' modules stay empty: their weights come from rank 0.
+  if (sharded_ && host_policy_) sharded_->restore_whole(*host_policy_);
+}
+
+namespace {
+
+// A copy of `policy`'s weights on the host, in their dtype.
+model::Policy host_copy(const model::PolicyImpl& policy) {
+  model::Policy copy(policy.config());
+  copy->to(policy.parameters().front().scalar_type());
+  torch::NoGradGuard no_grad;
+  const auto src = policy.named_parameters();
+  for (auto& item : copy->named_parameters()) item.value().copy_(src[item.key()]);
+  copy->eval();
+  return copy;
+}
+
+}  // namespace
+
+Status Trainer::shard_and_make_optimizer() {
+  if (options_.sharding != Sharding::kFull || !dp_.active()) {
+    // Frozen parameters (a LoRA base) never reach the optimizer: no
+    // gradients, moments or master copies for them, on any rank.
+    std::vector<at::Tensor> trainable;
+    for (const at::Tensor& p : policy_->parameters()) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    if (trainable.empty()) {
+      return InvalidArgumentError("Trainer: the policy has no trainable parameter");
+    }
+    RELAY_ASSIGN_OR_RETURN(optimizer_,
+                           make_optimizer(trainable, options_.optimizer, options_.sharding, dp_));
+    return OkStatus();
+  }
+  // Rank 0 keeps the whole weights on the host for whoever reads policy();
+  // then every rank frees its whole copy for its shards.
+  if (dp_.rank() == 0) host_policy_ = host_copy(*policy_);
+  RELAY_ASSIGN_OR_RETURN(sharded_, FullyShardedModel::create(policy_, dp_, /*trainable=*/true));
+  if (reference_) {
+    RELAY_ASSIGN_OR_RETURN(sharded_reference_,
+                           FullyShardedModel::create(reference_, dp_, /*trainable=*/false));
+  }
+  RELAY_ASSIGN_OR_RETURN(optimizer_, make_fully_sharded_adamw(*sharded_, options_.optimizer));
+  return OkStatus();
+}
+
+Status Trainer::refresh_host_policy() {
+  if (!sharded_) return OkStatus();
+  return sharded_->gather_weights(host_policy_ ? host_policy_.get() : nullptr);
+}
 
 namespace {
 at::Tensor scalar_tensor(double x) { return torch::tensor({x}, torch::kFloat64); }
@@ -210,21 +262,15 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, Trainer
       }
     }
   }
-  // Frozen parameters (a LoRA base) never reach the optimizer: no
-  // gradients, moments or master copies for them, on any rank.
-  std::vector<at::Tensor> trainable;
-  for (const at::Tensor& p : policy->parameters()) {
-    if (p.requires_grad()) trainable.push_back(p);
+  if (options.sharding == Sharding::kFull && data_parallel.active() && options.lora.enabled()) {
+    return InvalidArgumentError(
+        "trainer.sharding: full does not shard a LoRA policy; adapters are a small fraction of "
+        "the weights: use trainer.sharding: optimizer or none with trainer.lora");
   }
-  if (trainable.empty()) {
-    return InvalidArgumentError("Trainer: the policy has no trainable parameter");
-  }
-  RELAY_ASSIGN_OR_RETURN(
-      std::unique_ptr<Optimizer> optimizer,
-      make_optimizer(trainable, options.optimizer, options.sharding, data_parallel));
-  return std::unique_ptr<Trainer>(new Trainer(std::move(policy), std::move(options), version,
-                                              std::move(reference), std::move(data_parallel),
-                                              std::move(optimizer)));
+  std::unique_ptr<Trainer> t(new Trainer(std::move(policy), std::move(options), version,
+                                         std::move(reference), std::move(data_parallel)));
+  RELAY_RETURN_IF_ERROR(t->shard_and_make_optimizer());
+  return t;
 }
 
 double Trainer::reward_kl_coef() const { return reward_kl_->value(); }
@@ -276,7 +322,10 @@ Status Trainer::step_exception(const std::string& what, bool out_of_memory) {
   return InternalError(absl::StrCat(where, what));
 }
 
-void Trainer::drop_gradients() { optimizer_->zero_grad(); }
+void Trainer::drop_gradients() {
+  optimizer_->zero_grad();
+  if (sharded_reference_) sharded_reference_->drop_gradients();
+}
 
 StatusOr<StepMetrics> Trainer::step_unguarded(const std::vector<rollout::TrajectoryGroup>& groups,
                                               StepState& s) {
@@ -302,6 +351,7 @@ StatusOr<StepMetrics> Trainer::step_unguarded(const std::vector<rollout::Traject
     }
   }
   RELAY_RETURN_IF_ERROR(finish_step(s));
+  RELAY_RETURN_IF_ERROR(refresh_host_policy());
   return std::move(s.metrics);
 }
 
@@ -311,9 +361,13 @@ StatusOr<StepMetrics> Trainer::sft_step_unguarded(
   RELAY_RETURN_IF_ERROR(prepare_sft(groups, s));
   {
     const TrainingMode training(*policy_);
+    optimizer_->zero_grad();
+    WholeRoot root(sharded_.get());
+    RELAY_RETURN_IF_ERROR(root.acquire());
     backward_sft(s);
     RELAY_ASSIGN_OR_RETURN(s.grad_norm, apply_gradients(s.updates));
   }
+  RELAY_RETURN_IF_ERROR(refresh_host_policy());
   if (dp_.active()) {
     std::map<std::string, double> sums{{"loss", s.loss_sum}};
     RELAY_RETURN_IF_ERROR(all_reduce_named_sums(*dp_.group, sums));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "relay/model/device.h"
 #include "relay/trainer/trainer.h"
+#include "trainer/fully_sharded.h"
 #include "trainer/optimizer.h"
 #include "trainer/step_state.h"
 
@@ -167,18 +168,28 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
     for (const at::Tensor& t : tensors) total += static_cast<double>(t.numel() * t.element_size());
     return total;
   };
-  m["memory/weights_gb"] = bytes(policy_->parameters()) / kGiB;
-  std::vector<at::Tensor> trainable;
-  for (const at::Tensor& p : policy_->parameters()) {
-    if (p.requires_grad()) trainable.push_back(p);
+  if (sharded_) {
+    // This rank's shards between passes; the most it holds whole during one
+    // (the root and the largest layer on top of its shards).
+    m["memory/weights_gb"] = static_cast<double>(sharded_->shard_bytes()) / kGiB;
+    m["memory/trainable_weights_gb"] = m["memory/weights_gb"];
+    m["memory/weights_peak_gb"] = static_cast<double>(sharded_->peak_whole_bytes()) / kGiB;
+  } else {
+    m["memory/weights_gb"] = bytes(policy_->parameters()) / kGiB;
+    std::vector<at::Tensor> trainable;
+    for (const at::Tensor& p : policy_->parameters()) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    m["memory/trainable_weights_gb"] = bytes(trainable) / kGiB;
   }
-  m["memory/trainable_weights_gb"] = bytes(trainable) / kGiB;
   const OptimizerMemory held = optimizer_->memory();
   m["memory/master_weights_gb"] = static_cast<double>(held.master) / kGiB;
   m["memory/gradients_gb"] = static_cast<double>(held.gradients) / kGiB;
   m["memory/optimizer_gb"] = static_cast<double>(held.moments) / kGiB;
   m["memory/reference_gb"] =
-      reference_ && !reference_is_base_ ? bytes(reference_->parameters()) / kGiB : 0.0;
+      sharded_reference_ ? static_cast<double>(sharded_reference_->shard_bytes()) / kGiB
+      : reference_ && !reference_is_base_ ? bytes(reference_->parameters()) / kGiB
+                                          : 0.0;
   // The process as the kernel sees it: resident after the step, its peak
   // during the step, and how far the step rose above where it started
   // (activations, gradients, LM-head chunks and other temporaries).

@@ -14,6 +14,7 @@
 #include "relay/model/device.h"
 #include "relay/model/lora.h"
 #include "relay/trainer/trainer.h"
+#include "trainer/fully_sharded.h"
 #include "trainer/step_state.h"
 
 namespace relay::trainer {
@@ -250,7 +251,16 @@ StatusOr<PreUpdateScores> Trainer::score_before_update(const TrainBatch& batch) 
   if (reference_) s.reference = torch::zeros({B, L}, torch::kFloat32);
   std::vector<int64_t> all(static_cast<size_t>(B));
   std::iota(all.begin(), all.end(), 0);
-  for (const auto& rows : my_micro_batches(batch, all)) {
+  WholeRoot root(sharded_.get()), reference_root(sharded_reference_.get());
+  RELAY_RETURN_IF_ERROR(root.acquire());
+  RELAY_RETURN_IF_ERROR(reference_root.acquire());
+  const std::vector<std::vector<int64_t>> parts = my_micro_batches(batch, all);
+  const size_t most = most_micro_batches(batch, all);
+  for (size_t k = parts.size(); k < most; ++k) {
+    empty_pass(*policy_, /*with_grad=*/false);
+    if (reference_) empty_pass(*reference_, /*with_grad=*/false);
+  }
+  for (const auto& rows : parts) {
     TrainBatch mb = select_rows(batch, rows);
     const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
     model::MoeRouting routing;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "relay/model/device.h"
 #include "relay/trainer/trainer.h"
+#include "trainer/fully_sharded.h"
 #include "trainer/optimizer.h"
 #include "trainer/step_state.h"
 
@@ -100,6 +101,47 @@ std::vector<std::vector<int64_t>> Trainer::my_micro_batches(
   return parts;
 }
 
+size_t Trainer::most_micro_batches(const TrainBatch& batch,
+                                   const std::vector<int64_t>& rows) const {
+  if (!sharded_) return 0;
+  std::vector<int64_t> tokens;
+  for (int64_t r : rows) tokens.push_back(batch.lengths[r].item<int64_t>());
+  size_t most = 0;
+  for (const auto& shard : shard_rows_by_tokens(rows, tokens, dp_.world_size())) {
+    if (shard.empty()) continue;
+    most = std::max(most, split_by_token_budget(select_rows(batch, shard),
+                                                options_.micro_batch_tokens, token_budget())
+                              .size());
+  }
+  return most;
+}
+
+void Trainer::empty_pass(model::PolicyImpl& model, bool with_grad) {
+  FullyShardedModel* sharded = &model == policy_.get() ? sharded_.get() : sharded_reference_.get();
+  if (sharded == nullptr) return;
+  const at::Tensor ids = torch::zeros({1, 2}, torch::kInt64);
+  // Its zero gradients mark no parameter as trained by this rank.
+  sharded->set_counting(false);
+  try {
+    if (with_grad) {
+      at::Tensor logp;
+      {
+        const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+        logp = model.score(ids);
+      }
+      (logp.sum() * 0).backward();
+    } else {
+      torch::NoGradGuard no_grad;
+      const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+      model.score(ids);
+    }
+  } catch (...) {
+    sharded->set_counting(true);
+    throw;
+  }
+  sharded->set_counting(true);
+}
+
 void Trainer::plan_updates(StepState& s) const {
   // Rejected tokens leave the mask the loss and its normalizers see.
   s.batch.response_mask = s.train_mask;
@@ -145,7 +187,11 @@ Status Trainer::update_minibatch(StepState& s, int epoch, int index) {
   // Without the pre-update pass, the first mini-batch records pi_old.
   MiniBatch mb = plan_minibatch(s, index, s.skip_pass && epoch == 0 && index == 0);
   optimizer_->zero_grad();
+  WholeRoot root(sharded_.get());
+  RELAY_RETURN_IF_ERROR(root.acquire());
   for (const auto& rows : mb.parts) backward_micro_batch(s, mb, rows);
+  const size_t most = most_micro_batches(s.batch, mb.rows);
+  for (size_t k = mb.parts.size(); k < most; ++k) empty_pass(*policy_, /*with_grad=*/true);
   if (mb.record) RELAY_RETURN_IF_ERROR(diagnose_recorded(s, mb));
   RELAY_ASSIGN_OR_RETURN(const double grad_norm, apply_gradients(s.updates));
   s.sums.grad_norm += grad_norm;
@@ -276,7 +322,6 @@ Status Trainer::prepare_sft(const std::vector<rollout::TrajectoryGroup>& groups,
 }
 
 void Trainer::backward_sft(SftStepState& s) {
-  optimizer_->zero_grad();
   for (const TrainBatch& mb : s.micro) {
     at::Tensor logp;
     {
@@ -290,6 +335,10 @@ void Trainer::backward_sft(SftStepState& s) {
     loss.backward();
     s.loss_sum += loss.item<double>();
   }
+  std::vector<int64_t> all(static_cast<size_t>(s.batch.size()));
+  std::iota(all.begin(), all.end(), 0);
+  const size_t most = most_micro_batches(s.batch, all);
+  for (size_t k = s.micro.size(); k < most; ++k) empty_pass(*policy_, /*with_grad=*/true);
 }
 
 }  // namespace relay::trainer

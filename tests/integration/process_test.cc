@@ -672,6 +672,78 @@ std::map<int64_t, nlohmann::json> rl_metrics(const std::string& path) {
   return out;
 }
 
+// trainer.sharding: full across processes: two ranks keep only their
+// shards of the weights, through the warm start (an SFT trainer, then the RL
+// trainer over what it left; it trains as two unsharded ranks do) and a KL
+// reference sharded too; rank 0 publishes and checkpoints the whole weights
+// (an ordinary model directory), and the run resumes on three fully sharded
+// ranks, then on one.
+TEST_F(ProcessTest, FullShardingWarmStartsTrainsAndResumesUnderOtherWorldSizes) {
+  const std::string config = std::string(RELAY_SOURCE_DIR) + "/configs/arith.yaml";
+  const std::vector<std::string> common = {"rollout.workers=1",
+                                           "experiment.groups_per_step=4",
+                                           "rollout.n=4",
+                                           "experiment.warm_start.sft_steps=3",
+                                           "eval.prompts=0",
+                                           "trainer.kl_coef=0.01",
+                                           "experiment.output_dir=" + base_};
+  auto run_with = [&](const std::vector<std::string>& extra, const std::string& log) {
+    return relay_run(config, common, extra, log);
+  };
+  std::string out =
+      run_with({"trainer.world_size=2", "trainer.sharding=full", "experiment.steps=2"}, "run1.log");
+  EXPECT_NE(out.find("done: version 5, step 2 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("trainer rank 1: stopped by rank 0 after 5 steps (0 failed)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("trainer rank 1: weights sharded"), std::string::npos) << out;
+  const std::string step2 = base_ + "/arith/checkpoints/step_000002";
+  EXPECT_TRUE(fs::exists(step2 + "/config.json"));
+  EXPECT_TRUE(fs::exists(step2 + "/model.safetensors"));
+  const std::map<int64_t, nlohmann::json> first = rl_metrics(base_ + "/arith/metrics.jsonl");
+  ASSERT_EQ(first.count(2), 1u);
+  // Rank 0 keeps its shard: about half of the model rank 0 checkpoints.
+  const double shard_bytes = first.at(2)["memory/weights_gb"].get<double>() * (1 << 30);
+  EXPECT_GT(shard_bytes, 0);
+  EXPECT_LT(shard_bytes, 0.6 * static_cast<double>(fs::file_size(step2 + "/model.safetensors")));
+  // The warm start trains as two unsharded ranks do (the gradients' sums
+  // differ in order only).
+  ASSERT_NE(relay_run(config, common,
+                      {"trainer.world_size=2", "experiment.steps=1", "experiment.name=arith_none"},
+                      "none.log")
+                .find("done: version 4, step 1 of 1"),
+            std::string::npos);
+  auto sft = [](const std::string& path) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j["phase"] == "sft") out.push_back(j);
+    }
+    return out;
+  };
+  const auto sharded = sft(base_ + "/arith/metrics.jsonl");
+  const auto unsharded = sft(base_ + "/arith_none/metrics.jsonl");
+  ASSERT_EQ(sharded.size(), 3u);
+  ASSERT_EQ(unsharded.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    for (const char* key : {"sft_loss", "grad_norm"}) {
+      const double a = sharded[k][key].get<double>(), b = unsharded[k][key].get<double>();
+      EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << key << " at warm-start step " << k + 1;
+    }
+  }
+
+  out =
+      run_with({"trainer.world_size=3", "trainer.sharding=full", "experiment.steps=3", "--resume"},
+               "run2.log");
+  EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+  EXPECT_NE(out.find("done: version 6, step 3 of 3"), std::string::npos) << out;
+  out = run_with({"experiment.steps=4", "--resume"}, "run3.log");
+  EXPECT_NE(out.find("done: version 7, step 4 of 4"), std::string::npos) << out;
+  EXPECT_EQ(rl_steps(base_ + "/arith/metrics.jsonl"), 4);
+}
+
 // trainer.lora across processes: two trainer ranks train adapters on a
 // frozen base (a fresh model.init model here, so the run saves it as
 // checkpoints/base; its warm start trains the adapters too), the worker

@@ -31,6 +31,24 @@ namespace relay::model {
 
 class KVCache;
 
+// What a fully sharded trainer (trainer.sharding: full) does around each
+// decoder layer, whose weights it keeps only a shard of between uses. The
+// decoder calls, for layer i of a scoring pass:
+//   * without gradients: acquire(i), the layer, release(i);
+//   * with gradients: acquire(i), the layer without autograd (as activation
+//     checkpointing: only its input is kept), release(i); then in backward
+//     acquire(i), the recompute and its backward, gradients_ready(i), which
+//     takes the layer's parameter gradients and releases the layer.
+// Every rank runs the same passes, so each call can be a collective. A
+// failure throws (c10::Error), which the trainer turns into a Status.
+class LayerHooks {
+ public:
+  virtual ~LayerHooks() = default;
+  virtual void acquire(int64_t layer) = 0;
+  virtual void release(int64_t layer) = 0;
+  virtual void gradients_ready(int64_t layer) = 0;
+};
+
 // The transformer body, registered as "model" so names match HF's.
 class DecoderImpl : public torch::nn::Module {
  public:
@@ -40,9 +58,16 @@ class DecoderImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids, const ForwardContext& ctx,
                      bool checkpointing = false);
 
+  // Not owned; null = the weights are whole (LayerHooks).
+  void set_layer_hooks(LayerHooks* hooks) { hooks_ = hooks; }
+  LayerHooks* layer_hooks() const { return hooks_; }
+
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
+
+ private:
+  LayerHooks* hooks_ = nullptr;
 };
 TORCH_MODULE(Decoder);
 

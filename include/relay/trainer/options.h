@@ -156,14 +156,17 @@ struct DataParallelOptions {
   double collective_timeout_s = 300;  // a collective (or a rank) silent this long fails the run
 };
 
-// How the trainer ranks share the optimizer's work (trainer.sharding;
-// src/trainer/optimizer.h, docs/cluster.md).
+// How the trainer ranks share the model and the optimizer's work
+// (trainer.sharding; src/trainer/optimizer.h, src/trainer/fully_sharded.h,
+// docs/cluster.md).
 enum class Sharding {
   kNone,       // every rank holds the whole optimizer state (plain data parallelism)
   kOptimizer,  // ZeRO-1/2: each rank holds 1/world_size of the master weights, moments, fp32 grads
+  kFull,       // ZeRO-3 / FSDP: the weights too; each decoder layer is gathered only to run
 };
 inline const NameTable<Sharding> kShardingNames{
-    "sharding", {{"none", Sharding::kNone}, {"optimizer", Sharding::kOptimizer}}};
+    "sharding",
+    {{"none", Sharding::kNone}, {"optimizer", Sharding::kOptimizer}, {"full", Sharding::kFull}}};
 
 // MoE router replay (trainer.router_replay).
 enum class RouterReplay { kOff, kReplay };

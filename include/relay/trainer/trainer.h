@@ -48,6 +48,9 @@ namespace relay::trainer {
 
 // What the update runs on (src/trainer/optimizer.h).
 class Optimizer;
+// A model whose weights the ranks shard (trainer.sharding: full;
+// src/trainer/fully_sharded.h).
+class FullyShardedModel;
 
 // The state of one step, phase by phase (src/trainer/step_state.h).
 struct StepState;
@@ -139,12 +142,20 @@ class Trainer {
   // The coefficients the controllers will use for the next step.
   double reward_kl_coef() const;
   double entropy_coef() const;
-  model::Policy policy() const { return policy_; }
+  // The policy being trained. With trainer.sharding: full over several
+  // ranks its module holds only shards, so this is instead a copy of the
+  // whole weights on the host, refreshed by every step: on rank 0 (what
+  // publishing, checkpoints and evaluation read); the other ranks get their
+  // module, whose parameters are empty between passes.
+  model::Policy policy() const { return host_policy_ ? host_policy_ : policy_; }
   const TrainerOptions& options() const { return options_; }
 
  private:
   Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference,
-          DataParallel data_parallel, std::unique_ptr<Optimizer> optimizer);
+          DataParallel data_parallel);
+  // The optimizer, and with sharding: full the shards (which free the whole
+  // weights); the constructor's second half, which can fail.
+  Status shard_and_make_optimizer();
 
   // The exception boundary of step() and sft_step() (trainer.cc): runs
   // `body`; an exception becomes a Status, and a failure after one of
@@ -223,6 +234,18 @@ class Trainer {
   // master copies and the reference, and the process's resident set.
   void memory_metrics(StepMetrics& m, int64_t rss_at_start) const;
 
+  // trainer.sharding: full over several ranks: the most micro-batches any
+  // rank makes of `rows` (each rank computes every rank's split; 0 without
+  // it). A rank with fewer runs empty passes up to it, since every pass
+  // gathers each layer from all ranks.
+  size_t most_micro_batches(const TrainBatch& batch, const std::vector<int64_t>& rows) const;
+  // An empty pass: two tokens through `model` (with gradients: a zero loss
+  // back-propagated), taking part in its layers' collectives and adding
+  // nothing. Does nothing without sharding.
+  void empty_pass(model::PolicyImpl& model, bool with_grad);
+  // Rank 0's host copy of the weights, gathered from the shards.
+  Status refresh_host_policy();
+
   model::Policy policy_;
   model::Policy reference_{nullptr};
   // LoRA without a configured reference: reference_ is policy_ itself,
@@ -230,6 +253,11 @@ class Trainer {
   bool reference_is_base_ = false;
   TrainerOptions options_;
   DataParallel dp_;
+  // trainer.sharding: full over several ranks: the shards of policy_ (and
+  // of the reference), and rank 0's host copy of the whole policy.
+  std::unique_ptr<FullyShardedModel> sharded_;
+  std::unique_ptr<FullyShardedModel> sharded_reference_;
+  model::Policy host_policy_{nullptr};
   // AdamW over the policy's parameters (trainer.sharding).
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<KlController> reward_kl_;

@@ -116,6 +116,15 @@ Status follow_rank_leader(std::shared_ptr<trainer::Collectives> group, model::Po
         return OkStatus();
       case v1::RankCommand::START: {
         trainer.reset();
+        if (policy->parameters().front().numel() == 0) {
+          // A fully sharded trainer (trainer.sharding: full) left this
+          // module holding nothing; a new one of its architecture, device
+          // and dtype receives rank 0's weights.
+          const at::Tensor like = policy->parameters().front();
+          model::Policy whole(policy->config());
+          whole->to(like.device(), like.scalar_type());
+          policy = whole;
+        }
         RELAY_RETURN_IF_ERROR(broadcast_weights(*group, *policy));
         model::Policy reference{nullptr};
         if (c.has_reference()) {

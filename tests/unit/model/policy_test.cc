@@ -359,5 +359,100 @@ TEST(PolicyTest, QkvBiasIsAppliedWhenPresent) {
   EXPECT_FALSE(AllClose(qwen->forward(ids), llama->forward(ids), 1e-4));
 }
 
+// LayerHooks (what trainer.sharding: full sets): hooks that really take
+// each layer's weights away between uses and keep its gradients when
+// gradients_ready says so. The decoder acquires a layer just before it runs
+// (again for its recompute in backward), releases it after, and the
+// scores and gradients are those of the plain policy.
+class SwappingHooks : public LayerHooks {
+ public:
+  explicit SwappingHooks(PolicyImpl& policy) {
+    for (const auto& layer : *policy.model->layers) {
+      std::vector<at::Tensor> params = layer->parameters();
+      std::vector<at::Tensor> saved;
+      for (const at::Tensor& p : params) saved.push_back(p.detach().clone());
+      params_.push_back(params);
+      saved_.push_back(saved);
+      grads_.emplace_back(params.size());
+    }
+    for (size_t i = 0; i < params_.size(); ++i) release(static_cast<int64_t>(i));
+    events.clear();
+  }
+  void acquire(int64_t layer) override {
+    events.push_back("acquire " + std::to_string(layer));
+    auto& ps = params_[static_cast<size_t>(layer)];
+    for (size_t k = 0; k < ps.size(); ++k) {
+      ps[k].set_data(saved_[static_cast<size_t>(layer)][k].clone());
+    }
+  }
+  void release(int64_t layer) override {
+    events.push_back("release " + std::to_string(layer));
+    for (at::Tensor& p : params_[static_cast<size_t>(layer)]) {
+      p.set_data(torch::empty({0}, p.options()));
+    }
+  }
+  void gradients_ready(int64_t layer) override {
+    events.push_back("gradients " + std::to_string(layer));
+    auto& ps = params_[static_cast<size_t>(layer)];
+    for (size_t k = 0; k < ps.size(); ++k) {
+      grads_[static_cast<size_t>(layer)][k] = ps[k].grad().clone();
+      ps[k].mutable_grad().reset();
+    }
+    release(layer);
+  }
+  const at::Tensor& grad(size_t layer, size_t k) const { return grads_[layer][k]; }
+
+  std::vector<std::string> events;
+
+ private:
+  std::vector<std::vector<at::Tensor>> params_, saved_, grads_;
+};
+
+TEST(PolicyTest, LayerHooksTakeEachLayerOnlyWhileItRunsAndGiveItsGradients) {
+  PolicyConfig c = TinyConfig();
+  Policy plain(c), swapped(c);
+  init_weights(*plain, 11, 0.3);
+  init_weights(*swapped, 11, 0.3);
+  const at::Tensor ids = torch::randint(0, c.vocab_size, {2, 6}, torch::kInt64);
+  const at::Tensor lengths = torch::tensor({6, 4}, torch::kInt64);
+  SwappingHooks hooks(*swapped);
+  swapped->model->set_layer_hooks(&hooks);
+  const int64_t L = c.num_hidden_layers;
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(AllClose(swapped->score(ids, lengths), plain->score(ids, lengths), 0.0));
+  }
+  std::vector<std::string> expected;
+  for (int64_t i = 0; i < L; ++i) {
+    expected.push_back("acquire " + std::to_string(i));
+    expected.push_back("release " + std::to_string(i));
+  }
+  EXPECT_EQ(hooks.events, expected);
+
+  hooks.events.clear();
+  plain->score(ids, lengths).sum().backward();
+  swapped->score(ids, lengths).sum().backward();
+  // Forward as before; backward recomputes from the last layer down.
+  for (int64_t i = L - 1; i >= 0; --i) {
+    expected.push_back("acquire " + std::to_string(i));
+    expected.push_back("gradients " + std::to_string(i));
+    expected.push_back("release " + std::to_string(i));
+  }
+  EXPECT_EQ(hooks.events, expected);
+  size_t layer = 0;
+  for (const auto& l : *plain->model->layers) {
+    const auto ps = l->parameters();
+    for (size_t k = 0; k < ps.size(); ++k) {
+      ASSERT_TRUE(hooks.grad(layer, k).defined());
+      EXPECT_TRUE(AllClose(hooks.grad(layer, k), ps[k].grad(), 1e-6)) << "layer " << layer;
+    }
+    ++layer;
+  }
+  // The root's own gradients accumulate as usual.
+  EXPECT_TRUE(AllClose(swapped->model->embed_tokens->weight.grad(),
+                       plain->model->embed_tokens->weight.grad(), 1e-6));
+  swapped->model->set_layer_hooks(nullptr);
+}
+
 }  // namespace
 }  // namespace relay::model

@@ -1,0 +1,157 @@
+#pragma once
+
+// trainer.sharding: full (ZeRO-3, FSDP-style): the ranks shard the weights
+// themselves, and a rank holds a layer's whole weights only while it runs.
+// Private to src/trainer.
+//
+// The policy's parameters are cut into units: one per decoder layer
+// ("model.layers.<i>.*") and the root (everything else: the embedding, the
+// final norm, the LM head). A unit's parameters, flattened and laid end to
+// end, form one index space of N elements padded to world_size * S
+// (S = ceil(N / W)); rank r holds [r*S, r*S + S) of it, in the parameters'
+// dtype, and the parameters themselves are empty tensors.
+//   * A layer unit is gathered (all-gather) just before the layer runs and
+//     released just after, through model::LayerHooks. With gradients the
+//     layer runs without autograd and is recomputed in backward (activation
+//     checkpointing, always on for sharded layers), gathered again for it;
+//     then its gradients are reduce-scattered into this rank's fp32
+//     accumulator and the unit is released.
+//   * The root unit is gathered for a whole phase (a pre-update pass, or an
+//     update's micro-batches); its gradients accumulate whole across the
+//     micro-batches and are reduce-scattered once, at the update.
+// How it differs from FSDP: FSDP keeps a layer's activations for backward
+// and re-gathers the weights autograd saved; here the sharded layers always
+// recompute (the reentrant checkpoint in policy.cc), so no saved tensor
+// points into a released buffer. The next layer's gather is not overlapped
+// with the current layer's compute (c10d's Gloo and these hooks run on the
+// calling thread).
+//
+// Every rank must run the same passes: a gather or a reduce-scatter is a
+// collective. The trainer pads a rank that has fewer micro-batches with
+// empty passes (Trainer::empty_pass).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "relay/common/status.h"
+#include "relay/model/policy.h"
+#include "relay/trainer/data_parallel.h"
+#include "trainer/optimizer.h"
+
+namespace relay::trainer {
+
+class FullyShardedModel final : public model::LayerHooks {
+ public:
+  struct Param {
+    std::string name;
+    size_t index = 0;  // in the policy's parameters()
+    at::Tensor param;  // the module's parameter (empty while released)
+    std::vector<int64_t> shape;
+    int64_t offset = 0;  // in the unit's flat index space
+    int64_t numel = 0;
+  };
+  struct Unit {
+    std::string name;  // "model.layers.<i>" or "root"
+    std::vector<Param> params;
+    int64_t numel = 0;  // N
+    int64_t shard = 0;  // S
+    at::ScalarType dtype = at::kFloat;
+    at::Tensor local;  // [S], the parameters' dtype: this rank's elements
+    at::Tensor grad;   // [S] fp32: the ranks' summed gradients (undefined = none yet)
+    bool whole = false;
+  };
+
+  // Shards `policy` (whole, and the same on every rank) over `dp`'s ranks and
+  // sets itself as its layer hooks; the whole weights are freed. `trainable`:
+  // gradients are reduced (a frozen reference takes none). Each unit must
+  // hold one dtype on one device.
+  static StatusOr<std::unique_ptr<FullyShardedModel>> create(model::Policy policy,
+                                                             const DataParallel& dp,
+                                                             bool trainable);
+  ~FullyShardedModel() override;
+
+  // model::LayerHooks (layer i is unit i + 1). They throw on a failed
+  // collective.
+  void acquire(int64_t layer) override;
+  void release(int64_t layer) override;
+  void gradients_ready(int64_t layer) override;
+
+  // The root unit, whole for a phase. acquire_root on a whole root does
+  // nothing.
+  Status acquire_root();
+  void release_root();
+  // The root's gradients (whole, accumulated by autograd) reduce-scattered
+  // into its accumulator; then the root is released.
+  Status reduce_root_gradients();
+
+  // Off: the passes that follow (the trainer's empty ones) mark no parameter
+  // as having had a gradient.
+  void set_counting(bool on) { counting_ = on; }
+  // Which parameters (by index in the policy's parameters()) had a gradient
+  // in a counted pass on this rank since the last drop_gradients().
+  const std::vector<bool>& had_gradient() const { return had_gradient_; }
+  // Frees every accumulator and parameter gradient and releases every unit
+  // (after an update, or a failure partway through a pass).
+  void drop_gradients();
+
+  // Gathers every unit in turn and copies the whole weights into `into`
+  // (same architecture, any device and dtype; null: this rank only takes
+  // part). A collective.
+  Status gather_weights(model::PolicyImpl* into);
+
+  // Makes the module whole again from `from` (the same architecture; any
+  // device and dtype): each parameter gets a copy of its weights on its own
+  // device and in its dtype. No collective; the shards stay as they are.
+  void restore_whole(const model::PolicyImpl& from);
+
+  std::vector<Unit>& units() { return units_; }
+  const std::vector<Unit>& units() const { return units_; }
+  const DataParallel& data_parallel() const { return dp_; }
+  // Bytes this rank holds between passes (its shards), and at most while a
+  // phase runs (the root and the largest layer whole on top of them).
+  int64_t shard_bytes() const;
+  int64_t peak_whole_bytes() const;
+
+ private:
+  FullyShardedModel(model::Policy policy, const DataParallel& dp, bool trainable)
+      : policy_(std::move(policy)), dp_(dp), trainable_(trainable) {}
+  Status gather(Unit& u);
+  void release(Unit& u);
+  Status reduce_gradients(Unit& u);
+
+  model::Policy policy_;
+  DataParallel dp_;
+  bool trainable_ = true;
+  bool counting_ = true;
+  std::vector<Unit> units_;  // [0] = root, [i + 1] = layer i
+  std::vector<bool> had_gradient_;
+};
+
+// A fully sharded model's root unit whole for a phase: acquire() gathers
+// it, the destructor releases it. Does nothing for a null model.
+class WholeRoot {
+ public:
+  explicit WholeRoot(FullyShardedModel* model) : model_(model) {}
+  ~WholeRoot() {
+    if (model_ != nullptr) model_->release_root();
+  }
+  WholeRoot(const WholeRoot&) = delete;
+  WholeRoot& operator=(const WholeRoot&) = delete;
+  Status acquire() { return model_ != nullptr ? model_->acquire_root() : OkStatus(); }
+
+ private:
+  FullyShardedModel* model_;
+};
+
+// AdamW over a fully sharded model's shards (optimizer.h): this rank's
+// elements of each unit, with their master copies and moments; the
+// gradients arrive reduce-scattered already. The state is saved in the
+// single-rank layout, as ShardedAdamW saves it.
+StatusOr<std::unique_ptr<Optimizer>> make_fully_sharded_adamw(FullyShardedModel& model,
+                                                              const OptimizerOptions& options);
+
+}  // namespace relay::trainer
