@@ -16,7 +16,11 @@
 //
 //   sharding_bench [--models tiny,qwen2-100m,qwen2.5-0.5b] [--worlds 1,2,4]
 //                  [--shardings none,optimizer,full] [--shape BxT] [--reps R]
-//                  [--dtype fp32|bf16] [--json]
+//                  [--dtype fp32|bf16] [--checkpointing] [--json]
+//
+// --checkpointing turns trainer.activation_checkpointing on for every
+// sharding: full always recomputes its layers, so this is the baseline that
+// isolates what the sharding itself costs.
 //
 // Step time is rank 0's wall time of Trainer::step (the ranks meet in every
 // collective), the median of --reps timed steps after one untimed step; the
@@ -70,8 +74,11 @@ constexpr double kGiB = 1ull << 30;
 // `reps` timed steps (after one untimed) of `world` ranks over copies of
 // `initial`.
 Run run(const Policy& initial, int world, Sharding sharding,
-        const std::vector<TrajectoryGroup>& groups, int reps) {
+        const std::vector<TrajectoryGroup>& groups, int reps, bool checkpointing) {
   relay::trainer::TrainerOptions o;
+  // full recomputes its layers whatever this says; with it on, none and
+  // optimizer recompute too, and the step ratio is the sharding's alone.
+  o.activation_checkpointing = checkpointing;
   o.rollout_correction.bypass = true;  // no pass before the update: the update is what differs
   o.max_staleness = -1;
   o.optimizer.lr = 1e-5;
@@ -166,6 +173,7 @@ int main(int argc, char** argv) {
   const std::string dtype = flag(argc, argv, "--dtype") ? flag(argc, argv, "--dtype") : "fp32";
   if (dtype != "fp32" && dtype != "bf16") fail("--dtype: fp32 or bf16");
   const bool json = has(argc, argv, "--json");
+  const bool checkpointing = has(argc, argv, "--checkpointing");
   // With --json the rows go to stdout and the table to stderr (scripts/bench.sh).
   FILE* table = json ? stderr : stdout;
   struct sysinfo si {};
@@ -213,7 +221,7 @@ int main(int argc, char** argv) {
               name.c_str(), world, mode_name(modes[i]), need, machine_gib);
           continue;
         }
-        runs[i] = run(initial, world, modes[i], groups, reps);
+        runs[i] = run(initial, world, modes[i], groups, reps, checkpointing);
       }
       for (size_t i = 0; i < modes.size(); ++i) {
         if (skipped[i]) continue;
@@ -236,6 +244,7 @@ int main(int argc, char** argv) {
               .add("world", world)
               .add("sharding", mode)
               .add("dtype", dtype)
+              .add("checkpointing", checkpointing ? 1 : 0)
               .add("weights_gib", m.at("memory/weights_gb"))
               .add("weights_peak_gib", peak)
               .add("gradients_gib", m.at("memory/gradients_gb"))

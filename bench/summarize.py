@@ -85,15 +85,21 @@ def main():
     # Trainer memory and work: optimizer sharding, sequence packing.
     sharding = rows_of(os.path.join(out_dir, "sharding.out"))
     for r in sharding:
-        if r.get("sharding") != "optimizer":
+        mode = r.get("sharding")
+        if mode not in ("optimizer", "full"):
             continue
         base = pick(sharding, model=r["model"], world=r["world"], sharding="none")
-        state = r["master_gib"] + r["moments_gib"]
-        base_state = base["master_gib"] + base["moments_gib"] if base else None
-        table.append(("trainer", f"{r['model']}, {r['world']} ranks, sharding optimizer: "
-                      "master + AdamW GiB per rank (step time vs none)",
-                      num(state, ".3f"), f"sharding none {num(base_state, '.3f')}",
-                      f"{ratio(state / base_state if base_state else None)} "
+        # optimizer: what it shards (master copies and moments); full: the
+        # weights, gradients and moments a rank holds.
+        parts = (["master_gib", "moments_gib"] if mode == "optimizer"
+                 else ["weights_gib", "gradients_gib", "master_gib", "moments_gib"])
+        held = sum(r[k] for k in parts)
+        base_held = sum(base[k] for k in parts) if base else None
+        what = "master + AdamW" if mode == "optimizer" else "weights + grads + master + AdamW"
+        table.append(("trainer", f"{r['model']}, {r['world']} ranks, sharding {mode}: "
+                      f"{what} GiB per rank (step time vs none)",
+                      num(held, ".3f"), f"sharding none {num(base_held, '.3f')}",
+                      f"{ratio(held / base_held if base_held else None)} "
                       f"({ratio(r.get('step_vs_none'))} time)"))
     for r in rows_of(os.path.join(out_dir, "packing.out")):
         table.append(("trainer", f"{r['model']}, {r['rows']} rows, pack_sequences: padding "

@@ -240,6 +240,45 @@ TEST(FullShardingTest, StateResumesUnderAnotherWorldSizeAndSharding) {
   EXPECT_LT(relative_difference(zero1[0], through[0], flat(after_one)), 1e-4);
 }
 
+// An MoE model (Qwen3-MoE shape): experts are a layer's parameters like any
+// other, and one that no token of a real pass reached on any rank is not
+// stepped (no weight decay either), as the replicated trainer leaves it.
+TEST(FullShardingTest, MoeExpertsTrainAsTheReplicatedTrainer) {
+  model::PolicyConfig c = relay::testing::TinyConfig("qwen3_moe");
+  c.head_dim = 8;
+  c.num_experts = 8;
+  c.num_experts_per_tok = 1;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  model::Policy initial(c);
+  model::init_weights(*initial, 5, 0.4);
+  initial->eval();
+  // Three rows on two ranks, a micro-batch each: rank 1 also runs an empty
+  // pass, whose two tokens reach some experts; they must not count.
+  const auto groups = sample_groups(initial, 1, 3);
+  TrainerOptions options = dp_options();
+  options.optimizer.weight_decay = 0.1;
+  options.micro_batch_tokens = 1;
+  options.mini_batches = 1;
+  options.ppo_epochs = 1;
+  auto replicated = run_ranks(2, initial, options, groups, {"step"}, 4096);
+  auto full =
+      run_ranks(2, initial, with_sharding(options, Sharding::kFull), groups, {"step"}, 4096);
+  ASSERT_TRUE(replicated[0].status.ok()) << replicated[0].status;
+  expect_rank_zero_whole(full, initial->parameters().size());
+  EXPECT_LT(relative_difference(full[0], replicated[0], flat(initial)), 5e-5);
+  EXPECT_LT(relative_difference(full[0], replicated[0], at::Tensor()), 1e-6);
+  // The parameters the replicated step left alone, the sharded one did too.
+  const auto before = initial->parameters();
+  int untouched = 0;
+  for (size_t p = 0; p < before.size(); ++p) {
+    const bool same = torch::equal(replicated[0].params[p], before[p]);
+    untouched += same;
+    EXPECT_EQ(torch::equal(full[0].params[p], before[p]), same) << "parameter " << p;
+  }
+  std::printf("MoE: %d of %zu parameters had no gradient anywhere\n", untouched, before.size());
+}
+
 // LoRA is not sharded this way: refused by name on every rank.
 TEST(FullShardingTest, LoraIsRefusedByName) {
   model::Policy initial = make_policy(3);

@@ -726,7 +726,9 @@ RankResult train(model::Policy policy, const std::vector<rollout::TrajectoryGrou
     }
     out.metrics.push_back(*m);
   }
-  out.weights = flat_cpu(policy);
+  // The trainer's weights: the module, or with sharding: full rank 0's host
+  // copy (the other ranks' modules hold nothing).
+  out.weights = flat_cpu((*t)->policy());
   return out;
 }
 
@@ -765,7 +767,11 @@ void expect_two_gpus_match_one_rank(trainer::Sharding sharding, const char* what
   }
   for (auto& t : threads) t.join();
   for (const RankResult& r : ranks) ASSERT_TRUE(r.status.ok()) << r.status;
-  EXPECT_TRUE(torch::equal(ranks[0].weights, ranks[1].weights)) << "the ranks diverged";
+  if (sharding == trainer::Sharding::kFull) {
+    EXPECT_EQ(ranks[1].weights.numel(), 0) << "rank 1 kept whole weights";
+  } else {
+    EXPECT_TRUE(torch::equal(ranks[0].weights, ranks[1].weights)) << "the ranks diverged";
+  }
   const at::Tensor before = flat_cpu(initial);
   const double scale = (single.weights - before).abs().max().item<double>();
   ASSERT_GT(scale, 0) << "the weights did not change";
@@ -784,6 +790,13 @@ TEST(CudaCommTest, DataParallelTrainerOnTwoGpusMatchesOneRank) {
 TEST(CudaCommTest, ShardedOptimizerOnTwoGpusMatchesOneRank) {
   RELAY_NEED_GPUS(2);
   expect_two_gpus_match_one_rank(trainer::Sharding::kOptimizer, "sharding optimizer");
+}
+
+// trainer.sharding: full under NCCL: each layer all-gathered in its dtype
+// on the GPU, its gradients reduce-scattered by NCCL, rank 0's host copy.
+TEST(CudaCommTest, FullShardingOnTwoGpusMatchesOneRank) {
+  RELAY_NEED_GPUS(2);
+  expect_two_gpus_match_one_rank(trainer::Sharding::kFull, "sharding full");
 }
 
 }  // namespace
