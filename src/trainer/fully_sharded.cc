@@ -98,7 +98,31 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::create(model::Po
   return m;
 }
 
-FullyShardedModel::~FullyShardedModel() { policy_->model->set_layer_hooks(nullptr); }
+FullyShardedModel::~FullyShardedModel() {
+  finish_prefetch().IgnoreError();
+  policy_->model->set_layer_hooks(nullptr);
+}
+
+void FullyShardedModel::start_prefetch(Unit& u) {
+  if (u.whole) return;
+  prefetch_ = std::thread([this, &u] {
+    torch::NoGradGuard no_grad;  // grad mode is per thread; a new one has it on
+    try {
+      prefetch_status_ = gather(u);
+    } catch (const std::exception& e) {  // out of memory, say: reported at the wait
+      prefetch_status_ = InternalError(
+          absl::StrCat("gathering ", u.name, ": ", model::exception_message(e)));
+    }
+  });
+}
+
+Status FullyShardedModel::finish_prefetch() {
+  if (!prefetch_.joinable()) return OkStatus();
+  prefetch_.join();
+  Status s = prefetch_status_;
+  prefetch_status_ = OkStatus();
+  return s;
+}
 
 Status FullyShardedModel::gather(Unit& u) {
   if (u.whole) return OkStatus();
@@ -144,7 +168,22 @@ Status FullyShardedModel::reduce_gradients(Unit& u) {
 }
 
 void FullyShardedModel::acquire(int64_t layer) {
-  throw_if_error(gather(units_.at(static_cast<size_t>(layer + 1))));
+  Status s = finish_prefetch();  // normally this very layer
+  Unit& u = units_.at(static_cast<size_t>(layer + 1));
+  ++acquired_;
+  if (u.whole) ++prefetched_;
+  if (s.ok()) s = gather(u);
+  throw_if_error(s);
+  // The decoder acquires 0, 1, ..., L - 1 in a forward; a backward starts at
+  // L - 1 again and goes down. Anything else prefetches nothing.
+  const int64_t layers = static_cast<int64_t>(units_.size()) - 1;
+  const bool backward = (layer == last_acquired_ && layer == layers - 1) ||
+                        (backward_ && layer == last_acquired_ - 1);
+  const bool forward = !backward && (layer == 0 || layer == last_acquired_ + 1);
+  last_acquired_ = layer;
+  backward_ = backward;
+  const int64_t next = backward ? layer - 1 : forward ? layer + 1 : -1;
+  if (next >= 0 && next < layers) start_prefetch(units_[static_cast<size_t>(next + 1)]);
 }
 
 void FullyShardedModel::release(int64_t layer) {
@@ -153,22 +192,29 @@ void FullyShardedModel::release(int64_t layer) {
 
 void FullyShardedModel::gradients_ready(int64_t layer) {
   Unit& u = units_.at(static_cast<size_t>(layer + 1));
-  const Status s = trainable_ ? reduce_gradients(u) : OkStatus();
+  // The next layer's gather first: one collective at a time.
+  Status s = finish_prefetch();
+  if (s.ok() && trainable_) s = reduce_gradients(u);
   release(u);
   throw_if_error(s);
 }
 
-Status FullyShardedModel::acquire_root() { return gather(units_.front()); }
+Status FullyShardedModel::acquire_root() {
+  RELAY_RETURN_IF_ERROR(finish_prefetch());
+  return gather(units_.front());
+}
 
 void FullyShardedModel::release_root() { release(units_.front()); }
 
 Status FullyShardedModel::reduce_root_gradients() {
-  Status s = trainable_ ? reduce_gradients(units_.front()) : OkStatus();
+  Status s = finish_prefetch();
+  if (s.ok() && trainable_) s = reduce_gradients(units_.front());
   release(units_.front());
   return s;
 }
 
 void FullyShardedModel::drop_gradients() {
+  finish_prefetch().IgnoreError();  // a failed pass may have left one running
   for (Unit& u : units_) {
     u.grad = at::Tensor();
     for (Param& p : u.params) p.param.mutable_grad().reset();
@@ -178,6 +224,7 @@ void FullyShardedModel::drop_gradients() {
 }
 
 Status FullyShardedModel::gather_weights(model::PolicyImpl* into) {
+  RELAY_RETURN_IF_ERROR(finish_prefetch());
   torch::NoGradGuard no_grad;
   torch::OrderedDict<std::string, at::Tensor> theirs;
   if (into != nullptr) theirs = into->named_parameters();
@@ -201,6 +248,7 @@ Status FullyShardedModel::gather_weights(model::PolicyImpl* into) {
 }
 
 void FullyShardedModel::restore_whole(const model::PolicyImpl& from) {
+  finish_prefetch().IgnoreError();
   torch::NoGradGuard no_grad;
   const auto theirs = from.named_parameters();
   for (Unit& u : units_) {
@@ -227,10 +275,12 @@ int64_t FullyShardedModel::peak_whole_bytes() const {
   auto whole = [](const Unit& u) {
     return u.numel * static_cast<int64_t>(c10::elementSize(u.dtype));
   };
-  int64_t largest_layer = 0;
-  for (size_t i = 1; i < units_.size(); ++i)
-    largest_layer = std::max(largest_layer, whole(units_[i]));
-  return shard_bytes() + whole(units_.front()) + largest_layer;
+  // The layer running and the next one, prefetched: the two largest.
+  std::vector<int64_t> layers;
+  for (size_t i = 1; i < units_.size(); ++i) layers.push_back(whole(units_[i]));
+  std::sort(layers.rbegin(), layers.rend());
+  const int64_t two = layers.empty() ? 0 : layers[0] + (layers.size() > 1 ? layers[1] : 0);
+  return shard_bytes() + whole(units_.front()) + two;
 }
 
 }  // namespace relay::trainer

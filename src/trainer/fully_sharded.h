@@ -19,12 +19,18 @@
 //   * The root unit is gathered for a whole phase (a pre-update pass, or an
 //     update's micro-batches); its gradients accumulate whole across the
 //     micro-batches and are reduce-scattered once, at the update.
+//   * Prefetch: while a layer runs, the next one's gather runs on a thread
+//     of its own (layer i + 1 in a forward, i - 1 in backward, told apart
+//     by the order the decoder acquires them), so at most two layers are
+//     whole at once. One collective at a time: every other collective of
+//     this class first waits for a pending prefetch, and a pass ends with
+//     none pending (the last layer of a forward and layer 0 of a backward
+//     prefetch nothing), so the trainer's own collectives never run beside
+//     one.
 // How it differs from FSDP: FSDP keeps a layer's activations for backward
 // and re-gathers the weights autograd saved; here the sharded layers always
 // recompute (the reentrant checkpoint in policy.cc), so no saved tensor
-// points into a released buffer. The next layer's gather is not overlapped
-// with the current layer's compute (c10d's Gloo and these hooks run on the
-// calling thread).
+// points into a released buffer.
 //
 // Every rank must run the same passes: a gather or a reduce-scatter is a
 // collective. The trainer pads a rank that has fewer micro-batches with
@@ -33,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -112,9 +119,15 @@ class FullyShardedModel final : public model::LayerHooks {
   const std::vector<Unit>& units() const { return units_; }
   const DataParallel& data_parallel() const { return dp_; }
   // Bytes this rank holds between passes (its shards), and at most while a
-  // phase runs (the root and the largest layer whole on top of them).
+  // phase runs (the root and two layers whole on top of them: the one
+  // running and the next one, prefetched).
   int64_t shard_bytes() const;
   int64_t peak_whole_bytes() const;
+  // Of the layers acquired so far, the share a prefetch had gathered
+  // already (0 before any).
+  double prefetched_fraction() const {
+    return acquired_ > 0 ? static_cast<double>(prefetched_) / static_cast<double>(acquired_) : 0;
+  }
 
  private:
   FullyShardedModel(model::Policy policy, const DataParallel& dp, bool trainable)
@@ -122,6 +135,10 @@ class FullyShardedModel final : public model::LayerHooks {
   Status gather(Unit& u);
   void release(Unit& u);
   Status reduce_gradients(Unit& u);
+  // The prefetch thread: gathers `u` while the caller computes.
+  void start_prefetch(Unit& u);
+  // Waits for a pending prefetch; its gather's status.
+  Status finish_prefetch();
 
   model::Policy policy_;
   DataParallel dp_;
@@ -129,6 +146,11 @@ class FullyShardedModel final : public model::LayerHooks {
   bool counting_ = true;
   std::vector<Unit> units_;  // [0] = root, [i + 1] = layer i
   std::vector<bool> had_gradient_;
+  std::thread prefetch_;
+  Status prefetch_status_;
+  int64_t last_acquired_ = -1;  // the layer acquire() last took
+  bool backward_ = false;       // whether that acquire was a backward's
+  int64_t acquired_ = 0, prefetched_ = 0;
 };
 
 // A fully sharded model's root unit whole for a phase: acquire() gathers

@@ -174,6 +174,9 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
     m["memory/weights_gb"] = static_cast<double>(sharded_->shard_bytes()) / kGiB;
     m["memory/trainable_weights_gb"] = m["memory/weights_gb"];
     m["memory/weights_peak_gb"] = static_cast<double>(sharded_->peak_whole_bytes()) / kGiB;
+    // Not memory, but the same component's: how often the next layer's
+    // gather was done by the time the layer ran.
+    m["sharding/prefetched_fraction"] = sharded_->prefetched_fraction();
   } else {
     m["memory/weights_gb"] = bytes(policy_->parameters()) / kGiB;
     std::vector<at::Tensor> trainable;
