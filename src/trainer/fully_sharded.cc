@@ -110,8 +110,8 @@ void FullyShardedModel::start_prefetch(Unit& u) {
     try {
       prefetch_status_ = gather(u);
     } catch (const std::exception& e) {  // out of memory, say: reported at the wait
-      prefetch_status_ = InternalError(
-          absl::StrCat("gathering ", u.name, ": ", model::exception_message(e)));
+      prefetch_status_ =
+          InternalError(absl::StrCat("gathering ", u.name, ": ", model::exception_message(e)));
     }
   });
 }
