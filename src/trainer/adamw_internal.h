@@ -70,6 +70,13 @@ StatusOr<WholeAdamWState> read_whole_adamw(torch::serialize::InputArchive& archi
                                            const std::vector<at::ScalarType>& dtypes,
                                            bool use_master);
 
+// A sharded optimizer's part of `whole`: elements [offset, offset + length)
+// of parameter `param`'s flattened moments (zeros for a parameter never
+// stepped) and, when `master` is defined, of its master copy, copied into
+// the rank's tensors.
+void take_state_slice(const WholeAdamWState& whole, size_t param, int64_t offset, int64_t length,
+                      at::Tensor& exp_avg, at::Tensor& exp_avg_sq, at::Tensor& master);
+
 std::unique_ptr<Optimizer> make_replicated_adamw(const std::vector<at::Tensor>& params,
                                                  const OptimizerOptions& options,
                                                  const DataParallel& dp);

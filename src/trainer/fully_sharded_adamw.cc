@@ -141,20 +141,9 @@ class FullyShardedAdamW final : public Optimizer {
     RELAY_ASSIGN_OR_RETURN(WholeAdamWState whole,
                            read_whole_adamw(archive, path, shapes_, dtypes_, use_master_));
     // Everything fits: this rank's slices of it.
-    torch::NoGradGuard no_grad;
     steps_ = whole.steps;
     for (Segment& s : segments_) {
-      auto slice_of = [&](const at::Tensor& t) {
-        return t.reshape({-1}).narrow(0, s.param_offset, s.length);
-      };
-      if (whole.steps[s.param] > 0) {
-        s.exp_avg.copy_(slice_of(whole.exp_avg[s.param]));
-        s.exp_avg_sq.copy_(slice_of(whole.exp_avg_sq[s.param]));
-      } else {
-        s.exp_avg.zero_();
-        s.exp_avg_sq.zero_();
-      }
-      if (use_master_) s.master.copy_(slice_of(whole.master[s.param]));
+      take_state_slice(whole, s.param, s.param_offset, s.length, s.exp_avg, s.exp_avg_sq, s.master);
     }
     return OkStatus();
   }

@@ -175,6 +175,20 @@ StatusOr<WholeAdamWState> read_whole_adamw(torch::serialize::InputArchive& archi
   return state;
 }
 
+void take_state_slice(const WholeAdamWState& whole, size_t param, int64_t offset, int64_t length,
+                      at::Tensor& exp_avg, at::Tensor& exp_avg_sq, at::Tensor& master) {
+  torch::NoGradGuard no_grad;
+  auto slice_of = [&](const at::Tensor& t) { return t.reshape({-1}).narrow(0, offset, length); };
+  if (whole.steps[param] > 0) {
+    exp_avg.copy_(slice_of(whole.exp_avg[param]));
+    exp_avg_sq.copy_(slice_of(whole.exp_avg_sq[param]));
+  } else {
+    exp_avg.zero_();
+    exp_avg_sq.zero_();
+  }
+  if (master.defined()) master.copy_(slice_of(whole.master[param]));
+}
+
 StatusOr<std::unique_ptr<Optimizer>> make_optimizer(const std::vector<at::Tensor>& params,
                                                     const OptimizerOptions& options,
                                                     Sharding sharding, const DataParallel& dp) {

@@ -172,21 +172,10 @@ class ShardedAdamW final : public Optimizer {
     RELAY_ASSIGN_OR_RETURN(WholeAdamWState whole, read_whole_adamw(archive, path, shapes(),
                                                                    stepped_dtypes(), use_master_));
     // Everything fits: this rank's slices of it.
-    torch::NoGradGuard no_grad;
     steps_ = whole.steps;
     for (Segment& s : segments_) {
-      const Piece& p = s.piece;
-      auto slice_of = [&](const at::Tensor& t) {
-        return t.reshape({-1}).narrow(0, p.param_offset, p.length);
-      };
-      if (whole.steps[p.param] > 0) {
-        s.exp_avg.copy_(slice_of(whole.exp_avg[p.param]));
-        s.exp_avg_sq.copy_(slice_of(whole.exp_avg_sq[p.param]));
-      } else {
-        s.exp_avg.zero_();
-        s.exp_avg_sq.zero_();
-      }
-      if (use_master_) s.master.copy_(slice_of(whole.master[p.param]));
+      take_state_slice(whole, s.piece.param, s.piece.param_offset, s.piece.length, s.exp_avg,
+                       s.exp_avg_sq, s.master);
     }
     return OkStatus();
   }

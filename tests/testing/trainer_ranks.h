@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "relay/comm/dist/trainer_group.h"
+#include "relay/comm/dist/trainer_ranks.h"
 #include "relay/model/policy.h"
 #include "relay/rollout/engine.h"
 #include "relay/trainer/data_parallel.h"
@@ -94,6 +95,27 @@ inline StatusOr<std::shared_ptr<trainer::Collectives>> join_loopback(int rank, i
   go.rank.port = port;
   go.timeout = std::chrono::seconds(60);
   return comm::join_trainer_group(go);
+}
+
+// Rank 1 of a two-rank group at 127.0.0.1:port on a thread of its own,
+// following rank 0's commands (comm/dist/trainer_ranks.h) over a model of
+// the tiny architecture with `options` for every role; what
+// follow_rank_leader returns goes to `status`.
+inline std::thread follow_on_thread(int port, const trainer::TrainerOptions& options,
+                                    Status& status) {
+  return std::thread([port, options, &status] {
+    StatusOr<std::shared_ptr<trainer::Collectives>> group = join_loopback(1, 2, port);
+    if (!group.ok()) {
+      status = group.status();
+      return;
+    }
+    comm::FollowerOptions fo;
+    fo.bucket_bytes = 4096;
+    fo.options = [options](const std::string&) -> StatusOr<trainer::TrainerOptions> {
+      return options;
+    };
+    status = comm::follow_rank_leader(*group, make_policy(99), fo);
+  });
 }
 
 // Runs `calls` on trainer `t`: "step", "sft" (sft_step) or "save"
@@ -181,6 +203,33 @@ inline at::Tensor flat(const std::vector<at::Tensor>& params) {
 }
 
 inline at::Tensor flat(const model::Policy& p) { return flat(p->parameters()); }
+
+inline trainer::TrainerOptions with_sharding(trainer::TrainerOptions o,
+                                             trainer::Sharding sharding) {
+  o.sharding = sharding;
+  return o;
+}
+
+// A copy of `like` holding `params`.
+inline model::Policy policy_with(const model::Policy& like, const std::vector<at::Tensor>& params) {
+  model::Policy p = model::clone_policy(*like);
+  torch::NoGradGuard no_grad;
+  const auto mine = p->parameters();
+  for (size_t i = 0; i < mine.size(); ++i) mine[i].copy_(params[i]);
+  return p;
+}
+
+// The largest difference of two runs' weights, relative to the largest
+// change `reference` made from `before` (undefined: relative to the largest
+// of `reference`'s weights).
+inline double relative_difference(const RankResult& run, const RankResult& reference,
+                                  const at::Tensor& before) {
+  const at::Tensor change =
+      before.defined() ? flat(reference.params) - before : flat(reference.params);
+  const double scale = change.abs().max().item<double>();
+  EXPECT_GT(scale, 0) << "the weights did not change";
+  return (flat(run.params) - flat(reference.params)).abs().max().item<double>() / scale;
+}
 
 // Every rank ends with the same weights and metrics, and the update equals
 // `single`'s: the change of the flattened weights from `before_flat` within

@@ -28,40 +28,17 @@ using relay::testing::flat;
 using relay::testing::free_port;
 using relay::testing::join_loopback;
 using relay::testing::make_policy;
+using relay::testing::policy_with;
 using relay::testing::RankResult;
+using relay::testing::relative_difference;
 using relay::testing::run_ranks;
 using relay::testing::run_single;
 using relay::testing::sample_groups;
+using relay::testing::with_sharding;
 using trainer::Sharding;
 using trainer::StepMetrics;
 using trainer::Trainer;
 using trainer::TrainerOptions;
-
-TrainerOptions with_sharding(TrainerOptions o, Sharding sharding) {
-  o.sharding = sharding;
-  return o;
-}
-
-// A copy of `like` holding `params`.
-model::Policy policy_with(const model::Policy& like, const std::vector<at::Tensor>& params) {
-  model::Policy p = model::clone_policy(*like);
-  torch::NoGradGuard no_grad;
-  const auto mine = p->parameters();
-  for (size_t i = 0; i < mine.size(); ++i) mine[i].copy_(params[i]);
-  return p;
-}
-
-// The largest difference of two runs' weights relative to the largest
-// change `reference` made from `before` (undefined: relative to the largest
-// weight).
-double relative_difference(const RankResult& run, const RankResult& reference,
-                           const at::Tensor& before) {
-  const at::Tensor change =
-      before.defined() ? flat(reference.params) - before : flat(reference.params);
-  const double scale = change.abs().max().item<double>();
-  EXPECT_GT(scale, 0) << "the weights did not change";
-  return (flat(run.params) - flat(reference.params)).abs().max().item<double>() / scale;
-}
 
 // Rank 0 reads the whole weights (its host copy); the others' modules hold
 // nothing between passes: their shards are all they keep.
@@ -308,14 +285,7 @@ TEST(FullShardingTest, RankZeroPublishesWholeWeightsThroughTheProtocol) {
   const int port = free_port();
   model::Policy leader_policy = model::clone_policy(*initial);
   Status follower_status = InternalError("not run");
-  std::thread follower([&] {
-    auto group = join_loopback(1, 2, port);
-    if (!group.ok()) return;
-    FollowerOptions fo;
-    fo.bucket_bytes = 4096;
-    fo.options = [&](const std::string&) -> StatusOr<TrainerOptions> { return options; };
-    follower_status = follow_rank_leader(*group, make_policy(99), fo);
-  });
+  std::thread follower = relay::testing::follow_on_thread(port, options, follower_status);
   auto group = join_loopback(0, 2, port);
   ASSERT_TRUE(group.ok()) << group.status();
   RankLeader leader(*group);
@@ -350,14 +320,7 @@ TEST(FullShardingTest, AnotherTrainerFollowsAWarmStartOnEveryRank) {
   const int port = free_port();
   model::Policy policy = model::clone_policy(*initial);
   Status follower_status = InternalError("not run");
-  std::thread follower([&] {
-    auto group = join_loopback(1, 2, port);
-    if (!group.ok()) return;
-    FollowerOptions fo;
-    fo.bucket_bytes = 4096;
-    fo.options = [&](const std::string&) -> StatusOr<TrainerOptions> { return options; };
-    follower_status = follow_rank_leader(*group, make_policy(99), fo);
-  });
+  std::thread follower = relay::testing::follow_on_thread(port, options, follower_status);
   auto group = join_loopback(0, 2, port);
   ASSERT_TRUE(group.ok()) << group.status();
   RankLeader leader(*group);
