@@ -113,6 +113,17 @@ Status generate_and_score(EvalRun& run, int64_t begin, const std::vector<std::ve
   return OkStatus();
 }
 
+// The evaluation's own copy of `policy`, on the run's device: the weights
+// it is given may be a host copy (rank 0's with trainer.sharding: full).
+model::Policy eval_copy(const RolloutSetup& s, const model::Policy& policy) {
+  model::Policy copy = model::clone_policy(*policy);
+  if (s.policy) {
+    const c10::Device device = s.policy->parameters().front().device();
+    if (copy->parameters().front().device() != device) copy->to(device);
+  }
+  return copy;
+}
+
 // Episodes of every held-out prompt, k each, greedy or sampled at the eval
 // temperature, through an engine and the run's environment.
 StatusOr<std::vector<rollout::TrajectoryGroup>> run_episodes(const RolloutSetup& s,
@@ -125,7 +136,7 @@ StatusOr<std::vector<rollout::TrajectoryGroup>> run_episodes(const RolloutSetup&
   eo.sampling.temperature = o.temperature;
   eo.prefix = {};  // no forced prefixes in an evaluation
   RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Engine> engine,
-                         rollout::Engine::create(model::clone_policy(*policy), eo, 0, 0));
+                         rollout::Engine::create(eval_copy(s, policy), eo, 0, 0));
   std::unique_ptr<rollout::EpisodeDriver> driver = episode_driver(s, *engine);
   for (size_t i = 0; i < prompts.ids.size(); ++i) {
     rollout::PromptGroup g;
@@ -211,7 +222,7 @@ StatusOr<EvalResult> evaluate_held_out(const RolloutSetup& s, const model::Polic
   const int64_t batch = std::max<int64_t>(1, o.batch) * per_prompt;
   std::optional<Progress> progress;
   if (!o.progress.empty()) progress.emplace(o.progress, total);
-  EvalRun run{s, model::clone_policy(*policy), prompts, verifier, o};
+  EvalRun run{s, eval_copy(s, policy), prompts, verifier, o};
   EvalTally t;
   t.correct.assign(prompts.ids.size(), 0);
   for (int64_t begin = 0; begin < total; begin += batch) {
