@@ -118,9 +118,10 @@ at::Tensor aggregate_loss(const at::Tensor& loss_mat, const at::Tensor& response
       return (l.sum(-1) / seq_tokens).sum() / n_seqs;
     }
     case LossAggMode::kSeqMeanTokenSumNorm: {
+      // verl's value: no division by the number of sequences.
       const double c = normalizer.loss_scale_factor > 0 ? normalizer.loss_scale_factor
                                                         : static_cast<double>(l.size(1));
-      return l.sum() / (n_seqs * c);
+      return l.sum() / c;
     }
     case LossAggMode::kTokenMean:
       break;

@@ -61,10 +61,14 @@ void check(const KlControllerOptions& options, Problems problems);
 
 // verl's loss_agg_mode names. With m the mask and l the per-token loss:
 enum class LossAggMode {
-  kTokenMean,           // "token-mean": sum(l m) / N_tokens
-  kSeqMeanTokenSum,     // "seq-mean-token-sum": sum_b sum_j(l m) / N_seqs
-  kSeqMeanTokenMean,    // "seq-mean-token-mean": sum_b [sum_j(l m) / sum_j m] / N_seqs
-  kSeqMeanTokenSumNorm  // "seq-mean-token-sum-norm" (Dr. GRPO): sum(l m) / (N_seqs * C)
+  kTokenMean,         // "token-mean": sum(l m) / N_tokens
+  kSeqMeanTokenSum,   // "seq-mean-token-sum": sum_b sum_j(l m) / N_seqs
+  kSeqMeanTokenMean,  // "seq-mean-token-mean": sum_b [sum_j(l m) / sum_j m] / N_seqs
+  // "seq-mean-token-sum-norm" (Dr. GRPO, as verl computes it): sum(l m) / C,
+  // C = loss_scale_factor. No division by the number of sequences (the Dr.
+  // GRPO authors' code also averages over responses; verl does not), so the
+  // loss grows with the batch: its learning rate is not token-mean's.
+  kSeqMeanTokenSumNorm
 };
 inline const NameTable<LossAggMode> kLossAggModeNames{
     "loss aggregation mode",

@@ -52,12 +52,14 @@ TEST(LossAggregationTest, HandComputedModes) {
   EXPECT_NEAR(aggregate_loss(loss, mask, LossAggMode::kSeqMeanTokenSum).item<float>(), 3.5, 1e-6);
   // seq-mean-token-mean: (3/2 + 4/1) / 2
   EXPECT_NEAR(aggregate_loss(loss, mask, LossAggMode::kSeqMeanTokenMean).item<float>(), 2.75, 1e-6);
-  // seq-mean-token-sum-norm: 7 / (2 seqs * C), C = L = 3 by default, or 10.
-  EXPECT_NEAR(aggregate_loss(loss, mask, LossAggMode::kSeqMeanTokenSumNorm).item<float>(), 7.0 / 6,
+  // seq-mean-token-sum-norm, as verl's agg_loss: 7 / C, C = L = 3 by
+  // default, or 10; no division by the 2 sequences.
+  EXPECT_NEAR(aggregate_loss(loss, mask, LossAggMode::kSeqMeanTokenSumNorm).item<float>(), 7.0 / 3,
               1e-6);
   GlobalNormalizer n;
   n.loss_scale_factor = 10;
-  EXPECT_NEAR(aggregate_loss(loss, mask, LossAggMode::kSeqMeanTokenSumNorm, n).item<float>(), 0.35,
+  n.num_sequences = 2;
+  EXPECT_NEAR(aggregate_loss(loss, mask, LossAggMode::kSeqMeanTokenSumNorm, n).item<float>(), 0.7,
               1e-6);
 }
 
