@@ -16,7 +16,13 @@
 //
 //   sharding_bench [--models tiny,qwen2-100m,qwen2.5-0.5b] [--worlds 1,2,4]
 //                  [--shardings none,optimizer,full] [--shape BxT] [--reps R]
-//                  [--dtype fp32|bf16] [--checkpointing] [--json]
+//                  [--dtype fp32|bf16] [--checkpointing] [--critic] [--json]
+//
+// --critic measures PPO's critic instead (advantage.estimator gae against
+// grpo, back to back for each model, world size and sharding, both with the
+// pass before the update; full is left out, it does not shard a critic):
+// the critic's weights and optimizer state per rank and the step time with
+// it over the step time without.
 //
 // --checkpointing turns trainer.activation_checkpointing on for every
 // sharding: full always recomputes its layers, so this is the baseline that
@@ -37,6 +43,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -57,6 +64,7 @@ using relay::bench::median;
 using relay::model::Policy;
 using relay::model::PolicyConfig;
 using relay::rollout::TrajectoryGroup;
+using relay::trainer::AdvantageEstimator;
 using relay::trainer::Sharding;
 using relay::trainer::StepMetrics;
 
@@ -74,12 +82,19 @@ constexpr double kGiB = 1ull << 30;
 // `reps` timed steps (after one untimed) of `world` ranks over copies of
 // `initial`.
 Run run(const Policy& initial, int world, Sharding sharding,
-        const std::vector<TrajectoryGroup>& groups, int reps, bool checkpointing) {
+        const std::vector<TrajectoryGroup>& groups, int reps, bool checkpointing,
+        std::optional<AdvantageEstimator> critic_bench = std::nullopt) {
   relay::trainer::TrainerOptions o;
   // full recomputes its layers whatever this says; with it on, none and
   // optimizer recompute too, and the step ratio is the sharding's alone.
   o.activation_checkpointing = checkpointing;
   o.rollout_correction.bypass = true;  // no pass before the update: the update is what differs
+  if (critic_bench) {
+    // gae against grpo: both with the pass before the update (the critic
+    // scores there), so the difference is the critic's pass and update.
+    o.advantage.estimator = *critic_bench;
+    o.rollout_correction.bypass = false;
+  }
   o.max_staleness = -1;
   o.optimizer.lr = 1e-5;
   o.micro_batch_tokens = 1 << 20;
@@ -145,6 +160,27 @@ double estimate_gib(int64_t params, int64_t weight_bytes, bool master, int world
   return per_rank * world * 1.3 / kGiB;  // + activations and temporaries
 }
 
+// The weights every configuration starts from: random, in `dtype`.
+Policy initial_policy(const PolicyConfig& config, const std::string& dtype) {
+  Policy initial(config);
+  relay::model::init_weights(*initial, 1, 0.02);
+  if (dtype == "bf16") initial->to(torch::kBFloat16);
+  return initial;
+}
+
+// `batch` sequences of `seq` tokens (8 of prompt), in groups of up to 4.
+std::vector<TrajectoryGroup> synthetic_batch(const PolicyConfig& config, int64_t batch,
+                                             int64_t seq) {
+  std::mt19937 rng(3);
+  std::vector<TrajectoryGroup> groups;
+  const int k = static_cast<int>(std::min<int64_t>(batch, 4));
+  for (int g = 0; g < batch / k; ++g) {
+    groups.push_back(relay::bench::synthetic_group(g, k, 8, static_cast<int>(seq - 8), 0,
+                                                   config.vocab_size, rng));
+  }
+  return groups;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,12 +210,42 @@ int main(int argc, char** argv) {
   if (dtype != "fp32" && dtype != "bf16") fail("--dtype: fp32 or bf16");
   const bool json = has(argc, argv, "--json");
   const bool checkpointing = has(argc, argv, "--checkpointing");
+  const bool critic = has(argc, argv, "--critic");
   // With --json the rows go to stdout and the table to stderr (scripts/bench.sh).
   FILE* table = json ? stderr : stdout;
   struct sysinfo si {};
   ::sysinfo(&si);
   const double machine_gib = static_cast<double>(si.totalram) * si.mem_unit / kGiB;
 
+  if (critic) {
+    std::fprintf(table,
+                 "| model | W | sharding | critic weights GiB | critic master+moments GiB | step s "
+                 "(grpo) | step s (gae) | gae vs grpo |\n|---|---|---|---|---|---|---|---|\n");
+    for (const std::string& name : models) {
+      const PolicyConfig config = relay::bench::model_config(name, "--models");
+      const Policy initial = initial_policy(config, dtype);
+      const std::vector<TrajectoryGroup> groups = synthetic_batch(config, batch, seq);
+      for (int world : worlds) {
+        at::set_num_threads(
+            std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world));
+        for (Sharding sh : shardings) {
+          if (sh == Sharding::kFull || (world == 1 && sh != Sharding::kNone)) continue;
+          const Run without =
+              run(initial, world, sh, groups, reps, checkpointing, AdvantageEstimator::kGrpo);
+          const Run with =
+              run(initial, world, sh, groups, reps, checkpointing, AdvantageEstimator::kGae);
+          const StepMetrics& m = with.last[0];
+          const double state = m.at("memory/critic_optimizer_gb");
+          std::fprintf(table, "| %s | %d | %s | %.3f | %.3f | %.2f | %.2f | %.3f |\n", name.c_str(),
+                       world, mode_name(sh), m.at("memory/critic_weights_gb"), state,
+                       median(without.seconds), median(with.seconds),
+                       median(with.seconds) / median(without.seconds));
+          std::fflush(table);
+        }
+      }
+    }
+    return 0;
+  }
   std::fprintf(
       table,
       "| model | W | sharding | weights GiB | weights peak GiB | gradients GiB | master GiB "
@@ -187,18 +253,10 @@ int main(int argc, char** argv) {
       "|\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : models) {
     const PolicyConfig config = relay::bench::model_config(name, "--models");
-    Policy initial(config);
-    relay::model::init_weights(*initial, 1, 0.02);
-    if (dtype == "bf16") initial->to(torch::kBFloat16);
+    const Policy initial = initial_policy(config, dtype);
     int64_t params = 0;
     for (const at::Tensor& p : initial->parameters()) params += p.numel();
-    std::mt19937 rng(3);
-    std::vector<TrajectoryGroup> groups;
-    const int k = static_cast<int>(std::min<int64_t>(batch, 4));
-    for (int g = 0; g < batch / k; ++g) {
-      groups.push_back(relay::bench::synthetic_group(g, k, 8, static_cast<int>(seq - 8), 0,
-                                                     config.vocab_size, rng));
-    }
+    const std::vector<TrajectoryGroup> groups = synthetic_batch(config, batch, seq);
     double single_state = 0;  // master + moments of one unsharded rank
     for (int world : worlds) {
       // none first: the others' step time is relative to it.

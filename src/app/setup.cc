@@ -299,6 +299,7 @@ StatusOr<trainer::TrainerOptions> trainer_options(const RolloutSetup& s) {
   trainer::share_ppo_settings(o.loss);
   o.temperature =
       s.config.rollout.engine.sampling.temperature;  // score at the sampling temperature
+  o.max_response_length = s.config.rollout.engine.max_new_tokens;
   o.loss.clip_cov.seed = s.config.run.seed;
   o.autocast = model::autocast_type(s.config.run.autocast);
   o.pad_token_id = std::max<int64_t>(0, s.tokenizer->pad_id());

@@ -127,8 +127,23 @@ int train_local(const TrainLocalArgs& args) {
   if (!version.ok()) return fail(version.status());
   StatusOr<model::Policy> reference = load_reference(s, *options);
   if (!reference.ok()) return fail(reference.status());
+  // PPO's critic: trainer.critic.path, else the policy as RL starts (as relay run).
+  model::ValueModel critic{nullptr};
+  if (options->advantage.estimator == trainer::AdvantageEstimator::kGae) {
+    const std::string& path = s.config.trainer.critic.path;
+    model::LoadOptions lo;
+    lo.dtype = s.policy->parameters()[0].scalar_type();
+    lo.device = s.policy->parameters()[0].device();
+    if (path.empty()) {
+      critic = model::value_model_from_policy(*s.policy, s.config.run.seed);
+    } else {
+      StatusOr<model::ValueModel> loaded = model::load_value_model(path, lo, s.config.run.seed);
+      if (!loaded.ok()) return fail(loaded.status());
+      critic = *loaded;
+    }
+  }
   StatusOr<std::unique_ptr<trainer::Trainer>> tr =
-      trainer::Trainer::create(s.policy, *options, *version, *reference);
+      trainer::Trainer::create(s.policy, *options, *version, *reference, {}, critic);
   if (!tr.ok()) return fail(tr.status());
   const InProcessSourceOptions so{args.groups_per_step, options->drop_equal_reward_groups,
                                   s.config.trainer.max_extra_batches};

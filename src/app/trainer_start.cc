@@ -23,9 +23,34 @@ namespace {
 // trainer.sharding: full that keeps only this rank's shards of the policy
 // and the reference.
 Status start_followers(TrainerContext& c, int64_t version, const model::Policy& ref,
-                       const std::string& state) {
+                       const std::string& state, const model::ValueModel& critic) {
   if (!c.leader) return OkStatus();
-  return c.leader->start("rl", *c.s.policy, version, ref, state);
+  return c.leader->start("rl", *c.s.policy, version, ref, state, critic);
+}
+
+// PPO's critic (advantage.estimator gae), before the trainer (and the
+// followers) take it: a resumed run's from its checkpoint, else
+// trainer.critic.path, else one over the policy's weights as RL starts.
+StatusOr<model::ValueModel> load_critic(const TrainerContext& c, const std::string& checkpoint) {
+  if (c.options.advantage.estimator != trainer::AdvantageEstimator::kGae) {
+    return model::ValueModel{nullptr};
+  }
+  model::LoadOptions lo;
+  lo.dtype = c.s.policy->parameters()[0].scalar_type();
+  lo.device = c.s.policy->parameters()[0].device();
+  if (!checkpoint.empty()) {
+    const std::string dir = (std::filesystem::path(checkpoint) / trainer::kCriticDir).string();
+    if (!std::filesystem::exists(dir)) {
+      return FailedPreconditionError(
+          absl::StrCat(checkpoint, " has no ", trainer::kCriticDir,
+                       "/ directory: it was written by a run without a critic, and "
+                       "trainer.advantage.estimator gae resumes one"));
+    }
+    return model::load_value_model(dir, lo, c.s.config.run.seed);
+  }
+  const std::string& path = c.s.config.trainer.critic.path;
+  if (!path.empty()) return model::load_value_model(path, lo, c.s.config.run.seed);
+  return model::value_model_from_policy(*c.s.policy, c.s.config.run.seed);
 }
 
 // The KL reference: trainer.reference, else the one a resumed run saved
@@ -51,15 +76,16 @@ StatusOr<Started> resume(TrainerContext& c, const trainer::CheckpointInfo& info,
   model::LoadOptions lo;
   lo.dtype = c.s.policy->parameters()[0].scalar_type();
   RELAY_ASSIGN_OR_RETURN(c.s.policy, model::load_policy(info.dir, lo));
+  RELAY_ASSIGN_OR_RETURN(model::ValueModel critic, load_critic(c, info.dir));
   if (c.leader) {
     RELAY_ASSIGN_OR_RETURN(
         const std::string state,
         read_file((std::filesystem::path(info.dir) / trainer::kTrainerStateFile).string()));
-    RELAY_RETURN_IF_ERROR(start_followers(c, info.version, reference, state));
+    RELAY_RETURN_IF_ERROR(start_followers(c, info.version, reference, state, critic));
   }
   Started r;
   RELAY_ASSIGN_OR_RETURN(r.trainer, trainer::Trainer::create(c.s.policy, c.options, info.version,
-                                                             reference, c.data_parallel()));
+                                                             reference, c.data_parallel(), critic));
   RELAY_RETURN_IF_ERROR(trainer::restore_checkpoint(info, *r.trainer, nullptr));
   r.rl_start_version = info.rl_start_version;
   r.state.rl_step = info.rl_step;
@@ -112,7 +138,8 @@ StatusOr<Started> start_fresh(TrainerContext& c, const model::Policy& reference)
   std::function<StatusOr<int64_t>()> warm;
   if (c.s.config.experiment.warm_start.sft_steps > 0) warm = [&c] { return run_warm_start(c); };
   RELAY_ASSIGN_OR_RETURN(r.rl_start_version, before_rl(*c.evaluator, c.s.policy, warm, r.state));
-  RELAY_RETURN_IF_ERROR(start_followers(c, r.rl_start_version, reference, ""));
+  RELAY_ASSIGN_OR_RETURN(model::ValueModel critic, load_critic(c, ""));
+  RELAY_RETURN_IF_ERROR(start_followers(c, r.rl_start_version, reference, "", critic));
   if (c.options.needs_reference() && c.s.config.trainer.reference.empty() &&
       !c.options.lora.enabled()) {
     // The KL reference is the policy RL starts from; a resumed run needs it.
@@ -120,7 +147,7 @@ StatusOr<Started> start_fresh(TrainerContext& c, const model::Policy& reference)
   }
   RELAY_ASSIGN_OR_RETURN(
       r.trainer, trainer::Trainer::create(c.s.policy, c.options, r.rl_start_version, reference,
-                                          c.data_parallel()));
+                                          c.data_parallel(), critic));
   RunCheckpointer zero(&c, r.rl_start_version);
   RELAY_RETURN_IF_ERROR(zero.write(*r.trainer, 0, r.state.accuracy_at(0)));
   return r;

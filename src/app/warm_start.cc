@@ -132,6 +132,10 @@ trainer::TrainerOptions warm_start_options(const trainer::TrainerOptions& option
                                            const WarmStart& ws) {
   trainer::TrainerOptions sft = options;
   sft.optimizer.lr = ws.lr;
+  // sft_step reads no advantages: no critic for the warm start.
+  if (sft.advantage.estimator == trainer::AdvantageEstimator::kGae) {
+    sft.advantage.estimator = trainer::AdvantageEstimator::kGrpo;
+  }
   return sft;
 }
 

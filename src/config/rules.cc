@@ -162,6 +162,19 @@ void check(const ExperimentConfig& config, Problems p) {
           "calculator's targets are tool calls: it needs task.environment calculator or remote, "
           "or agents (rollout.agent.listen), to answer them");
   }
+  const int64_t overlong = config.trainer.overlong_buffer.length;
+  if (overlong > 0 && (agents || environment)) {
+    p.add("trainer.overlong_buffer.length",
+          "DAPO's length penalty counts one response against rollout.max_new_tokens; episodes "
+          "(task.environment, rollout.agent.listen) have a budget per turn",
+          overlong);
+  }
+  if (overlong > 0 && overlong >= config.rollout.engine.max_new_tokens) {
+    p.add("trainer.overlong_buffer.length",
+          absl::StrCat("must be < rollout.max_new_tokens (", config.rollout.engine.max_new_tokens,
+                       ")"),
+          overlong);
+  }
   trainer::check(config.trainer, p.at("trainer"));
 }
 

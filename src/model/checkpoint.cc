@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "model/model_directory.h"
 #include "relay/common/file_io.h"
 #include "relay/model/hf_config.h"
 #include "relay/model/lora.h"
@@ -84,6 +86,40 @@ Status write_full_policy(PolicyImpl& policy, const fs::path& staging, const Save
 
 }  // namespace
 
+Status fill_parameters(torch::nn::Module& model, const CheckpointTensors& tensors,
+                       const std::string& dir, const std::string& what,
+                       const std::function<bool(const std::string&)>& keep,
+                       const std::function<bool(const std::string&)>& ignorable) {
+  std::set<std::string> used;
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    if (keep && keep(name)) continue;
+    at::Tensor& param = item.value();
+    const TensorEntry* entry = tensors.entry(name);
+    if (entry == nullptr) {
+      return InvalidArgumentError(absl::StrCat(dir, ": missing tensor '", name, "'"));
+    }
+    if (c10::IntArrayRef(entry->shape) != param.sizes()) {
+      return InvalidArgumentError(
+          absl::StrCat(dir, ": tensor '", name, "' has shape [", absl::StrJoin(entry->shape, ", "),
+                       "], config.json implies [", absl::StrJoin(param.sizes(), ", "), "]"));
+    }
+    RELAY_ASSIGN_OR_RETURN(at::Tensor value, tensors.tensor(name));
+    param.copy_(value);
+    used.insert(name);
+  }
+  std::vector<std::string> unexpected;
+  for (const std::string& name : tensors.names()) {
+    if (!used.count(name) && !ignorable(name)) unexpected.push_back(name);
+  }
+  if (!unexpected.empty()) {
+    if (unexpected.size() > 5) unexpected.resize(5);
+    return InvalidArgumentError(
+        absl::StrCat(dir, ": tensors ", what, " does not have: ", absl::StrJoin(unexpected, ", ")));
+  }
+  return OkStatus();
+}
+
 StatusOr<Policy> load_policy(const std::string& dir, const LoadOptions& options) {
   if (!fs::is_directory(dir))
     return NotFoundError(absl::StrCat("model directory not found: ", dir));
@@ -96,33 +132,9 @@ StatusOr<Policy> load_policy(const std::string& dir, const LoadOptions& options)
   try {
     Policy policy(config);
     torch::NoGradGuard no_grad;
-    std::set<std::string> used;
-    for (auto& item : policy->named_parameters()) {
-      const std::string& name = item.key();
-      at::Tensor& param = item.value();
-      const TensorEntry* entry = tensors.entry(name);
-      if (entry == nullptr) {
-        return InvalidArgumentError(absl::StrCat(dir, ": missing tensor '", name, "'"));
-      }
-      if (c10::IntArrayRef(entry->shape) != param.sizes()) {
-        return InvalidArgumentError(absl::StrCat(
-            dir, ": tensor '", name, "' has shape [", absl::StrJoin(entry->shape, ", "),
-            "], config.json implies [", absl::StrJoin(param.sizes(), ", "), "]"));
-      }
-      RELAY_ASSIGN_OR_RETURN(at::Tensor value, tensors.tensor(name));
-      param.copy_(value);
-      used.insert(name);
-    }
-    std::vector<std::string> unexpected;
-    for (const std::string& name : tensors.names()) {
-      if (!used.count(name) && !ignorable(name, config)) unexpected.push_back(name);
-    }
-    if (!unexpected.empty()) {
-      if (unexpected.size() > 5) unexpected.resize(5);
-      return InvalidArgumentError(
-          absl::StrCat(dir, ": tensors the ", config.model_type,
-                       " architecture does not have: ", absl::StrJoin(unexpected, ", ")));
-    }
+    RELAY_RETURN_IF_ERROR(fill_parameters(
+        *policy, tensors, dir, absl::StrCat("the ", config.model_type, " architecture"), nullptr,
+        [&config](const std::string& name) { return ignorable(name, config); }));
     policy->to(options.device, options.dtype);
     policy->eval();
     return policy;
@@ -131,7 +143,8 @@ StatusOr<Policy> load_policy(const std::string& dir, const LoadOptions& options)
   }
 }
 
-Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions& options) {
+Status save_model_directory(const std::string& dir, const SaveOptions& options,
+                            const std::function<Status(const std::string& staging)>& write) {
   const fs::path target(dir);
   std::error_code ec;
   if (fs::exists(target) && !options.overwrite) {
@@ -149,18 +162,8 @@ Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions
     return s;
   };
 
-  Status s = OkStatus();
-  if (has_lora(policy)) {
-    if (options.lora_base.empty()) {
-      return fail(FailedPreconditionError(absl::StrCat(
-          dir,
-          ": the policy has LoRA adapters, which are saved with the path of their base "
-          "model (SaveOptions::lora_base), and none was given")));
-    }
-    s = write_peft_adapter(policy, staging.string(), options.lora_base, options.dtype);
-  } else {
-    s = write_full_policy(policy, staging.string(), options);
-  }
+  Status s = write(staging.string());
+  if (s.ok() && options.write_more) s = options.write_more(staging.string());
   for (const auto& [name, contents] : options.extra_files) {
     if (!s.ok()) break;
     if (name.empty() || name.find('/') != std::string::npos || name == "config.json") {
@@ -201,6 +204,21 @@ Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions
     return fail(
         InternalError(absl::StrCat("cannot move checkpoint into ", dir, ": ", ec.message())));
   return OkStatus();
+}
+
+Status save_policy(PolicyImpl& policy, const std::string& dir, const SaveOptions& options) {
+  if (has_lora(policy) && options.lora_base.empty()) {
+    return FailedPreconditionError(
+        absl::StrCat(dir,
+                     ": the policy has LoRA adapters, which are saved with the path of their base "
+                     "model (SaveOptions::lora_base), and none was given"));
+  }
+  return save_model_directory(dir, options, [&](const std::string& staging) {
+    if (has_lora(policy)) {
+      return write_peft_adapter(policy, staging, options.lora_base, options.dtype);
+    }
+    return write_full_policy(policy, staging, options);
+  });
 }
 
 }  // namespace relay::model

@@ -179,6 +179,18 @@ at::Tensor discounted_returns(const at::Tensor& token_rewards, const at::Tensor&
   return out.to(torch::kFloat32);
 }
 
+ReturnsAndAdvantages remax_returns_advantages(const at::Tensor& token_rewards,
+                                              const at::Tensor& baseline_rewards,
+                                              const at::Tensor& response_mask) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor m = mask_f64(response_mask);
+  ReturnsAndAdvantages out;
+  out.returns = discounted_returns(token_rewards, response_mask, /*gamma=*/1.0);
+  const at::Tensor b = as_f64(baseline_rewards).to(m.device()).unsqueeze(1);
+  out.advantages = ((as_f64(out.returns) - b) * m).to(torch::kFloat32);
+  return out;
+}
+
 at::Tensor masked_whiten(const at::Tensor& values, const at::Tensor& response_mask) {
   torch::NoGradGuard no_grad;
   const at::Tensor m = mask_f64(response_mask);

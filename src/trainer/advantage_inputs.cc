@@ -76,7 +76,8 @@ bool whitens(AdvantageEstimator e) {
 }
 
 bool takes_token_rewards(AdvantageEstimator e) {
-  return e == AdvantageEstimator::kReinforcePlusPlus || e == AdvantageEstimator::kGae;
+  return e == AdvantageEstimator::kReinforcePlusPlus || e == AdvantageEstimator::kGae ||
+         e == AdvantageEstimator::kRemax;
 }
 
 }  // namespace
@@ -116,7 +117,7 @@ Status validate_inputs(const AdvantageInputs& in, AdvantageEstimator e) {
   const int64_t batch = mask.size(0);
   if (batch == 0) return InvalidArgumentError("response_mask: empty batch (0 trajectories)");
 
-  // Outcome rewards: everything but REINFORCE++ / GAE given token rewards.
+  // Outcome rewards: everything but REINFORCE++ / GAE / ReMax given token rewards.
   if (!(takes_token_rewards(e) && in.token_rewards.defined())) {
     RELAY_RETURN_IF_ERROR(require("rewards", in.rewards, e));
   }

@@ -103,10 +103,14 @@ StatusOr<AdvantageOutputs> compute_advantages(const AdvantageInputs& in,
           (as_f64(broadcast(a, mask)) * prefix_weights(in, options)).to(torch::kFloat32);
       break;
     }
-    case AdvantageEstimator::kRemax:
-      out.advantages = broadcast(as_f64(rewards) - as_f64(in.baseline_rewards.to(dev)), mask);
-      out.returns = broadcast(rewards, mask);
+    case AdvantageEstimator::kRemax: {
+      const at::Tensor tr = in.token_rewards.defined() ? in.token_rewards.to(dev)
+                                                       : outcome_to_token_rewards(rewards, mask);
+      ReturnsAndAdvantages r = remax_returns_advantages(tr, in.baseline_rewards, mask);
+      out.advantages = r.advantages;
+      out.returns = r.returns;
       break;
+    }
     case AdvantageEstimator::kReinforcePlusPlus: {
       const at::Tensor tr = in.token_rewards.defined() ? in.token_rewards.to(dev)
                                                        : outcome_to_token_rewards(rewards, mask);
@@ -170,6 +174,23 @@ StatusOr<EqualRewardGroups> groups_with_equal_rewards(const at::Tensor& rewards,
   }
   out.keep = keep.to(rewards.device());
   return out;
+}
+
+StatusOr<at::Tensor> overlong_penalty(const at::Tensor& response_lengths, int64_t max_length,
+                                      int64_t buffer, double penalty_factor) {
+  if (!response_lengths.defined()) return InvalidArgumentError("response_lengths: missing");
+  const int64_t batch = response_lengths.dim() == 1 ? response_lengths.size(0) : 0;
+  RELAY_RETURN_IF_ERROR(check_vector("response_lengths", response_lengths, batch, Kind::kInt));
+  if (buffer < 1 || buffer >= max_length) {
+    return InvalidArgumentError(
+        absl::StrCat("overlong_buffer.length: must be in [1, ", max_length, "), got ", buffer));
+  }
+  const at::Tensor len = response_lengths.to(torch::kFloat64);
+  const double expected = static_cast<double>(max_length - buffer);
+  const at::Tensor exceed = len - expected;
+  return (-exceed / static_cast<double>(buffer) * penalty_factor)
+      .clamp_max(0.0)
+      .to(torch::kFloat32);
 }
 
 StatusOr<at::Tensor> overlong_mask(const at::Tensor& response_mask, const at::Tensor& truncated) {

@@ -72,6 +72,40 @@ at::Tensor shape_on_policy(const at::Tensor& d, const at::Tensor& logp, const at
   return d.exp();
 }
 
+// The on-policy surrogate around `anchor`, with LUFFY's ratio shaping when
+// one is set (the clip then bounds the shaped ratio, and there is no dual clip).
+Surrogate on_policy_surrogate(const at::Tensor& logp, const at::Tensor& anchor,
+                              const at::Tensor& adv, const LuffyOptions& o, double upper) {
+  Surrogate s = clipped_surrogate(logp, anchor, adv, o.on_policy, upper);
+  if (o.on_policy_shaping == OffPolicyShaping::kNoReshape) return s;
+  s.ratio = shape_on_policy(s.log_ratio, logp, anchor, o);
+  at::Tensor l1 = -adv * s.ratio;
+  at::Tensor l2 = -adv * s.ratio.clamp(1.0 - o.on_policy.clip_low, upper);
+  s.loss = torch::max(l1, l2);
+  s.clipped = l2.detach().gt(l1.detach());
+  s.dual = torch::zeros_like(s.clipped);
+  return s;
+}
+
+// LUFFY's own ppo_kl and on_pg_clipfrac: over every masked response token,
+// guidance tokens included, each against its old log-prob (`old`, where
+// finite; a token without one counts as ratio 1). No gradient.
+void fill_luffy_metrics(const PolicyLossInputs& in, const at::Tensor& m, const at::Tensor& adv,
+                        const LuffyOptions& o, double upper, PolicyLossMetrics* out) {
+  torch::NoGradGuard no_grad;
+  at::Tensor logp = in.logprobs.detach();
+  at::Tensor old = in.old_logprobs.detach();
+  at::Tensor anchor = torch::where(m.logical_and(old.isfinite()), old, logp);
+  Surrogate all = on_policy_surrogate(logp, anchor, adv, o, upper);
+  fill_clip_metrics(all, adv, m, out);
+  out->ppo_kl = masked_mean(anchor - logp, m);  // LUFFY does not clamp the log ratio
+  if (o.loss_remove_clip) {
+    // LUFFY reports no clipping then.
+    out->clip_fraction = out->clip_fraction_low = out->clip_fraction_high = 0;
+    out->dual_clip_fraction = 0;
+  }
+}
+
 }  // namespace
 
 LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpolicy_mask,
@@ -87,16 +121,7 @@ LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpoli
   // behavior log-probs of guidance tokens never enter the graph.
   at::Tensor anchor = torch::where(on, in.old_logprobs.detach(), logp.detach());
   const double upper = std::max(options.clip_upper_bound, 1.0 + options.on_policy.clip_high);
-  Surrogate s = clipped_surrogate(logp, anchor, adv, options.on_policy, upper);
-  if (options.on_policy_shaping != OffPolicyShaping::kNoReshape) {
-    // The clip bounds the shaped ratio instead (no dual clip, as LUFFY).
-    s.ratio = shape_on_policy(s.log_ratio, logp, anchor, options);
-    at::Tensor l1 = -adv * s.ratio;
-    at::Tensor l2 = -adv * s.ratio.clamp(1.0 - options.on_policy.clip_low, upper);
-    s.loss = torch::max(l1, l2);
-    s.clipped = l2.detach().gt(l1.detach());
-    s.dual = torch::zeros_like(s.clipped);
-  }
+  Surrogate s = on_policy_surrogate(logp, anchor, adv, options, upper);
   at::Tensor on_loss = options.loss_remove_clip ? -adv * s.ratio : s.loss;
 
   // Off-policy part, computed on logp where off and on 0 elsewhere (p = 1),
@@ -125,6 +150,7 @@ LuffyLossResult luffy_loss(const PolicyLossInputs& in, const at::Tensor& offpoli
   }
 
   LuffyLossMetrics& mt = r.metrics;
+  fill_luffy_metrics(in, m, adv, options, upper, &mt.all_tokens);
   if (options.loss_remove_clip) {
     mt.on_policy.ppo_kl = masked_mean(-s.log_ratio, on);
     mt.on_policy.mean_ratio = masked_mean(s.ratio, on);

@@ -184,6 +184,27 @@ void check(const TrainerOptions& o, Problems p) {
   p.at_least("allreduce_bucket_mb", o.data_parallel.allreduce_bucket_mb, 1);
   p.positive("collective_timeout_s", o.data_parallel.collective_timeout_s);
   p.positive("temperature", o.temperature);  // rollout.temperature, checked there in configs
+  {
+    Problems ob = p.at("overlong_buffer");
+    ob.at_least("length", o.overlong_buffer.length, 0);
+    if (o.overlong_buffer.length > 0) {
+      ob.positive("penalty_factor", o.overlong_buffer.penalty_factor);
+      // A run's config bounds it by rollout.max_new_tokens (config rules);
+      // in code the caller sets max_response_length.
+      if (o.max_response_length > 0 && o.overlong_buffer.length >= o.max_response_length) {
+        ob.add("length",
+               absl::StrCat("must be < the response budget (rollout.max_new_tokens, ",
+                            o.max_response_length, ")"),
+               o.overlong_buffer.length);
+      }
+      if (o.advantage.estimator == AdvantageEstimator::kRemax) {
+        ob.add("length",
+               "not with advantage.estimator remax: the greedy baseline's length is not in the "
+               "batch, so its reward would go unpenalized",
+               o.overlong_buffer.length);
+      }
+    }
+  }
 
   const PolicyLossOptions& loss = o.loss;
   check(loss.ppo, p.at("ppo"));
@@ -217,6 +238,18 @@ void check(const TrainerOptions& o, Problems p) {
   check(o.advantage, p.at("advantage"));
   check(o.rollout_correction, p.at("rollout_correction"));
   check(o.optimizer, p.at("optimizer"));
+  {
+    Problems critic = p.at("critic");
+    critic.positive("lr", o.critic.optimizer.lr);
+    critic.positive("clip_range", o.critic.loss.clip_range);
+    check(o.critic.optimizer, critic.at("optimizer"));
+    if (o.advantage.estimator == AdvantageEstimator::kGae && o.lora.enabled()) {
+      p.at("lora").add("rank",
+                       "advantage.estimator gae trains a critic beside the policy, which LoRA "
+                       "does not cover yet; use a full fine-tune (rank 0) with gae",
+                       static_cast<int64_t>(o.lora.rank));
+    }
+  }
   model::check(o.lora, p.at("lora"));
   if (o.lora.enabled() && o.lora.dropout > 0 && o.activation_checkpointing) {
     // The checkpointed forward runs without gradients, hence without

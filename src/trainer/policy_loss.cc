@@ -194,8 +194,11 @@ PolicyLossResult compute_policy_loss(const PolicyLossInputs& in, const at::Tenso
         (*extra)["luffy/off_policy_prob"] = m.off_policy_prob;
         (*extra)["luffy/off_policy_fraction"] = m.off_policy_fraction;
         (*extra)["luffy/sft_loss"] = m.sft_loss;
+        (*extra)["luffy/on_pg_clipfrac"] = m.all_tokens.clip_fraction;
+        (*extra)["luffy/on_policy_ppo_kl"] = m.on_policy.ppo_kl;
+        (*extra)["luffy/on_policy_clip_fraction"] = m.on_policy.clip_fraction;
       }
-      return PolicyLossResult{l.loss, l.metrics.on_policy};
+      return PolicyLossResult{l.loss, l.metrics.all_tokens};
     }
   }
   TORCH_CHECK(false, "compute_policy_loss: unknown loss kind");

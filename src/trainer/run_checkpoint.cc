@@ -145,6 +145,14 @@ StatusOr<CheckpointInfo> write_checkpoint(const std::string& root, const Trainer
   save_options.extra_files[kCheckpointInfoFile] = j.dump(2) + "\n";
   save_options.extra_files[kDispenserStateFile] = info.dispenser_state;
   save_options.overwrite = true;
+  if (model::ValueModel critic = trainer.critic()) {
+    model::SaveOptions co;
+    co.dtype = save_options.dtype;
+    co.max_shard_bytes = save_options.max_shard_bytes;
+    save_options.write_more = [critic, co](const std::string& staging) mutable {
+      return model::save_value_model(*critic, (fs::path(staging) / kCriticDir).string(), co);
+    };
+  }
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));

@@ -35,6 +35,7 @@ struct PreUpdateScores {
   at::Tensor logprobs;  // the trainer's policy at this version (pi_old)
   at::Tensor entropy;
   at::Tensor reference;  // undefined without a reference policy
+  at::Tensor values;     // the critic's V before its update; undefined without one
   // MoE batches with routing: response tokens (under the mask) whose
   // distribution came through other experts in some layer than the engine
   // used, and (token, layer) pairs that differ, with their counts.
@@ -52,7 +53,10 @@ struct UpdateSums {
   double grad_norm = 0;            // summed over updates
   double lr_last = 0;              // the learning rate of the last update
   PolicyLossMetrics loss_metrics;  // each field x tokens
-  StepMetrics extra;               // the loss's own metrics x tokens
+  double critic_loss = 0;          // the critic's value loss, summed over micro-batches
+  double critic_grad_norm = 0;     // summed over updates
+  double critic_lr_last = 0;
+  StepMetrics extra;  // the loss's own metrics x tokens
 };
 
 // One RL step's state; each group of fields is set by the phase named
@@ -116,16 +120,16 @@ struct SftStepState {
 // exception included) the mode the policy had before.
 class TrainingMode {
  public:
-  explicit TrainingMode(model::PolicyImpl& policy)
-      : policy_(policy), was_training_(policy.is_training()) {
-    policy_.train();
+  explicit TrainingMode(torch::nn::Module& model)
+      : model_(model), was_training_(model.is_training()) {
+    model_.train();
   }
-  ~TrainingMode() { policy_.train(was_training_); }
+  ~TrainingMode() { model_.train(was_training_); }
   TrainingMode(const TrainingMode&) = delete;
   TrainingMode& operator=(const TrainingMode&) = delete;
 
  private:
-  model::PolicyImpl& policy_;
+  torch::nn::Module& model_;
   const bool was_training_;
 };
 

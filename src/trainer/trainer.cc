@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "relay/model/lora.h"
 #include "relay/model/torch_error.h"
+#include "trainer/critic.h"
 #include "trainer/fully_sharded.h"
 #include "trainer/optimizer.h"
 #include "trainer/step_state.h"
@@ -88,7 +89,16 @@ model::Policy host_copy(const model::PolicyImpl& policy) {
 
 }  // namespace
 
-Status Trainer::shard_and_make_optimizer() {
+model::ValueModel Trainer::critic() const { return critic_ ? critic_->model() : nullptr; }
+
+Status Trainer::shard_and_make_optimizer(model::ValueModel critic) {
+  if (options_.advantage.estimator == AdvantageEstimator::kGae) {
+    // Before the policy is sharded: the default critic copies its weights.
+    if (!critic) critic = model::value_model_from_policy(*policy_, 0);
+    critic->set_activation_checkpointing(options_.activation_checkpointing);
+    RELAY_ASSIGN_OR_RETURN(critic_,
+                           Critic::create(critic, options_.critic, options_.sharding, dp_));
+  }
   if (options_.sharding != Sharding::kFull || !dp_.active()) {
     // Frozen parameters (a LoRA base) never reach the optimizer: no
     // gradients, moments or master copies for them, on any rank.
@@ -160,6 +170,11 @@ StatusOr<std::string> Trainer::save_state() const {
     archive.write("reward_kl_coef", scalar_tensor(reward_kl_->value()));
     archive.write("entropy_coef", scalar_tensor(entropy_->value()));
     RELAY_RETURN_IF_ERROR(optimizer_->save(archive));
+    if (critic_) {
+      torch::serialize::OutputArchive critic;
+      RELAY_RETURN_IF_ERROR(critic_->save(critic));
+      archive.write("critic", critic);
+    }
     if (optimizer_->save_is_collective() && dp_.rank() != 0) return std::string();
     archive.save_to(out);
   } catch (const std::exception& e) {
@@ -197,7 +212,19 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
     return DataLossError(absl::StrCat(path, ": unknown trainer state format ", format));
   }
   // Checks everything before it changes anything.
+  torch::serialize::InputArchive critic;
+  if (critic_) {
+    try {
+      archive.read("critic", critic);
+    } catch (const std::exception& e) {
+      return DataLossError(absl::StrCat(
+          path,
+          ": has no critic state, and this trainer trains a critic (advantage.estimator "
+          "gae): it was written by a run without one"));
+    }
+  }
   RELAY_RETURN_IF_ERROR(optimizer_->load(archive, path));
+  if (critic_) RELAY_RETURN_IF_ERROR(critic_->load(critic, path + " (critic)"));
   version_ = version;
   optimizer_steps_ = steps;
   reward_kl_->set_value(kl_coef);
@@ -239,9 +266,15 @@ Status match_adapters(model::PolicyImpl& policy, const model::LoraConfig& want) 
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, TrainerOptions options,
                                                    int64_t version, model::Policy reference,
-                                                   DataParallel data_parallel) {
+                                                   DataParallel data_parallel,
+                                                   model::ValueModel critic) {
   if (!policy) return InvalidArgumentError("Trainer: policy is null");
   RELAY_RETURN_IF_ERROR(validate(options));
+  if (options.overlong_buffer.length > 0 && options.max_response_length <= 0) {
+    return InvalidArgumentError(
+        "trainer.overlong_buffer.length: needs the response budget L_max "
+        "(TrainerOptions::max_response_length, which a run sets from rollout.max_new_tokens)");
+  }
   if (data_parallel.bucket_bytes < 1) {
     return InvalidArgumentError(absl::StrCat("trainer.allreduce_bucket_mb: must be > 0, got ",
                                              data_parallel.bucket_bytes, " bytes"));
@@ -267,9 +300,19 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, Trainer
         "trainer.sharding: full does not shard a LoRA policy; adapters are a small fraction of "
         "the weights: use trainer.sharding: optimizer or none with trainer.lora");
   }
+  if (critic && options.advantage.estimator != AdvantageEstimator::kGae) {
+    return InvalidArgumentError(
+        "Trainer: a critic was given, and trainer.advantage.estimator is not gae (the only "
+        "estimator that reads values)");
+  }
+  if (critic && critic->config().hidden_size != policy->config().hidden_size) {
+    return InvalidArgumentError(
+        "trainer.critic: the value model's hidden size differs from the "
+        "policy's; a critic has the policy's architecture");
+  }
   std::unique_ptr<Trainer> t(new Trainer(std::move(policy), std::move(options), version,
                                          std::move(reference), std::move(data_parallel)));
-  RELAY_RETURN_IF_ERROR(t->shard_and_make_optimizer());
+  RELAY_RETURN_IF_ERROR(t->shard_and_make_optimizer(std::move(critic)));
   return t;
 }
 
@@ -324,6 +367,7 @@ Status Trainer::step_exception(const std::string& what, bool out_of_memory) {
 
 void Trainer::drop_gradients() {
   optimizer_->zero_grad();
+  if (critic_) critic_->zero_grad();
   if (sharded_reference_) sharded_reference_->drop_gradients();
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "relay/model/device.h"
 #include "relay/trainer/trainer.h"
+#include "trainer/critic.h"
 #include "trainer/fully_sharded.h"
 #include "trainer/optimizer.h"
 #include "trainer/step_state.h"
@@ -95,7 +96,8 @@ Status sum_across_ranks(Collectives& group, UpdateSums& u) {
                                                     {"ppo_kl", &acc.ppo_kl},
                                                     {"ratio", &acc.mean_ratio},
                                                     {"behav_w", &acc.behav_imp_weight},
-                                                    {"behav_capped", &acc.behav_capped_fraction}};
+                                                    {"behav_capped", &acc.behav_capped_fraction},
+                                                    {"critic_loss", &u.critic_loss}};
   std::map<std::string, double> sums;
   for (const auto& [k, v] : u.extra) sums["extra:" + k] = v;
   for (const auto& [k, p] : summed) sums[k] = *p;
@@ -145,6 +147,15 @@ void Trainer::update_metrics(const StepState& s, StepMetrics& m) const {
   }
   m["grad_norm"] = u.grad_norm / updates;
   m["lr"] = u.lr_last;
+  if (critic_) {
+    // verl's critic/* names; vf_clipfrac and vpred_mean came through `extra`.
+    m["critic/vf_loss"] = u.critic_loss / updates;
+    m["critic/grad_norm"] = u.critic_grad_norm / updates;
+    m["critic/lr"] = u.critic_lr_last;
+    put(m, "critic/values", summarize(s.before.values, s.mask));
+    put(m, "critic/returns", summarize(s.adv.returns.cpu(), s.mask));
+    m["critic/vf_explained_var"] = explained_variance(s.before.values, s.adv.returns.cpu(), s.mask);
+  }
   m["optimizer_steps"] = static_cast<double>(updates);
 }
 
@@ -189,6 +200,11 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
   m["memory/master_weights_gb"] = static_cast<double>(held.master) / kGiB;
   m["memory/gradients_gb"] = static_cast<double>(held.gradients) / kGiB;
   m["memory/optimizer_gb"] = static_cast<double>(held.moments) / kGiB;
+  if (critic_) {
+    const OptimizerMemory c = critic_->memory();
+    m["memory/critic_weights_gb"] = static_cast<double>(critic_->weight_bytes()) / kGiB;
+    m["memory/critic_optimizer_gb"] = static_cast<double>(c.moments + c.master) / kGiB;
+  }
   m["memory/reference_gb"] =
       sharded_reference_ ? static_cast<double>(sharded_reference_->shard_bytes()) / kGiB
       : reference_ && !reference_is_base_ ? bytes(reference_->parameters()) / kGiB

@@ -14,6 +14,7 @@
 #include "relay/model/device.h"
 #include "relay/model/lora.h"
 #include "relay/trainer/trainer.h"
+#include "trainer/critic.h"
 #include "trainer/fully_sharded.h"
 #include "trainer/step_state.h"
 
@@ -208,6 +209,18 @@ StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::Trajector
                                                     keep.data_ptr<int64_t>() + keep.numel()));
   }
   m["response_length/clip_ratio"] = batch.truncated.to(torch::kFloat64).mean().item<double>();
+  if (o.overlong_buffer.length > 0) {
+    // After the equal-reward filter, which looks at the verifier's rewards
+    // (DAPO filters groups by accuracy, then shapes the reward).
+    RELAY_ASSIGN_OR_RETURN(
+        at::Tensor penalty,
+        overlong_penalty(batch.response_lengths, o.max_response_length, o.overlong_buffer.length,
+                         o.overlong_buffer.penalty_factor));
+    batch.rewards = batch.rewards + penalty;
+    m["reward/overlong_penalty"] = penalty.to(torch::kFloat64).mean().item<double>();
+    m["reward/overlong_penalized_fraction"] =
+        penalty.lt(0).to(torch::kFloat64).mean().item<double>();
+  }
   if (o.mask_truncated) {
     RELAY_ASSIGN_OR_RETURN(batch.response_mask,
                            overlong_mask(batch.response_mask, batch.truncated));
@@ -237,7 +250,7 @@ Status Trainer::score_step(StepState& s) {
 // bypass mode, when nothing else needs pi_old for the whole batch first.
 bool Trainer::can_skip_pass(const TrainBatch& batch) const {
   const TrainerOptions& o = options_;
-  return o.rollout_correction.bypass && !reference_ &&
+  return o.rollout_correction.bypass && !reference_ && !critic_ &&
          o.loss.kind != PolicyLossKind::kDecoupledPpo &&
          !batch.behavior_logprobs.isnan().logical_and(batch.response_mask).any().item<bool>();
 }
@@ -249,6 +262,7 @@ StatusOr<PreUpdateScores> Trainer::score_before_update(const TrainBatch& batch) 
   s.logprobs = torch::zeros({B, L}, torch::kFloat32);
   s.entropy = torch::zeros({B, L}, torch::kFloat32);
   if (reference_) s.reference = torch::zeros({B, L}, torch::kFloat32);
+  if (critic_) s.values = torch::zeros({B, L}, torch::kFloat32);
   std::vector<int64_t> all(static_cast<size_t>(B));
   std::iota(all.begin(), all.end(), 0);
   WholeRoot root(sharded_.get()), reference_root(sharded_reference_.get());
@@ -289,10 +303,14 @@ StatusOr<PreUpdateScores> Trainer::score_before_update(const TrainBatch& batch) 
       scatter_rows(s.reference, rows,
                    gather_response(score_rows(*reference_, mb, ref, false).logprobs, mb));
     }
+    if (critic_) {
+      scatter_rows(s.values, rows,
+                   critic_->response_values(mb, options_.pack_sequences, options_.pad_token_id));
+    }
   }
   if (dp_.active()) {
     // Each row was scored on one rank and is zero on the others.
-    for (at::Tensor* t : {&s.logprobs, &s.entropy, &s.reference}) {
+    for (at::Tensor* t : {&s.logprobs, &s.entropy, &s.reference, &s.values}) {
       if (t->defined()) RELAY_RETURN_IF_ERROR(dp_.group->all_reduce_sum(*t));
     }
     std::map<std::string, double> sums = {{"routed_tokens", s.routed_tokens},
@@ -382,6 +400,7 @@ Status Trainer::compute_step_advantages(StepState& s) {
     s.metrics["reward_kl/coef"] = s.reward_beta;
     s.metrics["reward_kl/kl"] = s.reward_kl_mean;
   }
+  if (critic_) ai.values = s.before.values;
   RELAY_ASSIGN_OR_RETURN(s.adv, compute_advantages(ai, o.advantage));
   choose_proximal(s);
   return OkStatus();
@@ -418,6 +437,7 @@ Status Trainer::check_derived(StepState& s) {
   std::vector<StepFault> f;
   if (!s.skip_pass) derived_faults(s.batch, cpu_mask, "trainer log-probs", s.before.logprobs, f);
   derived_faults(s.batch, cpu_mask, "advantages", s.adv.advantages, f);
+  derived_faults(s.batch, cpu_mask, "critic values", s.before.values, f);
   derived_faults(s.batch, cpu_mask, "PPO anchor log-probs", s.anchor, f);
   derived_faults(s.batch, cpu_mask, "proximal log-probs", s.proximal, f);
   derived_faults(s.batch, s.train_mask.to(torch::kCPU), "IS weights", s.is_weights, f);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "relay/model/device.h"
 #include "relay/trainer/trainer.h"
+#include "trainer/critic.h"
 #include "trainer/fully_sharded.h"
 #include "trainer/optimizer.h"
 #include "trainer/step_state.h"
@@ -196,6 +197,34 @@ Status Trainer::update_minibatch(StepState& s, int epoch, int index) {
   RELAY_ASSIGN_OR_RETURN(const double grad_norm, apply_gradients(s.updates));
   s.sums.grad_norm += grad_norm;
   s.sums.lr_last = lr_at(options_.optimizer, optimizer_steps_ - 1);
+  if (critic_) RELAY_RETURN_IF_ERROR(update_critic(s, mb));
+  return OkStatus();
+}
+
+// verl updates the critic on the same data as the actor, with its own
+// optimizer; here on the same mini-batches and micro-batches, right after the
+// policy's update, against the values and returns fixed before the step.
+Status Trainer::update_critic(StepState& s, const MiniBatch& mb) {
+  const TrainingMode training(*critic_->model());
+  critic_->zero_grad();
+  for (const auto& rows : mb.parts) {
+    const TrainBatch part = select_rows(s.batch, rows);
+    const at::Tensor index = index_of(rows);
+    ValueLossResult r;
+    {
+      const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+      r = critic_->backward(part, s.before.values.index_select(0, index),
+                            s.adv.returns.cpu().index_select(0, index), mb.norm,
+                            options_.pack_sequences, options_.pad_token_id);
+    }
+    const double tokens = part.response_mask.sum().item<double>();
+    s.sums.critic_loss += r.loss.item<double>();
+    s.sums.extra["critic/vf_clipfrac"] += r.clip_fraction * tokens;
+    s.sums.extra["critic/vpred_mean"] += r.value_mean * tokens;
+  }
+  RELAY_ASSIGN_OR_RETURN(const double norm, critic_->apply_gradients());
+  s.sums.critic_grad_norm += norm;
+  s.sums.critic_lr_last = critic_->last_lr();
   return OkStatus();
 }
 

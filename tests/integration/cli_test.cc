@@ -818,6 +818,51 @@ TEST_F(CliTest, RunWithBroadcastWeightSync) {
   fs::remove_all(base);
 }
 
+// configs/arith_ppo.yaml, shortened (a 20-step warm start, 2 RL steps, then
+// 2 more in a second run on two trainer ranks): every checkpoint carries the
+// critic as a token classifier, the steps report verl's critic metrics, and
+// the second run resumes the policy and the critic from the last checkpoint.
+TEST_F(CliTest, PpoConfigTrainsACriticAndResumesIt) {
+  const std::string base = ::testing::TempDir() + "/ppo_job_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  const std::string config = std::string(RELAY_SOURCE_DIR) + "/configs/arith_ppo.yaml";
+  const std::string common = " experiment.output_dir=" + base +
+                             " experiment.warm_start.sft_steps=20 experiment.checkpoint_every=2"
+                             " eval.every=0";
+  CliResult r = RelayCli("run " + config + " experiment.steps=2" + common);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const std::string checkpoints = base + "/arith_ppo/checkpoints/";
+  for (const char* step : {"step_000000", "step_000002"}) {
+    const std::string critic = checkpoints + step + "/critic";
+    ASSERT_TRUE(fs::exists(critic + "/config.json")) << critic;
+    std::ifstream in(critic + "/config.json");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["architectures"][0], "LlamaForTokenClassification");
+    EXPECT_EQ(j["num_labels"], 1);
+  }
+  // Resumed on two trainer ranks with sharded optimizer state: rank 0 reads
+  // the critic from the checkpoint and sends it to rank 1, which restores
+  // its share of the critic's AdamW state from trainer_state.pt.
+  r = RelayCli("run " + config + " experiment.steps=4 trainer.world_size=2" +
+               " trainer.sharding=optimizer" + common);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(checkpoints + "step_000004/critic/model.safetensors"));
+  std::ifstream in(base + "/arith_ppo/metrics.jsonl");
+  std::string line;
+  int rl = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] != "rl") continue;
+    ++rl;
+    EXPECT_TRUE(j["critic/vf_loss"].is_number()) << line;
+    EXPECT_TRUE(j["critic/vf_explained_var"].is_number() || j["critic/vf_explained_var"].is_null())
+        << line;
+  }
+  EXPECT_EQ(rl, 4);
+  fs::remove_all(base);
+}
+
 // Every shipped config loads and validates.
 TEST_F(CliTest, EveryShippedConfigChecks) {
   int n = 0;

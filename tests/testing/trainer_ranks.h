@@ -140,6 +140,10 @@ inline void run_calls(trainer::Trainer& t, const std::vector<rollout::Trajectory
     out.metrics.push_back(*m);
   }
   for (const at::Tensor& p : t.policy()->parameters()) out.params.push_back(p.detach().clone());
+  // PPO's critic (advantage.estimator gae) after the policy's.
+  if (model::ValueModel critic = t.critic()) {
+    for (const at::Tensor& p : critic->parameters()) out.params.push_back(p.detach().clone());
+  }
 }
 
 // Runs `calls` on `world` ranks as threads, each over a copy of `initial`

@@ -6,6 +6,7 @@
 // transformers reads.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -43,6 +44,10 @@ struct SaveOptions {
   // (adapter_config.json, adapter_model.safetensors) whose base model is
   // this directory; it must be set then. The base itself is not written.
   std::string lora_base;
+  // More to write into the staging directory before it is renamed into
+  // place (a run checkpoint's critic/ subdirectory), so it appears with the
+  // rest or not at all. Null = nothing.
+  std::function<Status(const std::string& staging)> write_more;
 };
 
 // Writes config.json and the weights (or, with adapters, the adapter). Everything goes to a staging

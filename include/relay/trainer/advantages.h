@@ -30,21 +30,24 @@
 namespace relay::trainer {
 
 struct AdvantageInputs {
-  at::Tensor rewards;      // [B] float: outcome reward (all estimators but GAE with token_rewards)
-  at::Tensor group_index;  // [B] int64: prompt group; required by group estimators
+  at::Tensor rewards;        // [B] float: outcome reward (not needed by REINFORCE++ / GAE / ReMax
+                             // when token_rewards are given)
+  at::Tensor group_index;    // [B] int64: prompt group; required by group estimators
   at::Tensor response_mask;  // [B, L] bool or numeric; required
   // Optional, undefined = absent.
-  at::Tensor offpolicy;         // [B] bool: trajectory has forced prefix tokens (GRPO-split)
-  at::Tensor offpolicy_mask;    // [B, L] bool: which tokens were forced (GRPO-split weighting)
-  at::Tensor token_rewards;     // [B, L] float: REINFORCE++ / GAE; default: reward on last token
-  at::Tensor values;            // [B, L] float: critic values V(s_t), GAE only
+  at::Tensor offpolicy;       // [B] bool: trajectory has forced prefix tokens (GRPO-split)
+  at::Tensor offpolicy_mask;  // [B, L] bool: which tokens were forced (GRPO-split weighting)
+  at::Tensor
+      token_rewards;  // [B, L] float: REINFORCE++ / GAE / ReMax; default: reward on last token
+  at::Tensor values;  // [B, L] float: critic values V(s_t), GAE only
   at::Tensor baseline_rewards;  // [B] float: reward of the greedy response, ReMax only
 };
 
 struct AdvantageOutputs {
   at::Tensor advantages;  // [B, L] fp32, 0 outside the mask
   at::Tensor returns;     // [B, L] fp32, 0 outside the mask: value targets (GAE),
-                          // discounted returns (REINFORCE++), r (ReMax); else = advantages
+                          // discounted returns (REINFORCE++), reward-to-go (ReMax);
+                          // else = advantages
 };
 
 // Validates `inputs` for `options.estimator` and runs it. InvalidArgument,
@@ -109,6 +112,21 @@ at::Tensor discounted_returns(const at::Tensor& token_rewards, const at::Tensor&
 // mask. REQUIRES >= 2 masked entries.
 at::Tensor masked_whiten(const at::Tensor& values, const at::Tensor& response_mask);
 
+struct ReturnsAndAdvantages {
+  at::Tensor advantages;  // [B, L], 0 outside the mask
+  at::Tensor returns;     // [B, L], 0 outside the mask
+};
+
+// ReMax (arXiv 2310.10505, verl compute_remax_outcome_advantage), dense form:
+//   G_t = sum_{t' >= t} r_t' over the masked tokens (undiscounted reward-to-go)
+//   A_t = G_t - b,  b = baseline_rewards [B] (the greedy response's reward)
+// With the outcome reward on the last token (outcome_to_token_rewards), G_t = r
+// on every token and A = r - b. Tokens outside the mask hold 0 (verl leaves
+// the running sum there; no loss reads those entries).
+ReturnsAndAdvantages remax_returns_advantages(const at::Tensor& token_rewards,
+                                              const at::Tensor& baseline_rewards,
+                                              const at::Tensor& response_mask);
+
 struct GaeResult {
   at::Tensor advantages;  // [B, L] BEFORE whitening, 0 outside the mask
   at::Tensor returns;     // [B, L] = advantages + values, 0 outside the mask
@@ -137,5 +155,12 @@ StatusOr<EqualRewardGroups> groups_with_equal_rewards(const at::Tensor& rewards,
 // truncated by the length limit (`truncated` [B] bool) zeroed, so they are not
 // trained on. Same dtype as `response_mask`. InvalidArgument for bad shapes.
 StatusOr<at::Tensor> overlong_mask(const at::Tensor& response_mask, const at::Tensor& truncated);
+
+// DAPO soft overlong punishment (OverlongBufferOptions): per trajectory, [B]
+// fp32 <= 0, min(-(R - (max_length - buffer)) / buffer * penalty_factor, 0)
+// for R = `response_lengths` [B] (int). Add it to the rewards.
+// InvalidArgument for bad shapes or buffer outside [1, max_length).
+StatusOr<at::Tensor> overlong_penalty(const at::Tensor& response_lengths, int64_t max_length,
+                                      int64_t buffer, double penalty_factor);
 
 }  // namespace relay::trainer

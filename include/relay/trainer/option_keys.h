@@ -151,6 +151,21 @@ void visit_fields(V& v, OptimizerOptions& o) {
 }
 
 template <class V>
+void visit_fields(V& v, CriticOptions& o) {
+  v.field("path", o.path);
+  v.field("lr", o.optimizer.lr);
+  v.field("clip_range", o.loss.clip_range);
+  v.field("agg_mode", o.loss.agg_mode, kLossAggModeNames);
+  v.section("optimizer", o.optimizer);
+}
+
+template <class V>
+void visit_fields(V& v, OverlongBufferOptions& o) {
+  v.field("length", o.length);
+  v.field("penalty_factor", o.penalty_factor);
+}
+
+template <class V>
 void visit_fields(V& v, TrainerOptions& o) {
   v.field("max_staleness", o.max_staleness);
   v.field("lr", o.optimizer.lr);
@@ -163,6 +178,7 @@ void visit_fields(V& v, TrainerOptions& o) {
   v.field("allow_missing_logprobs", o.allow_missing_logprobs);
   v.field("drop_equal_reward_groups", o.drop_equal_reward_groups);
   v.field("mask_truncated", o.mask_truncated);
+  v.section("overlong_buffer", o.overlong_buffer);
   v.field("kl_coef", o.kl_coef);
   v.field("kl_estimator", o.kl_estimator, kKlEstimatorNames);
   v.field("sft_coef", o.sft_coef);
@@ -191,6 +207,7 @@ void visit_fields(V& v, TrainerOptions& o) {
   v.section("rollout_correction", o.rollout_correction);
   v.section("optimizer", o.optimizer);
   v.section("lora", o.lora);
+  v.section("critic", o.critic);
 }
 
 }  // namespace relay::trainer

@@ -25,6 +25,7 @@
 #include "relay/common/problems.h"
 #include "relay/common/status.h"
 #include "relay/model/lora_config.h"
+#include "relay/trainer/critic_options.h"
 #include "relay/trainer/loss_options.h"
 #include "relay/trainer/rollout_correction_options.h"
 
@@ -41,7 +42,7 @@ enum class AdvantageEstimator {
   kOpo,                        // "opo": r - length-weighted group mean
   kGrpoPassK,                  // "grpo_passk": only each group's best sample, max - second max
   kGrpoSplit,                  // "grpo_split": GRPO with an on-policy-only baseline (LUFFY)
-  kRemax,                      // "remax": r - reward of the greedy response
+  kRemax,                      // "remax": reward-to-go - reward of the greedy response
   kGae,                        // "gae": generalized advantage estimation with a critic
 };
 inline const NameTable<AdvantageEstimator> kAdvantageEstimatorNames{
@@ -173,6 +174,29 @@ enum class RouterReplay { kOff, kReplay };
 inline const NameTable<RouterReplay> kRouterReplayNames{
     "router replay mode", {{"off", RouterReplay::kOff}, {"replay", RouterReplay::kReplay}}};
 
+// PPO's critic (advantage.estimator: gae): a value model with its own
+// optimizer, updated on every mini-batch after the policy with verl's
+// clipped value loss; its values before the update feed GAE.
+struct CriticOptions {
+  // A critic or causal-LM directory (value_model.h); empty = the policy's
+  // weights at the start with a fresh head (verl's default). Read by the
+  // trainer process, not by Trainer::step.
+  std::string path;
+  ValueLossOptions loss;       // clip_range (verl's cliprange_value), agg_mode
+  OptimizerOptions optimizer;  // the critic's own lr (verl's default 1e-5), schedule, clip
+};
+
+// DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13; verl's DAPO
+// reward manager, reward_model.overlong_buffer): a response of R tokens gets
+//   min(-(R - (L_max - length)) / length * penalty_factor, 0)
+// added to its reward, with L_max = TrainerOptions::max_response_length
+// (rollout.max_new_tokens): 0 up to L_max - length tokens, then falling
+// linearly to -penalty_factor at L_max.
+struct OverlongBufferOptions {
+  int64_t length = 0;           // tokens of the budget the penalty spans; 0 = off
+  double penalty_factor = 1.0;  // > 0: the penalty at L_max
+};
+
 struct TrainerOptions {
   AdvantageOptions advantage;
   PolicyLossOptions loss;  // kind and every loss's options
@@ -195,6 +219,8 @@ struct TrainerOptions {
   bool allow_missing_logprobs = false;    // train NaN behavior tokens on-policy (ratio 1)
   bool drop_equal_reward_groups = false;  // DAPO dynamic sampling
   bool mask_truncated = false;            // overlong filtering
+  OverlongBufferOptions overlong_buffer;  // DAPO's length penalty on the reward
+  CriticOptions critic;                   // read with advantage.estimator gae only
   // Steps one trajectory may be trained in (a group handed to step() twice,
   // or replayed from the store). Over the cap it is dropped and counted.
   // 0 = no cap.
@@ -233,6 +259,9 @@ struct TrainerOptions {
 
   // Set by the process from other sections, no trainer.* key:
   double temperature = 1.0;  // rollout.temperature: behavior log-probs were taken at it
+  // rollout.max_new_tokens: L_max of overlong_buffer; 0 = unknown (the
+  // penalty then needs it set in code).
+  int64_t max_response_length = 0;
   // run.autocast: forward passes under autocast in this precision; the
   // weights, gradients and optimizer keep their own dtypes.
   std::optional<c10::ScalarType> autocast;

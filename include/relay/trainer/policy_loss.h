@@ -178,10 +178,19 @@ at::Tensor sft_loss(const at::Tensor& logprobs, const at::Tensor& response_mask,
 // -------------------------------------------------------------------- LUFFY
 
 struct LuffyLossMetrics {
-  PolicyLossMetrics on_policy;  // clip fractions, ppo_kl, ratio over on-policy tokens.
-  double on_loss = 0;           // token-mean of the on-policy loss (0 if none).
-  double off_loss = 0;          // token-mean of the off-policy loss (0 if none).
-  double off_ratio_mean = 0;    // mean shaped f(p) over off-policy tokens (0 if none).
+  // LUFFY's own definitions (its ppo_kl and on_pg_clipfrac): the on-policy
+  // surrogate's clip fractions, ppo_kl = mean(old - logp) (log ratio not
+  // clamped) and mean ratio over ALL masked response tokens, guidance tokens
+  // included, each against its old log-prob (a NaN one counts as ratio 1).
+  // The trainer reports these as ppo_kl, clip_fraction* and
+  // luffy/on_pg_clipfrac.
+  PolicyLossMetrics all_tokens;
+  // relay's: the same over the on-policy tokens only, the tokens the PPO
+  // term trains (luffy/on_policy_ppo_kl, luffy/on_policy_clip_fraction).
+  PolicyLossMetrics on_policy;
+  double on_loss = 0;         // token-mean of the on-policy loss (0 if none).
+  double off_loss = 0;        // token-mean of the off-policy loss (0 if none).
+  double off_ratio_mean = 0;  // mean shaped f(p) over off-policy tokens (0 if none).
   double off_max_clip_fraction = 0;
   double off_min_clip_fraction = 0;
   double off_policy_prob = 0;      // mean pi_theta over off-policy tokens.

@@ -88,6 +88,25 @@ struct RolloutCorrectionOptions {
   // is clamped to [-log_clamp, log_clamp] (verl: 20, e^20 ~ 4.9e8). > 0.
   double log_clamp = 20.0;
 };
+// IcePop (Ring-1T, arXiv 2510.18855): each token's loss is multiplied by
+// M(k) = k inside [lower, upper] and 0 outside, k = pi_old / pi_behav, the
+// trainer's over the sampler's probability of the token (paper: 0.5, 5). As
+// rollout correction: token IS weights (truncated at `upper`, which the band
+// already bounds) and token rejection by the ratio with the same band. One
+// difference: rejected tokens leave the mask, so a token-mean loss divides
+// by the tokens kept, where the paper's objective still counts them.
+inline RolloutCorrectionOptions icepop_options(double lower = 0.5, double upper = 5.0) {
+  RolloutCorrectionOptions o;
+  o.is_level = CorrectionLevel::kToken;
+  o.is_mode = IsWeightMode::kTruncate;
+  o.is_threshold = upper;
+  o.rs_level = CorrectionLevel::kToken;
+  o.rs_criterion = RejectionCriterion::kRatio;
+  o.rs_threshold = upper;
+  o.rs_threshold_lower = lower;
+  return o;
+}
+
 // Checks the fields in use (is_* when is_level != none, rs_* when rs_level != none).
 void check(const RolloutCorrectionOptions& options, Problems problems);
 

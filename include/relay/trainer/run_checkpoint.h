@@ -9,6 +9,8 @@
 //                         run seed, eval accuracy at this step (if evaluated),
 //                         and the rollout store's position
 //   dispenser_state.bin   the prompt dispenser's cursor and leases then
+//   critic/               PPO's value model (advantage.estimator gae), a
+//                         directory transformers loads as a token classifier
 // A checkpoint directory appears whole or not at all (one staged rename), so
 // the newest one is always loadable after a crash. Retention keeps the
 // newest `keep_last` and, with keep_best, the best-by-eval one, which
@@ -34,6 +36,7 @@ inline constexpr char kTrainerStateFile[] = "trainer_state.pt";
 inline constexpr char kCheckpointInfoFile[] = "checkpoint.json";
 inline constexpr char kDispenserStateFile[] = "dispenser_state.bin";
 inline constexpr char kBestCheckpointLink[] = "best";
+inline constexpr char kCriticDir[] = "critic";
 
 struct CheckpointInfo {
   std::string dir;                      // set by write_checkpoint / the readers

@@ -35,6 +35,7 @@
 
 #include "relay/common/status.h"
 #include "relay/model/policy.h"
+#include "relay/model/value_model.h"
 #include "relay/rollout/trajectory.h"
 #include "relay/trainer/advantages.h"
 #include "relay/trainer/batch.h"
@@ -48,6 +49,8 @@ namespace relay::trainer {
 
 // What the update runs on (src/trainer/optimizer.h).
 class Optimizer;
+// PPO's value model with its optimizer (src/trainer/critic.h).
+class Critic;
 // A model whose weights the ranks shard (trainer.sharding: full;
 // src/trainer/fully_sharded.h).
 class FullyShardedModel;
@@ -76,10 +79,16 @@ class Trainer {
   // With `data_parallel` active, this is one rank of a group whose ranks all
   // make the same calls with the same groups and hold the same weights
   // (data_parallel.h); each computes its shard and the results are summed.
+  //
+  // With advantage.estimator gae the trainer also trains a critic
+  // (trainer.critic): `critic` (in place; the policy's architecture, on its
+  // device) or, when null, one over a copy of the policy's weights as they
+  // are now with a fresh value head (value_model_from_policy, seed 0).
   static StatusOr<std::unique_ptr<Trainer>> create(model::Policy policy, TrainerOptions options,
                                                    int64_t version = 0,
                                                    model::Policy reference = nullptr,
-                                                   DataParallel data_parallel = {});
+                                                   DataParallel data_parallel = {},
+                                                   model::ValueModel critic = nullptr);
   ~Trainer();
 
   // Failures, and what they leave behind:
@@ -149,13 +158,16 @@ class Trainer {
   // module, whose parameters are empty between passes.
   model::Policy policy() const { return host_policy_ ? host_policy_ : policy_; }
   const TrainerOptions& options() const { return options_; }
+  // The critic being trained (advantage.estimator gae), else null.
+  model::ValueModel critic() const;
 
  private:
   Trainer(model::Policy policy, TrainerOptions options, int64_t version, model::Policy reference,
           DataParallel data_parallel);
-  // The optimizer, and with sharding: full the shards (which free the whole
-  // weights); the constructor's second half, which can fail.
-  Status shard_and_make_optimizer();
+  // The optimizer, with sharding: full the shards (which free the whole
+  // weights), and with gae the critic (`critic`, or one from the policy);
+  // the constructor's second half, which can fail.
+  Status shard_and_make_optimizer(model::ValueModel critic);
 
   // The exception boundary of step() and sft_step() (trainer.cc): runs
   // `body`; an exception becomes a Status, and a failure after one of
@@ -196,6 +208,9 @@ class Trainer {
   Status update_minibatch(StepState& s, int epoch, int index);
   MiniBatch plan_minibatch(const StepState& s, int index, bool record) const;
   void backward_micro_batch(StepState& s, MiniBatch& mb, const std::vector<int64_t>& rows);
+  // The critic's update on mini-batch `mb`: its value loss over each
+  // micro-batch, then its own AdamW step.
+  Status update_critic(StepState& s, const MiniBatch& mb);
   Status diagnose_recorded(StepState& s, MiniBatch& mb);
   Status finish_step(StepState& s);
   void update_metrics(const StepState& s, StepMetrics& m) const;
@@ -260,6 +275,8 @@ class Trainer {
   model::Policy host_policy_{nullptr};
   // AdamW over the policy's parameters (trainer.sharding).
   std::unique_ptr<Optimizer> optimizer_;
+  // advantage.estimator gae: the value model and its optimizer.
+  std::unique_ptr<Critic> critic_;
   std::unique_ptr<KlController> reward_kl_;
   std::unique_ptr<EntropyController> entropy_;
   ReuseCounter reuse_;

@@ -26,9 +26,9 @@ constexpr char kCommands[] = "rank/commands";
 constexpr auto kPoll = std::chrono::milliseconds(5);
 
 // Rank 0's weights into every rank's, parameter by parameter.
-Status broadcast_weights(trainer::Collectives& group, const model::PolicyImpl& policy) {
+Status broadcast_weights(trainer::Collectives& group, const torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
-  for (const auto& item : policy.named_parameters()) {
+  for (const auto& item : model.named_parameters()) {
     at::Tensor t = item.value().detach();
     Status st = group.broadcast(t, 0);
     if (!st.ok()) {
@@ -60,16 +60,19 @@ trainer::DataParallel RankLeader::data_parallel(int64_t bucket_bytes) {
 }
 
 Status RankLeader::start(const std::string& role, const model::PolicyImpl& policy, int64_t version,
-                         const model::Policy& reference, const std::string& trainer_state) {
+                         const model::Policy& reference, const std::string& trainer_state,
+                         const model::ValueModel& critic) {
   v1::RankCommand c;
   c.set_kind(v1::RankCommand::START);
   c.set_role(role);
   c.set_version(version);
   c.set_has_reference(static_cast<bool>(reference));
   c.set_trainer_state(trainer_state);
+  c.set_has_critic(static_cast<bool>(critic));
   RELAY_RETURN_IF_ERROR(announce(c.SerializeAsString()));
   RELAY_RETURN_IF_ERROR(broadcast_weights(*group_, policy));
   if (reference) RELAY_RETURN_IF_ERROR(broadcast_weights(*group_, *reference));
+  if (critic) RELAY_RETURN_IF_ERROR(broadcast_weights(*group_, *critic));
   return OkStatus();
 }
 
@@ -134,9 +137,15 @@ Status follow_rank_leader(std::shared_ptr<trainer::Collectives> group, model::Po
                                                : model::clone_policy(*policy);
           RELAY_RETURN_IF_ERROR(broadcast_weights(*group, *reference));
         }
+        model::ValueModel critic{nullptr};
+        if (c.has_critic()) {
+          // Of the policy's architecture, device and dtype; rank 0's values.
+          critic = model::value_model_from_policy(*policy, 0);
+          RELAY_RETURN_IF_ERROR(broadcast_weights(*group, *critic));
+        }
         RELAY_ASSIGN_OR_RETURN(trainer::TrainerOptions to, options.options(c.role()));
-        RELAY_ASSIGN_OR_RETURN(
-            trainer, trainer::Trainer::create(policy, std::move(to), c.version(), reference, dp));
+        RELAY_ASSIGN_OR_RETURN(trainer, trainer::Trainer::create(policy, std::move(to), c.version(),
+                                                                 reference, dp, critic));
         if (!c.trainer_state().empty()) {
           RELAY_RETURN_IF_ERROR(
               trainer->restore_state(c.trainer_state(), "rank 0's trainer state"));

@@ -264,6 +264,9 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  allow_missing_logprobs: false\n"
             "  drop_equal_reward_groups: false\n"
             "  mask_truncated: false\n"
+            "  overlong_buffer:\n"
+            "    length: 0\n"
+            "    penalty_factor: 1.0\n"
             "  kl_coef: 0.0\n"
             "  kl_estimator: k3\n"
             "  sft_coef: 0.0\n"
@@ -366,6 +369,22 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    alpha: 8.0\n"
             "    dropout: 0.0\n"
             "    targets: [q_proj, v_proj]\n"
+            "  critic:\n"
+            "    path: \"\"\n"
+            "    lr: 1e-05\n"
+            "    clip_range: 0.5\n"
+            "    agg_mode: token-mean\n"
+            "    optimizer:\n"
+            "      weight_decay: 0.0\n"
+            "      beta1: 0.9\n"
+            "      beta2: 0.999\n"
+            "      eps: 1e-08\n"
+            "      max_grad_norm: 1.0\n"
+            "      schedule: constant\n"
+            "      warmup_steps: 0\n"
+            "      total_steps: 0\n"
+            "      min_lr_ratio: 0.0\n"
+            "      fp32_master_weights: true\n"
             "services:\n"
             "  listen: 127.0.0.1:0\n"
             "  http_listen: 127.0.0.1:0\n"
@@ -558,13 +577,14 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
       {"trainer temperature", "trainer:\n  temperature: 0.7\n",
        "x.yaml:2: trainer.temperature: unknown key; known keys: max_staleness, lr, loss, proximal, "
        "micro_batch_tokens, pack_sequences, ppo_epochs, mini_batches, allow_missing_logprobs, "
-       "drop_equal_reward_groups, mask_truncated, kl_coef, kl_estimator, sft_coef, "
+       "drop_equal_reward_groups, mask_truncated, overlong_buffer, kl_coef, kl_estimator, "
+       "sft_coef, "
        "loss_scale_factor, reference, max_reuse, max_extra_batches, world_size, rendezvous, "
        "allreduce_bucket_mb, "
        "collective_timeout_s, sharding, activation_checkpointing, router_replay, advantage, ppo, "
        "gspo, gmpo, "
        "cispo, sapo, clip_cov, kl_cov, luffy, entropy, reward_kl, rollout_correction, "
-       "optimizer, lora"},
+       "optimizer, lora, critic"},
       {"trainer nested typo", "trainer:\n  advantage:\n    estimater: rloo\n",
        "x.yaml:3: trainer.advantage.estimater: unknown key; did you mean 'estimator'?"},
       {"trainer section type", "trainer:\n  optimizer: adamw\n",
@@ -670,6 +690,26 @@ TEST(ConfigTest, AgentsNeedAnAddressEveryWorkerCanListenOn) {
                       "calls"),
             std::string::npos);
   EXPECT_EQ(parse_error(calculator + "rollout:\n  agent:\n    listen: 127.0.0.1:0\n"), "OK");
+}
+
+// trainer.overlong_buffer (DAPO's length penalty) counts one response
+// against rollout.max_new_tokens: shorter than it, and not for episodes.
+TEST(ConfigTest, OverlongBufferFitsInTheResponseBudget) {
+  EXPECT_EQ(parse_error("rollout:\n  max_new_tokens: 32\n"
+                        "trainer:\n  overlong_buffer:\n    length: 8\n"),
+            "OK");
+  EXPECT_EQ(
+      parse_error("rollout:\n  max_new_tokens: 32\n"
+                  "trainer:\n  overlong_buffer:\n    length: 32\n"),
+      "x.yaml: trainer.overlong_buffer.length: must be < rollout.max_new_tokens (32), got 32");
+  EXPECT_EQ(parse_error("rollout:\n  max_new_tokens: 32\n"
+                        "trainer:\n  overlong_buffer:\n    length: 8\n    penalty_factor: 0\n"),
+            "x.yaml: trainer.overlong_buffer.penalty_factor: must be > 0, got 0");
+  EXPECT_EQ(parse_error("rollout:\n  max_new_tokens: 32\n  agent:\n    listen: 127.0.0.1:0\n"
+                        "trainer:\n  overlong_buffer:\n    length: 8\n"),
+            "x.yaml: trainer.overlong_buffer.length: DAPO's length penalty counts one response "
+            "against rollout.max_new_tokens; episodes (task.environment, rollout.agent.listen) "
+            "have a budget per turn, got 8");
 }
 
 TEST(ConfigTest, ValidationProblemsAreAllReported) {

@@ -237,6 +237,37 @@ TEST(AdvantagesTest, Remax) {
   EXPECT_TRUE(AllClose(out.returns, spread({1, 0, 0.5}, in.response_mask), 1e-7));
 }
 
+// Dense ReMax (verl compute_remax_outcome_advantage): returns are the reverse
+// cumulative sum of the token rewards, advantages returns - baseline.
+//   row 0 rewards {0.1, -0.2, 1.0}, mask 3: G = {0.9, 0.8, 1.0}, b 0.5: A = {0.4, 0.3, 0.5}
+//   row 1 rewards {0.3, 0.7, 9.0}, mask 2: G = {1.0, 0.7, 0} (the unmasked 9 never counts),
+//         b 1: A = {0, -0.3, 0}
+//   row 2 a hole: rewards {0.2, 5.0, 0.4}, mask {1, 0, 1}: G = {0.6, 0, 0.4}, b 0: A = G
+TEST(AdvantagesTest, RemaxDenseRewardsAreSummedFromEachTokenOn) {
+  AdvantageInputs in;
+  in.token_rewards =
+      torch::tensor({0.1f, -0.2f, 1.0f, 0.3f, 0.7f, 9.0f, 0.2f, 5.0f, 0.4f}).reshape({3, 3});
+  in.baseline_rewards = f32({0.5, 1.0, 0.0});
+  in.response_mask = torch::tensor({1, 1, 1, 1, 1, 0, 1, 0, 1}, torch::kBool).reshape({3, 3});
+  const AdvantageOutputs out = run(in, with(AdvantageEstimator::kRemax));
+  const at::Tensor returns =
+      torch::tensor({0.9f, 0.8f, 1.0f, 1.0f, 0.7f, 0.0f, 0.6f, 0.0f, 0.4f}).reshape({3, 3});
+  const at::Tensor advantages =
+      torch::tensor({0.4f, 0.3f, 0.5f, 0.0f, -0.3f, 0.0f, 0.6f, 0.0f, 0.4f}).reshape({3, 3});
+  EXPECT_TRUE(AllClose(out.returns, returns, 1e-6)) << out.returns;
+  EXPECT_TRUE(AllClose(out.advantages, advantages, 1e-6)) << out.advantages;
+  // The outcome form is the same function with the reward on the last token.
+  AdvantageInputs outcome;
+  outcome.rewards = f32({1, 0.25});
+  outcome.baseline_rewards = f32({0.5, 0.5});
+  outcome.response_mask = mask_from_lengths({3, 2}, 3);
+  AdvantageInputs dense = outcome;
+  dense.rewards = at::Tensor();
+  dense.token_rewards = outcome_to_token_rewards(outcome.rewards, outcome.response_mask);
+  EXPECT_TRUE(AllClose(run(outcome, with(AdvantageEstimator::kRemax)).advantages,
+                       run(dense, with(AdvantageEstimator::kRemax)).advantages, 0));
+}
+
 TEST(AdvantagesTest, ReinforcePlusPlusOutcomeReward) {
   AdvantageInputs in;
   in.rewards = f32({1, 0});
@@ -533,6 +564,24 @@ TEST(AdvantagesDataTest, OverlongMask) {
 
   EXPECT_FALSE(overlong_mask(mask, torch::tensor({0, 1}, torch::kBool)).ok());
   EXPECT_FALSE(overlong_mask(mask, torch::tensor({0, 1, 0}, torch::kInt64)).ok());
+}
+
+// DAPO's soft overlong punishment (eq. 13), L_max 20, buffer 4: no penalty up
+// to 16 tokens, then -(R - 16) / 4 * factor down to -factor at 20.
+TEST(AdvantagesDataTest, OverlongPenaltyFallsLinearlyOverTheBuffer) {
+  const at::Tensor lengths = i64({10, 16, 17, 18, 20});
+  StatusOr<at::Tensor> p = overlong_penalty(lengths, 20, 4, 1.0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(AllClose(*p, f32({0, 0, -0.25, -0.5, -1}), 1e-7)) << *p;
+  StatusOr<at::Tensor> half = overlong_penalty(lengths, 20, 4, 0.5);
+  ASSERT_TRUE(half.ok());
+  EXPECT_TRUE(AllClose(*half, f32({0, 0, -0.125, -0.25, -0.5}), 1e-7));
+  EXPECT_EQ(overlong_penalty(lengths, 20, 0, 1.0).status().message(),
+            "overlong_buffer.length: must be in [1, 20), got 0");
+  EXPECT_EQ(overlong_penalty(lengths, 20, 20, 1.0).status().message(),
+            "overlong_buffer.length: must be in [1, 20), got 20");
+  EXPECT_FALSE(overlong_penalty(f32({1, 2}), 20, 4, 1.0).ok());
+  EXPECT_FALSE(overlong_penalty(lengths.reshape({5, 1}), 20, 4, 1.0).ok());
 }
 
 }  // namespace

@@ -65,6 +65,22 @@ TEST(TrainerOptionsTest, EachRuleNamesItsKey) {
          o.loss.luffy.off_min_clip = 0.6;
        },
        "trainer.luffy.off_min_clip: must be <= trainer.luffy.off_max_clip (0.5), got 0.6"},
+      {[](TrainerOptions& o) {
+         o.overlong_buffer.length = 16;
+         o.max_response_length = 16;
+       },
+       "trainer.overlong_buffer.length: must be < the response budget (rollout.max_new_tokens, "
+       "16), got 16"},
+      {[](TrainerOptions& o) {
+         o.overlong_buffer.length = 4;
+         o.advantage.estimator = AdvantageEstimator::kRemax;
+       },
+       "trainer.overlong_buffer.length: not with advantage.estimator remax: the greedy "
+       "baseline's length is not in the batch, so its reward would go unpenalized, got 4"},
+      {[](TrainerOptions& o) { o.critic.loss.clip_range = 0; },
+       "trainer.critic.clip_range: must be > 0, got 0"},
+      {[](TrainerOptions& o) { o.critic.optimizer.lr = -1; },
+       "trainer.critic.lr: must be > 0, got -1"},
       {[](TrainerOptions& o) { o.entropy.coef = -0.1; },
        "trainer.entropy.coef: must be >= 0, got -0.1"},
       {[](TrainerOptions& o) {

@@ -553,6 +553,39 @@ TEST(LuffyLossTest, ShapingVariantsAndClips) {
   EXPECT_EQ(r.metrics.off_max_clip_fraction, 1.0);
 }
 
+// LUFFY's ppo_kl and on_pg_clipfrac run over every masked token, guidance
+// tokens included (their old log-prob is the actor's recompute in LUFFY);
+// relay's on-policy metrics over the sampled tokens only. LuffyCase with old
+// log-probs on the guidance tokens: old(t2) = ln(0.4 / 1.5) gives r = 1.5 with A = +1 (clipped
+// high), old(t3) = ln 1.8 gives r = 0.5 with A = -1 (clipped low); t1 is clipped low, t0 is not.
+//   all tokens: clip 3/4 (low 2/4, high 1/4), ppo_kl (-ln 1.1 + ln 2 - ln 1.5 + ln 2) / 4
+//   on-policy:  clip 1/2 (low 1/2),            ppo_kl (-ln 1.1 + ln 2) / 2
+// The loss does not read the guidance tokens' old log-probs: still -0.05.
+TEST(LuffyLossTest, LuffysMetricsCoverEveryTokenAndRelaysTheSampledOnes) {
+  LuffyCase c;
+  at::Tensor old = row({-1, -1, ln(0.4f / 1.5f), ln(1.8f)});
+  Batch b = make(c.logp, old, c.adv, c.mask);
+  LuffyOptions o;
+  LuffyLossResult r = luffy_loss(b.in, c.off, o);
+  EXPECT_NEAR(r.loss.item<float>(), -0.05, 1e-6);
+  const PolicyLossMetrics& all = r.metrics.all_tokens;
+  EXPECT_NEAR(all.clip_fraction, 0.75, 1e-9);
+  EXPECT_NEAR(all.clip_fraction_low, 0.5, 1e-9);
+  EXPECT_NEAR(all.clip_fraction_high, 0.25, 1e-9);
+  const double ln11 = std::log(1.1), ln2 = std::log(2.0), ln15 = std::log(1.5);
+  EXPECT_NEAR(all.ppo_kl, (-ln11 + ln2 - ln15 + ln2) / 4, 1e-6);
+  const PolicyLossMetrics& on = r.metrics.on_policy;
+  EXPECT_NEAR(on.clip_fraction, 0.5, 1e-9);
+  EXPECT_NEAR(on.clip_fraction_low, 0.5, 1e-9);
+  EXPECT_EQ(on.clip_fraction_high, 0.0);
+  EXPECT_NEAR(on.ppo_kl, (-ln11 + ln2) / 2, 1e-6);
+  // loss_remove_clip: LUFFY reports no clipping; ppo_kl is unchanged.
+  o.loss_remove_clip = true;
+  LuffyLossResult u = luffy_loss(make(c.logp, old, c.adv, c.mask).in, c.off, o);
+  EXPECT_EQ(u.metrics.all_tokens.clip_fraction, 0.0);
+  EXPECT_NEAR(u.metrics.all_tokens.ppo_kl, (-ln11 + ln2 - ln15 + ln2) / 4, 1e-6);
+}
+
 TEST(LuffyLossTest, NoOffPolicyTokensIsFiniteAndEqualsPpo) {
   // The bug LUFFY users hit: a micro-batch without guidance tokens must not give NaN.
   torch::manual_seed(4);
@@ -780,7 +813,7 @@ PolicyLossResult direct(PolicyLossKind kind, const PolicyLossInputs& in, const a
       return reinforce_loss(in, o.ppo.agg_mode, n);
     case PolicyLossKind::kLuffy: {
       LuffyLossResult l = luffy_loss(in, off, o.luffy, n, sft_n);
-      return PolicyLossResult{l.loss, l.metrics.on_policy};
+      return PolicyLossResult{l.loss, l.metrics.all_tokens};  // LUFFY's definitions
     }
   }
   return {};
@@ -853,13 +886,21 @@ TEST(PolicyLossSelectionTest, LuffyExtraMetricsAreReportedUnderLuffyNames) {
   std::map<std::string, double> extra;
   PolicyLossResult r = compute_policy_loss(in, c.off, o, {}, {}, &extra);
   EXPECT_NEAR(r.loss.item<float>(), -0.05, 1e-6);
-  EXPECT_NEAR(r.metrics.clip_fraction, 0.5, 1e-9);  // the on-policy tokens' metrics
+  // The returned metrics are LUFFY's, over all 4 tokens: t1 clipped of 4,
+  // ppo_kl (-ln 1.1 + ln 2 + 0 + 0) / 4 (no old log-prob: ratio 1).
+  EXPECT_NEAR(r.metrics.clip_fraction, 0.25, 1e-9);
+  EXPECT_NEAR(r.metrics.ppo_kl, (-std::log(1.1) + std::log(2.0)) / 4, 1e-6);
   std::set<std::string> names;
   for (const auto& [k, v] : extra) names.insert(k);
-  EXPECT_EQ(names, (std::set<std::string>{"luffy/on_loss", "luffy/off_loss", "luffy/off_ratio_mean",
-                                          "luffy/off_max_clip_fraction",
-                                          "luffy/off_min_clip_fraction", "luffy/off_policy_prob",
-                                          "luffy/off_policy_fraction", "luffy/sft_loss"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{"luffy/on_loss", "luffy/off_loss", "luffy/off_ratio_mean",
+                                   "luffy/off_max_clip_fraction", "luffy/off_min_clip_fraction",
+                                   "luffy/off_policy_prob", "luffy/off_policy_fraction",
+                                   "luffy/sft_loss", "luffy/on_pg_clipfrac",
+                                   "luffy/on_policy_ppo_kl", "luffy/on_policy_clip_fraction"}));
+  EXPECT_NEAR(extra["luffy/on_pg_clipfrac"], 0.25, 1e-9);
+  EXPECT_NEAR(extra["luffy/on_policy_clip_fraction"], 0.5, 1e-9);  // t1 of the 2 sampled
+  EXPECT_NEAR(extra["luffy/on_policy_ppo_kl"], (-std::log(1.1) + std::log(2.0)) / 2, 1e-6);
   EXPECT_NEAR(extra["luffy/on_loss"], -0.15, 1e-6);            // (-1.1 + 0.8) / 2
   EXPECT_NEAR(extra["luffy/off_loss"], 0.05, 1e-6);            // (-0.8 + 0.9) / 2
   EXPECT_NEAR(extra["luffy/off_ratio_mean"], 0.85, 1e-6);      // (0.8 + 0.9) / 2

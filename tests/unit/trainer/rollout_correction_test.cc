@@ -177,6 +177,24 @@ TEST(RolloutCorrectionTest, TokenRejectionByRatio) {
   EXPECT_TRUE(torch::equal(r.response_mask, bmask({{1, 1, 1, 1, 0}, {1, 1, 1, 1, 1}})));
 }
 
+// IcePop: M(k) = k inside [0.5, 5], 0 outside. k = [0.3, 0.51, 1.2, 4, 4.9, 6]:
+// weights [0, 0.51, 1.2, 4, 4.9, 0], and the two outside leave the mask.
+TEST(RolloutCorrectionTest, IcePopWeightsTokensInsideTheBandAndDropsTheRest) {
+  RolloutCorrectionInputs in = with_ratios(
+      mat({{ln(0.3), ln(0.51), ln(1.2), ln(4), ln(4.9), ln(6)}}), bmask({{1, 1, 1, 1, 1, 1}}));
+  const RolloutCorrectionOptions o = icepop_options();
+  EXPECT_TRUE(check_options(o, "rollout_correction").ok());
+  RolloutCorrectionResult r = run(in, o);
+  EXPECT_TRUE(AllClose(r.weights, mat({{0, 0.51f, 1.2f, 4, 4.9f, 0}}), 1e-5)) << r.weights;
+  EXPECT_TRUE(torch::equal(r.response_mask, bmask({{0, 1, 1, 1, 1, 0}})));
+  EXPECT_NEAR(r.metrics.rejected_token_fraction, 2.0 / 6.0, 1e-12);
+  EXPECT_EQ(r.metrics.is_truncated_fraction, 0.0);  // the band bounds k before truncation
+  // Another band: [0.25, 2] keeps 0.3 and drops 4, 4.9 and 6.
+  r = run(in, icepop_options(0.25, 2.0));
+  EXPECT_TRUE(torch::equal(r.response_mask, bmask({{1, 1, 1, 0, 0, 0}})));
+  EXPECT_TRUE(AllClose(r.weights, mat({{0.3f, 0.51f, 1.2f, 0, 0, 0}}), 1e-5));
+}
+
 TEST(RolloutCorrectionTest, SequenceRejectionByK3) {
   // k3 = r - 1 - log r per token:
   //   row 0 r = [2, 0.5]:   0.3068528 + 0.1931472 = 0.5        (mean 0.25)

@@ -513,6 +513,137 @@ TEST(TrainerTest, RemaxUsesTheGreedyBaselineReward) {
   EXPECT_DOUBLE_EQ(m->at("advantages/min"), -0.25);
 }
 
+// trainer.overlong_buffer: a response's reward loses (R - (L_max - buffer)) /
+// buffer over the last `buffer` tokens of the budget; L_max is required.
+TEST(TrainerTest, OverlongBufferPenalizesTheRewardOfLongResponses) {
+  model::Policy policy = make_policy(15);
+  auto groups = sample_groups(policy, 1.0);
+  int64_t longest = 0;
+  std::vector<int64_t> lengths;
+  for (const auto& g : groups) {
+    for (const auto& t : g.trajectories) {
+      lengths.push_back(static_cast<int64_t>(t.response_tokens.size()));
+      longest = std::max(longest, lengths.back());
+    }
+  }
+  ASSERT_GE(longest, 2);
+  TrainerOptions o;
+  o.overlong_buffer.length = 2;
+  EXPECT_NE(std::string(Trainer::create(policy, o).status().message())
+                .find("trainer.overlong_buffer.length: needs the response budget"),
+            std::string::npos);
+  // L_max = longest + 1: responses of `longest` tokens lose 1/2, one shorter none.
+  o.max_response_length = longest + 1;
+  double want = 0, penalized = 0;
+  for (int64_t n : lengths) {
+    const double p = std::min(0.0, -static_cast<double>(n - (longest - 1)) / 2.0);
+    want += p;
+    penalized += p < 0 ? 1 : 0;
+  }
+  want /= static_cast<double>(lengths.size());
+  auto trainer = Trainer::create(policy, o).value();
+  auto m = trainer->step(groups);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_NEAR(m->at("reward/overlong_penalty"), want, 1e-6);
+  EXPECT_LT(m->at("reward/overlong_penalty"), 0.0);
+  EXPECT_NEAR(m->at("reward/overlong_penalized_fraction"),
+              penalized / static_cast<double>(lengths.size()), 1e-9);
+}
+
+// ---- PPO with a critic (advantage.estimator gae).
+
+TrainerOptions gae_options() {
+  TrainerOptions o;
+  o.advantage.estimator = AdvantageEstimator::kGae;
+  o.optimizer.lr = 1e-3;
+  o.critic.optimizer.lr = 1e-2;
+  o.critic.loss.clip_range = 10;  // lets the values move far enough to see the fit
+  o.max_staleness = -1;           // the same groups again and again
+  return o;
+}
+
+at::Tensor flat_params(torch::nn::Module& m) {
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& p : m.parameters()) parts.push_back(p.detach().reshape({-1}).clone());
+  return torch::cat(parts);
+}
+
+// GAE with gamma = lambda = 1 has returns = the outcome reward on every token
+// whatever the values, so steps on one batch fit the critic to it: the value
+// loss falls, the explained variance rises, and the policy trains as well.
+TEST(TrainerTest, GaeTrainsACriticBesideThePolicyOnItsValues) {
+  model::Policy policy = make_policy(21);
+  auto groups = sample_groups(policy, 1.0);
+  auto trainer = Trainer::create(policy, gae_options()).value();
+  ASSERT_TRUE(trainer->critic());
+  const at::Tensor critic_before = flat_params(*trainer->critic());
+  const at::Tensor policy_before = flat_params(*policy);
+  std::vector<StepMetrics> m;
+  for (int i = 0; i < 8; ++i) {
+    auto step = trainer->step(groups);
+    ASSERT_TRUE(step.ok()) << step.status();
+    m.push_back(*step);
+  }
+  for (const char* k : {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean",
+                        "critic/grad_norm", "critic/lr", "critic/vf_explained_var",
+                        "critic/values/mean", "critic/returns/mean", "memory/critic_weights_gb"}) {
+    EXPECT_TRUE(m.back().count(k)) << k;
+  }
+  EXPECT_LT(m.back().at("critic/vf_loss"), 0.5 * m.front().at("critic/vf_loss"));
+  EXPECT_GT(m.back().at("critic/vf_explained_var"), m.front().at("critic/vf_explained_var"));
+  EXPECT_DOUBLE_EQ(m.back().at("critic/lr"), 1e-2);
+  // Returns are the rewards: their mean over tokens is the token-weighted reward.
+  EXPECT_NEAR(m.front().at("critic/returns/mean"), m.back().at("critic/returns/mean"), 1e-6);
+  EXPECT_NEAR(m.front().at("advantages/mean"), 0.0, 1e-5);  // whitened
+  EXPECT_FALSE(torch::equal(critic_before, flat_params(*trainer->critic())));
+  EXPECT_FALSE(torch::equal(policy_before, flat_params(*policy)));
+}
+
+// The critic's optimizer state is part of the trainer state: a trainer
+// restored from it over the same weights takes the same next step.
+TEST(TrainerTest, CriticStateResumesAndAStateWithoutOneIsRefused) {
+  model::Policy policy = make_policy(22);
+  auto groups = sample_groups(policy, 1.0);
+  auto a = Trainer::create(policy, gae_options()).value();
+  ASSERT_TRUE(a->step(groups).ok());
+  const std::string state = a->save_state().value();
+  model::Policy policy_b = model::clone_policy(*policy);
+  model::ValueModel critic_b = model::value_model_from_policy(*policy_b, 0);
+  {
+    torch::NoGradGuard no_grad;
+    auto mine = critic_b->parameters();
+    auto theirs = a->critic()->parameters();
+    for (size_t i = 0; i < mine.size(); ++i) mine[i].copy_(theirs[i]);
+  }
+  auto b = Trainer::create(policy_b, gae_options(), 0, nullptr, {}, critic_b).value();
+  ASSERT_TRUE(b->restore_state(state, "state").ok());
+  auto ma = a->step(groups);
+  auto mb = b->step(groups);
+  ASSERT_TRUE(ma.ok() && mb.ok());
+  EXPECT_TRUE(torch::equal(flat_params(*a->critic()), flat_params(*b->critic())));
+  EXPECT_EQ(ma->at("critic/vf_loss"), mb->at("critic/vf_loss"));
+
+  TrainerOptions plain;
+  plain.max_staleness = -1;
+  auto without = Trainer::create(model::clone_policy(*policy), plain).value();
+  ASSERT_TRUE(without->step(groups).ok());
+  const Status refused = b->restore_state(without->save_state().value(), "old.pt");
+  EXPECT_NE(std::string(refused.message()).find("old.pt: has no critic state"), std::string::npos)
+      << refused;
+}
+
+TEST(TrainerTest, CriticGoesWithGaeAndThePolicysArchitecture) {
+  model::Policy policy = make_policy(23);
+  TrainerOptions o;  // grpo
+  EXPECT_NE(std::string(Trainer::create(policy, o, 0, nullptr, {},
+                                        model::value_model_from_policy(*policy, 0))
+                            .status()
+                            .message())
+                .find("a critic was given, and trainer.advantage.estimator is not gae"),
+            std::string::npos);
+  EXPECT_FALSE(Trainer::create(policy, o).value()->critic());
+}
+
 TEST(TrainerTest, StalenessBoundAndBadOptionsAreErrors) {
   model::Policy policy = make_policy(4);
   auto groups = sample_groups(policy, 1.0, /*version=*/0);

@@ -17,6 +17,7 @@
 
 #include "relay/common/status.h"
 #include "relay/model/policy.h"
+#include "relay/model/value_model.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/trainer.h"
 
@@ -36,8 +37,11 @@ class RankLeader {
   // weights at `version`, restore `trainer_state` (Trainer::save_state; empty
   // = a fresh trainer) and use `reference`'s weights as the KL reference
   // (null = the trainer's default, a frozen copy of the policy).
+  // `critic`: the value model of a trainer with advantage.estimator gae
+  // (null = none).
   Status start(const std::string& role, const model::PolicyImpl& policy, int64_t version,
-               const model::Policy& reference, const std::string& trainer_state);
+               const model::Policy& reference, const std::string& trainer_state,
+               const model::ValueModel& critic = nullptr);
 
   // The followers exit. Safe to call more than once; later calls do nothing.
   Status stop();

@@ -1,0 +1,78 @@
+#pragma once
+
+// The value model of PPO with a critic (trainer.critic, advantage.estimator
+// gae), with its own optimizer and step count. The trainer runs its passes
+// (which rows, micro-batches, packing) and calls it for the pieces that are
+// the critic's own: values, the value loss, the update and the state.
+// Private to src/trainer.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "relay/common/status.h"
+#include "relay/model/value_model.h"
+#include "relay/trainer/batch.h"
+#include "relay/trainer/data_parallel.h"
+#include "relay/trainer/options.h"
+#include "relay/trainer/value_loss.h"
+#include "trainer/optimizer.h"
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
+
+namespace relay::trainer {
+
+class Critic {
+ public:
+  // `model` is trained in place; AdamW over all its parameters under
+  // `sharding` (none or optimizer: a critic is not fully sharded yet).
+  static StatusOr<std::unique_ptr<Critic>> create(model::ValueModel model,
+                                                  const CriticOptions& options, Sharding sharding,
+                                                  const DataParallel& dp);
+
+  model::ValueModel model() const { return model_; }
+  const CriticOptions& options() const { return options_; }
+
+  // V at the positions that score `mb`'s response tokens, [rows, L] in the
+  // response layout (0 outside the mask); packed as the policy's passes are
+  // when `pack` (pack_sequences). Differentiable unless under NoGradGuard.
+  at::Tensor response_values(const TrainBatch& mb, bool pack, int64_t pad_token_id);
+
+  // The value loss of one micro-batch (verl's compute_value_loss over
+  // `normalizer`, counted for the whole mini-batch), back-propagated into
+  // the critic's gradients. The caller passes old values and returns [rows, L].
+  ValueLossResult backward(const TrainBatch& mb, const at::Tensor& old_values,
+                           const at::Tensor& returns, const GlobalNormalizer& normalizer, bool pack,
+                           int64_t pad_token_id);
+
+  void zero_grad() { optimizer_->zero_grad(); }
+  // Sums the ranks' gradients, clips, steps AdamW at the scheduled rate;
+  // the gradient norm before clipping.
+  StatusOr<double> apply_gradients();
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  double last_lr() const;
+
+  // "optimizer_steps" and the optimizer's state (Optimizer::save) into
+  // `archive`; load() checks before it changes anything.
+  Status save(torch::serialize::OutputArchive& archive) const;
+  bool save_is_collective() const { return optimizer_->save_is_collective(); }
+  Status load(torch::serialize::InputArchive& archive, const std::string& path);
+  OptimizerMemory memory() const { return optimizer_->memory(); }
+  int64_t weight_bytes() const;
+
+ private:
+  Critic(model::ValueModel model, CriticOptions options)
+      : model_(std::move(model)), options_(std::move(options)) {}
+
+  model::ValueModel model_;
+  CriticOptions options_;
+  std::unique_ptr<Optimizer> optimizer_;
+  int64_t optimizer_steps_ = 0;
+};
+
+}  // namespace relay::trainer
