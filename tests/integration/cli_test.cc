@@ -860,6 +860,17 @@ TEST_F(CliTest, PpoConfigTrainsACriticAndResumesIt) {
         << line;
   }
   EXPECT_EQ(rl, 4);
+  // trainer.critic.path starts another run's critic from this one's; a
+  // directory that is not there is an error naming it.
+  r = RelayCli("run " + config + " experiment.name=from_critic experiment.steps=1" +
+               " trainer.critic.path=" + checkpoints + "step_000004/critic" + common);
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
+  r = RelayCli("run " + config + " experiment.name=no_critic experiment.steps=1" +
+               " trainer.critic.path=" + base + "/nowhere" + common);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE((r.err + r.out).find("model directory not found: " + base + "/nowhere"),
+            std::string::npos)
+      << r.err << r.out;
   fs::remove_all(base);
 }
 
