@@ -74,20 +74,24 @@ double Critic::last_lr() const {
 
 Status Critic::save(torch::serialize::OutputArchive& archive) const {
   archive.write("optimizer_steps", torch::tensor({optimizer_steps_}, torch::kInt64));
+  archive.write("rl_steps", torch::tensor({rl_steps_}, torch::kInt64));
   return optimizer_->save(archive);
 }
 
 Status Critic::load(torch::serialize::InputArchive& archive, const std::string& path) {
-  int64_t steps = 0;
+  int64_t steps = 0, rl_steps = 0;
   try {
     at::Tensor t;
     archive.read("optimizer_steps", t);
     steps = t.item<int64_t>();
+    archive.read("rl_steps", t);
+    rl_steps = t.item<int64_t>();
   } catch (const std::exception& e) {
-    return DataLossError(absl::StrCat(path, ": no critic optimizer step count: ", e.what()));
+    return DataLossError(absl::StrCat(path, ": no critic step counts: ", e.what()));
   }
   RELAY_RETURN_IF_ERROR(optimizer_->load(archive, path));
   optimizer_steps_ = steps;
+  rl_steps_ = rl_steps;
   return OkStatus();
 }
 

@@ -55,9 +55,13 @@ class Critic {
   // the gradient norm before clipping.
   StatusOr<double> apply_gradients();
   int64_t optimizer_steps() const { return optimizer_steps_; }
+  // RL steps the critic has trained in; while fewer than
+  // options().warmup_steps, the step trains the critic alone.
+  bool warming_up() const { return rl_steps_ < options_.warmup_steps; }
+  void count_step() { ++rl_steps_; }
   double last_lr() const;
 
-  // "optimizer_steps" and the optimizer's state (Optimizer::save) into
+  // "optimizer_steps", "rl_steps" and the optimizer's state (Optimizer::save) into
   // `archive`; load() checks before it changes anything.
   Status save(torch::serialize::OutputArchive& archive) const;
   bool save_is_collective() const { return optimizer_->save_is_collective(); }
@@ -73,6 +77,7 @@ class Critic {
   CriticOptions options_;
   std::unique_ptr<Optimizer> optimizer_;
   int64_t optimizer_steps_ = 0;
+  int64_t rl_steps_ = 0;
 };
 
 }  // namespace relay::trainer

@@ -242,6 +242,7 @@ void check(const TrainerOptions& o, Problems p) {
     Problems critic = p.at("critic");
     critic.positive("lr", o.critic.optimizer.lr);
     critic.positive("clip_range", o.critic.loss.clip_range);
+    critic.at_least("warmup_steps", o.critic.warmup_steps, 0);
     check(o.critic.optimizer, critic.at("optimizer"));
     if (o.advantage.estimator == AdvantageEstimator::kGae && o.lora.enabled()) {
       p.at("lora").add("rank",

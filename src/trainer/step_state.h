@@ -54,6 +54,9 @@ struct UpdateSums {
   double lr_last = 0;              // the learning rate of the last update
   PolicyLossMetrics loss_metrics;  // each field x tokens
   double critic_loss = 0;          // the critic's value loss, summed over micro-batches
+  double critic_tokens = 0;        // response tokens its micro-batches covered
+  double critic_clip = 0;          // its vf_clipfrac x tokens
+  double critic_value = 0;         // its mean prediction x tokens
   double critic_grad_norm = 0;     // summed over updates
   double critic_lr_last = 0;
   StepMetrics extra;  // the loss's own metrics x tokens
@@ -88,6 +91,7 @@ struct StepState {
   // plan_updates
   std::vector<int64_t> order;  // batch rows in update order
   int mini_batches = 1;        // per epoch: trainer.mini_batches, at most one per row
+  bool critic_warmup = false;  // trainer.critic.warmup_steps: only the critic trains
   UpdateCount updates;
   UpdateSums sums;
 };

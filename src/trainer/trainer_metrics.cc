@@ -97,7 +97,10 @@ Status sum_across_ranks(Collectives& group, UpdateSums& u) {
                                                     {"ratio", &acc.mean_ratio},
                                                     {"behav_w", &acc.behav_imp_weight},
                                                     {"behav_capped", &acc.behav_capped_fraction},
-                                                    {"critic_loss", &u.critic_loss}};
+                                                    {"critic_loss", &u.critic_loss},
+                                                    {"critic_tokens", &u.critic_tokens},
+                                                    {"critic_clip", &u.critic_clip},
+                                                    {"critic_value", &u.critic_value}};
   std::map<std::string, double> sums;
   for (const auto& [k, v] : u.extra) sums["extra:" + k] = v;
   for (const auto& [k, p] : summed) sums[k] = *p;
@@ -122,47 +125,58 @@ Status Trainer::finish_step(StepState& s) {
 void Trainer::update_metrics(const StepState& s, StepMetrics& m) const {
   const TrainerOptions& o = options_;
   const UpdateSums& u = s.sums;
-  const PolicyLossMetrics& acc = u.loss_metrics;
-  const double t = std::max(1.0, u.tokens);
-  m["clip_fraction"] = acc.clip_fraction / t;
-  m["clip_fraction/low"] = acc.clip_fraction_low / t;
-  m["clip_fraction/high"] = acc.clip_fraction_high / t;
-  m["clip_fraction/dual"] = acc.dual_clip_fraction / t;
-  m["ppo_kl"] = acc.ppo_kl / t;
-  m["mean_importance_ratio"] = acc.mean_ratio / t;
-  if (o.loss.kind == PolicyLossKind::kDecoupledPpo) {
-    m["proximal/behav_imp_weight"] = acc.behav_imp_weight / t;
-    m["proximal/behav_capped_fraction"] = acc.behav_capped_fraction / t;
-  }
-  for (const auto& [k, v] : u.extra) m[k] = v / t;
   const int updates = s.updates.applied;
-  m["pg_loss"] = u.pg / updates;
-  m["loss"] = u.loss / updates;
+  // A critic-warmup step (trainer.critic.warmup_steps) left the policy as
+  // it was: it has no policy-update figures.
+  if (!s.critic_warmup) {
+    const PolicyLossMetrics& acc = u.loss_metrics;
+    const double t = std::max(1.0, u.tokens);
+    m["clip_fraction"] = acc.clip_fraction / t;
+    m["clip_fraction/low"] = acc.clip_fraction_low / t;
+    m["clip_fraction/high"] = acc.clip_fraction_high / t;
+    m["clip_fraction/dual"] = acc.dual_clip_fraction / t;
+    m["ppo_kl"] = acc.ppo_kl / t;
+    m["mean_importance_ratio"] = acc.mean_ratio / t;
+    if (o.loss.kind == PolicyLossKind::kDecoupledPpo) {
+      m["proximal/behav_imp_weight"] = acc.behav_imp_weight / t;
+      m["proximal/behav_capped_fraction"] = acc.behav_capped_fraction / t;
+    }
+    for (const auto& [k, v] : u.extra) m[k] = v / t;
+    m["pg_loss"] = u.pg / updates;
+    m["loss"] = u.loss / updates;
+    if (reference_ && o.kl_coef > 0) m["kl_ref"] = u.kl / updates;
+    m["grad_norm"] = u.grad_norm / updates;
+    m["lr"] = u.lr_last;
+    m["optimizer_steps"] = static_cast<double>(updates);
+  } else {
+    m["optimizer_steps"] = 0;
+  }
   if (reference_) {
-    if (o.kl_coef > 0) m["kl_ref"] = u.kl / updates;
     for (KlEstimator k : {KlEstimator::kK1, KlEstimator::kK2, KlEstimator::kK3}) {
       m[absl::StrCat("kl_ref/", kKlEstimatorNames.name(k))] =
           summarize(kl_penalty(s.before.logprobs, s.before.reference, k), s.mask).mean;
     }
   }
-  m["grad_norm"] = u.grad_norm / updates;
-  m["lr"] = u.lr_last;
   if (critic_) {
-    // verl's critic/* names; vf_clipfrac and vpred_mean came through `extra`.
+    // verl's critic/* names; one critic update per mini-batch.
+    const double ct = std::max(1.0, u.critic_tokens);
+    m["critic/warmup"] = s.critic_warmup ? 1 : 0;
     m["critic/vf_loss"] = u.critic_loss / updates;
+    m["critic/vf_clipfrac"] = u.critic_clip / ct;
+    m["critic/vpred_mean"] = u.critic_value / ct;
     m["critic/grad_norm"] = u.critic_grad_norm / updates;
     m["critic/lr"] = u.critic_lr_last;
     put(m, "critic/values", summarize(s.before.values, s.mask));
     put(m, "critic/returns", summarize(s.adv.returns.cpu(), s.mask));
     m["critic/vf_explained_var"] = explained_variance(s.before.values, s.adv.returns.cpu(), s.mask);
   }
-  m["optimizer_steps"] = static_cast<double>(updates);
 }
 
 // The step happened: controllers and the reuse counter move on, and the
 // weights are the next version. Last, so that any failure comes before the
 // step counts.
 void Trainer::commit_step(StepState& s) {
+  if (critic_) critic_->count_step();
   if (reference_ && s.reward_beta > 0) reward_kl_->update(s.reward_kl_mean, s.batch.size());
   last_entropy_ = s.metrics.at("entropy");
   entropy_->update(last_entropy_);

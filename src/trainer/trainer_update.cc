@@ -151,6 +151,7 @@ void Trainer::plan_updates(StepState& s) const {
   std::iota(s.order.begin(), s.order.end(), 0);
   s.mini_batches = std::min<int>(options_.mini_batches, static_cast<int>(B));
   s.updates.planned = options_.ppo_epochs * s.mini_batches;
+  s.critic_warmup = critic_ && critic_->warming_up();
 }
 
 MiniBatch Trainer::plan_minibatch(const StepState& s, int index, bool record) const {
@@ -187,6 +188,12 @@ MiniBatch Trainer::plan_minibatch(const StepState& s, int index, bool record) co
 Status Trainer::update_minibatch(StepState& s, int epoch, int index) {
   // Without the pre-update pass, the first mini-batch records pi_old.
   MiniBatch mb = plan_minibatch(s, index, s.skip_pass && epoch == 0 && index == 0);
+  if (s.critic_warmup) {
+    // verl's critic warmup: the critic's update alone; it counts as one of
+    // the step's updates (a failure after it leaves the critic half-updated).
+    ++s.updates.applied;
+    return update_critic(s, mb);
+  }
   optimizer_->zero_grad();
   WholeRoot root(sharded_.get());
   RELAY_RETURN_IF_ERROR(root.acquire());
@@ -219,8 +226,9 @@ Status Trainer::update_critic(StepState& s, const MiniBatch& mb) {
     }
     const double tokens = part.response_mask.sum().item<double>();
     s.sums.critic_loss += r.loss.item<double>();
-    s.sums.extra["critic/vf_clipfrac"] += r.clip_fraction * tokens;
-    s.sums.extra["critic/vpred_mean"] += r.value_mean * tokens;
+    s.sums.critic_tokens += tokens;
+    s.sums.critic_clip += r.clip_fraction * tokens;
+    s.sums.critic_value += r.value_mean * tokens;
   }
   RELAY_ASSIGN_OR_RETURN(const double norm, critic_->apply_gradients());
   s.sums.critic_grad_norm += norm;

@@ -156,6 +156,7 @@ void visit_fields(V& v, CriticOptions& o) {
   v.field("lr", o.optimizer.lr);
   v.field("clip_range", o.loss.clip_range);
   v.field("agg_mode", o.loss.agg_mode, kLossAggModeNames);
+  v.field("warmup_steps", o.warmup_steps);
   v.section("optimizer", o.optimizer);
 }
 

@@ -184,6 +184,10 @@ struct CriticOptions {
   std::string path;
   ValueLossOptions loss;       // clip_range (verl's cliprange_value), agg_mode
   OptimizerOptions optimizer;  // the critic's own lr (verl's default 1e-5), schedule, clip
+  // verl's trainer.critic_warmup: the first this many RL steps train the
+  // critic alone (the policy's weights do not change; each still counts as
+  // a version). Counted in the trainer state, so a resume goes on counting.
+  int64_t warmup_steps = 0;
 };
 
 // DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13; verl's DAPO

@@ -374,6 +374,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "    lr: 1e-05\n"
             "    clip_range: 0.5\n"
             "    agg_mode: token-mean\n"
+            "    warmup_steps: 0\n"
             "    optimizer:\n"
             "      weight_decay: 0.0\n"
             "      beta1: 0.9\n"

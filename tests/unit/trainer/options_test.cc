@@ -77,6 +77,8 @@ TEST(TrainerOptionsTest, EachRuleNamesItsKey) {
        },
        "trainer.overlong_buffer.length: not with advantage.estimator remax: the greedy "
        "baseline's length is not in the batch, so its reward would go unpenalized, got 4"},
+      {[](TrainerOptions& o) { o.critic.warmup_steps = -1; },
+       "trainer.critic.warmup_steps: must be >= 0, got -1"},
       {[](TrainerOptions& o) { o.critic.loss.clip_range = 0; },
        "trainer.critic.clip_range: must be > 0, got 0"},
       {[](TrainerOptions& o) { o.critic.optimizer.lr = -1; },

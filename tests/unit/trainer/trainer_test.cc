@@ -632,6 +632,41 @@ TEST(TrainerTest, CriticStateResumesAndAStateWithoutOneIsRefused) {
       << refused;
 }
 
+// trainer.critic.warmup_steps (verl's critic_warmup): the first steps train
+// the critic alone and leave the policy as it was; the count is part of the
+// trainer state.
+TEST(TrainerTest, CriticWarmupTrainsTheCriticAloneForItsSteps) {
+  model::Policy policy = make_policy(24);
+  auto groups = sample_groups(policy, 1.0);
+  TrainerOptions o = gae_options();
+  o.critic.warmup_steps = 2;
+  auto t = Trainer::create(policy, o).value();
+  const at::Tensor policy_before = flat_params(*policy);
+  const at::Tensor critic_before = flat_params(*t->critic());
+  auto m1 = t->step(groups);
+  ASSERT_TRUE(m1.ok()) << m1.status();
+  EXPECT_EQ(m1->at("critic/warmup"), 1.0);
+  EXPECT_EQ(m1->at("optimizer_steps"), 0.0);
+  EXPECT_EQ(m1->count("pg_loss"), 0u);
+  EXPECT_GT(m1->at("critic/vf_loss"), 0.0);
+  EXPECT_TRUE(torch::equal(policy_before, flat_params(*policy)));
+  EXPECT_FALSE(torch::equal(critic_before, flat_params(*t->critic())));
+  EXPECT_EQ(t->version(), 1);
+  const std::string after_one = t->save_state().value();
+  EXPECT_EQ(t->step(groups)->at("critic/warmup"), 1.0);
+  EXPECT_TRUE(torch::equal(policy_before, flat_params(*policy)));
+  auto m3 = t->step(groups);
+  ASSERT_TRUE(m3.ok()) << m3.status();
+  EXPECT_EQ(m3->at("critic/warmup"), 0.0);
+  EXPECT_TRUE(m3->count("pg_loss"));
+  EXPECT_FALSE(torch::equal(policy_before, flat_params(*policy)));
+  // Restored after the first step: one warmup step is left.
+  auto b = Trainer::create(model::clone_policy(*policy), o).value();
+  ASSERT_TRUE(b->restore_state(after_one, "state").ok());
+  EXPECT_EQ(b->step(groups)->at("critic/warmup"), 1.0);
+  EXPECT_EQ(b->step(groups)->at("critic/warmup"), 0.0);
+}
+
 TEST(TrainerTest, CriticGoesWithGaeAndThePolicysArchitecture) {
   model::Policy policy = make_policy(23);
   TrainerOptions o;  // grpo
