@@ -67,17 +67,9 @@ StatusOr<Policy> load_adapter_policy(const std::string& dir, const LoadOptions& 
 
 // config.json and the weights of `policy` into `staging`.
 Status write_full_policy(PolicyImpl& policy, const fs::path& staging, const SaveOptions& options) {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
   c10::ScalarType saved_dtype = options.dtype;
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& item : policy.named_parameters()) {
-      at::Tensor t = item.value().detach();
-      if (options.dtype != c10::ScalarType::Undefined) t = t.to(options.dtype);
-      saved_dtype = t.scalar_type();
-      tensors.emplace_back(item.key(), t.to(torch::kCPU).contiguous());
-    }
-  }
+  const std::vector<std::pair<std::string, at::Tensor>> tensors =
+      tensors_for_save(policy, options.dtype, &saved_dtype);
   PolicyConfig config = policy.config();
   config.torch_dtype = torch_dtype_name(saved_dtype);
   RELAY_RETURN_IF_ERROR(write_hf_config(config, (staging / "config.json").string()));
@@ -85,6 +77,20 @@ Status write_full_policy(PolicyImpl& policy, const fs::path& staging, const Save
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> tensors_for_save(torch::nn::Module& model,
+                                                                 c10::ScalarType dtype,
+                                                                 c10::ScalarType* saved) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters()) {
+    at::Tensor t = item.value().detach();
+    if (dtype != c10::ScalarType::Undefined) t = t.to(dtype);
+    *saved = t.scalar_type();
+    tensors.emplace_back(item.key(), t.to(torch::kCPU).contiguous());
+  }
+  return tensors;
+}
 
 Status fill_parameters(torch::nn::Module& model, const CheckpointTensors& tensors,
                        const std::string& dir, const std::string& what,

@@ -6,6 +6,8 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 
@@ -23,6 +25,14 @@ Status save_model_directory(const std::string& dir, const SaveOptions& options,
                             const std::function<Status(const std::string& staging)>& write);
 
 class CheckpointTensors;
+
+// Every parameter of `model` by name, detached, on the CPU, contiguous and
+// in `dtype` (Undefined = each in its own): what a writer hands to
+// write_checkpoint_tensors. `saved` gets the dtype written (options.dtype,
+// or the parameters' own), for config.json's torch_dtype.
+std::vector<std::pair<std::string, at::Tensor>> tensors_for_save(torch::nn::Module& model,
+                                                                 c10::ScalarType dtype,
+                                                                 c10::ScalarType* saved);
 
 // Fills every parameter of `model` from `tensors` by name, but those `keep`
 // says to leave as they are. A missing tensor, another shape than the

@@ -123,17 +123,9 @@ StatusOr<ValueModel> load_value_model(const std::string& dir, const LoadOptions&
 Status save_value_model(ValueModelImpl& critic, const std::string& dir,
                         const SaveOptions& options) {
   return save_model_directory(dir, options, [&](const std::string& staging) -> Status {
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
     c10::ScalarType saved = options.dtype;
-    {
-      torch::NoGradGuard no_grad;
-      for (const auto& item : critic.named_parameters()) {
-        at::Tensor t = item.value().detach();
-        if (options.dtype != c10::ScalarType::Undefined) t = t.to(options.dtype);
-        saved = t.scalar_type();
-        tensors.emplace_back(item.key(), t.to(torch::kCPU).contiguous());
-      }
-    }
+    const std::vector<std::pair<std::string, at::Tensor>> tensors =
+        tensors_for_save(critic, options.dtype, &saved);
     PolicyConfig config = critic.config();
     config.torch_dtype = torch_dtype_name(saved);
     RELAY_RETURN_IF_ERROR(validate(config));
