@@ -42,18 +42,21 @@ StatusOr<std::unique_ptr<InProcessGroupSource>> InProcessGroupSource::create(
   RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Engine> engine,
                          rollout::Engine::create(model::clone_policy(*trainer.policy()), s.engine,
                                                  trainer.version(), digest));
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Teacher> teacher, load_teacher(s));
   return std::unique_ptr<InProcessGroupSource>(
-      new InProcessGroupSource(s, split, verifier, std::move(engine), options));
+      new InProcessGroupSource(s, split, verifier, std::move(engine), std::move(teacher), options));
 }
 
 InProcessGroupSource::InProcessGroupSource(const RolloutSetup& s, const PromptSplit& split,
                                            rollout::SafeVerifier* verifier,
                                            std::unique_ptr<rollout::Engine> engine,
+                                           std::unique_ptr<rollout::Teacher> teacher,
                                            const InProcessSourceOptions& options)
     : s_(s),
       split_(split),
       verifier_(verifier),
       engine_(std::move(engine)),
+      teacher_(std::move(teacher)),
       options_(options),
       filler_(filler_options(options)),
       episodes_(episode_driver(s, *engine_)) {}
@@ -79,6 +82,7 @@ StatusOr<std::vector<rollout::TrajectoryGroup>> InProcessGroupSource::generate_b
     if (episodes_) episodes_->end_group(g.group_id);
     RELAY_RETURN_IF_ERROR(score_group(s_, *verifier_, prompts.at(g.group_id), g));
   }
+  if (teacher_) RELAY_RETURN_IF_ERROR(teacher_->score(groups));
   return groups;
 }
 

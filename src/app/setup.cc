@@ -359,6 +359,38 @@ StatusOr<uint64_t> weights_digest(const model::PolicyImpl& policy) {
   return m.digest;
 }
 
+StatusOr<std::unique_ptr<rollout::Teacher>> load_teacher(const RolloutSetup& s) {
+  const std::string& dir = s.config.trainer.distill.teacher;
+  if (dir.empty()) return std::unique_ptr<rollout::Teacher>();
+  const std::string student = s.model_dir.empty()
+                                  ? absl::StrCat("model.tokenizer ", s.config.model.tokenizer)
+                                  : absl::StrCat("the student's ", s.model_dir);
+  StatusOr<std::unique_ptr<model::Tokenizer>> tokenizer = model::load_tokenizer(dir);
+  if (!tokenizer.ok()) {
+    return Status(tokenizer.status().code(),
+                  absl::StrCat("trainer.distill.teacher: ", tokenizer.status().message()));
+  }
+  if (std::optional<std::string> d = rollout::tokenizer_difference(*s.tokenizer, **tokenizer)) {
+    return InvalidArgumentError(absl::StrCat("trainer.distill.teacher: the tokenizer of ", dir,
+                                             " is not the one of ", student, ": ", *d,
+                                             "; on-policy distillation needs the same tokenizer"));
+  }
+  model::LoadOptions lo;
+  lo.dtype = model::scalar_type(s.config.model.dtype);
+  StatusOr<model::Policy> teacher = model::load_policy(dir, lo);
+  if (!teacher.ok()) {
+    return Status(teacher.status().code(),
+                  absl::StrCat("trainer.distill.teacher: ", teacher.status().message()));
+  }
+  const at::Tensor weight = s.policy->parameters().front();
+  if (!weight.device().is_cpu()) (*teacher)->to(weight.device());
+  RELAY_ASSIGN_OR_RETURN(const uint64_t digest, weights_digest(**teacher));
+  rollout::TeacherOptions o;
+  const int64_t vocab = sampled_vocab(s);
+  if (vocab < (*teacher)->config().vocab_size) o.vocab_limit = vocab;
+  return std::make_unique<rollout::Teacher>(teacher->ptr(), digest, o);
+}
+
 serve::ServedModel served_model(const RolloutSetup& s) {
   serve::ServedModel m;
   m.tokenizer = s.tokenizer;

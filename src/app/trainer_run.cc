@@ -149,6 +149,7 @@ comm::SubmissionLimits submission_limits(const RolloutSetup& s) {
   limits.max_response_tokens = s.config.rollout.engine.max_new_tokens;
   limits.max_episode_tokens = s.config.rollout.engine.response_budget(/*episode=*/true);
   limits.require_behavior_logprobs = !s.config.trainer.allow_missing_logprobs;
+  limits.require_teacher_logprobs = s.config.trainer.distill.enabled();
   return limits;
 }
 

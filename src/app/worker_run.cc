@@ -93,14 +93,17 @@ StatusOr<std::unique_ptr<comm::RolloutWorker>> make_worker(const WorkerRunArgs& 
     return InvalidArgumentError(
         "rollout.agent.command: this program does not start agents; relay-rollout does");
   }
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Teacher> teacher, load_teacher(s));
   RELAY_ASSIGN_OR_RETURN(std::unique_ptr<comm::TrainerClient> client,
                          comm::GrpcTrainerClient::connect(co));
-  return std::make_unique<comm::RolloutWorker>(
+  auto worker = std::make_unique<comm::RolloutWorker>(
       std::move(client), s.policy, s.engine, s.task, s.tokenizer,
       std::chrono::milliseconds(
           static_cast<int64_t>(std::ceil(s.config.task.verifier_timeout_s * 1000))),
       // With agents, task.environment serves only the trainer's own episodes.
       wo, wo.agents ? nullptr : s.environment, episode_driver_options(s));
+  worker->set_teacher(std::move(teacher));
+  return worker;
 }
 
 // Registers, retrying while the trainer is unreachable (still starting, or
@@ -163,6 +166,12 @@ int finish(comm::RolloutWorker& worker, const Status& result, bool stopped) {
       !worker.serves_agents()
           ? ""
           : absl::StrCat(", ", st.agent_groups_dropped, " agent groups dropped").c_str());
+  if (const rollout::Teacher* t = worker.teacher()) {
+    const rollout::TeacherStats& ts = t->stats();
+    std::printf("worker %s: the teacher scored %lld responses (%lld tokens) in %.1f s\n",
+                id.c_str(), static_cast<long long>(ts.responses), static_cast<long long>(ts.tokens),
+                ts.seconds);
+  }
   if (run_finished(result)) {
     std::printf("worker %s: the run is finished; stopping\n", id.c_str());
     return 0;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,10 @@ nlohmann::json trajectory_json(const rollout::Trajectory& t, const std::string& 
       {"seconds",
        {{"admitted", t.admitted_s}, {"first_token", t.first_token_s}, {"finished", t.finished_s}}}};
   if (!t.raw_logprobs.empty()) j["raw_logprobs"] = nullable_floats(t.raw_logprobs);
+  if (!t.teacher_logprobs.empty()) {
+    j["teacher_logprobs"] = nullable_floats(t.teacher_logprobs);
+    j["teacher_digest"] = t.teacher_digest;
+  }
   if (!verifier_error.empty()) j["verifier_error"] = verifier_error;
   if (!t.turns.empty()) {
     // An episode: `response` is the answer (the last model turn); the turns
@@ -77,6 +82,7 @@ struct Sampled {
   std::map<std::string, rollout::TaskPrompt> prompts;  // by group id
   std::vector<rollout::TrajectoryGroup> groups;
   double seconds = 0;
+  std::optional<rollout::TeacherStats> teacher;  // trainer.distill's scoring, when on
 };
 
 // Task prompts [start, start + prompts) through one engine at version 0.
@@ -100,6 +106,12 @@ StatusOr<Sampled> sample(app::RolloutSetup& s, const RolloutArgs& args) {
   const auto t0 = std::chrono::steady_clock::now();
   RELAY_ASSIGN_OR_RETURN(out.groups, out.engine->run());
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // trainer.distill: the teacher scores the samples as a worker's would.
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Teacher> teacher, app::load_teacher(s));
+  if (teacher) {
+    RELAY_RETURN_IF_ERROR(teacher->score(out.groups));
+    out.teacher = teacher->stats();
+  }
   return out;
 }
 
@@ -186,6 +198,14 @@ int rollout(const RolloutArgs& args) {
       trajectories > 0 ? scored->reward_sum / trajectories : 0.0,
       static_cast<long long>(verifier.errors()), static_cast<long long>(verifier.timeouts()),
       static_cast<long long>(stats.shared_prefills));
+  if (const std::optional<rollout::TeacherStats>& t = sampled->teacher) {
+    // The cost of scoring where the samples are made (docs/BENCHMARKS.md).
+    std::printf(
+        "teacher: %lld responses, %lld tokens in %.2f s (%.1f tokens/s), %.2fx the "
+        "sampling time\n",
+        static_cast<long long>(t->responses), static_cast<long long>(t->tokens), t->seconds,
+        t->seconds > 0 ? t->tokens / t->seconds : 0.0, seconds > 0 ? t->seconds / seconds : 0.0);
+  }
   if (!args.out.empty()) std::printf("wrote %s\n", args.out.c_str());
   return 0;
 }

@@ -175,6 +175,19 @@ void check(const ExperimentConfig& config, Problems p) {
                        ")"),
           overlong);
   }
+  // Distillation: the rollout side scores with the teacher, the trainer
+  // weighs it by coef; one without the other is a mistake either way.
+  const trainer::DistillOptions& distill = config.trainer.distill;
+  if (distill.enabled() && distill.teacher.empty()) {
+    p.add("trainer.distill.teacher",
+          "trainer.distill.coef > 0 needs the teacher's model directory, which the rollout "
+          "workers score every response with");
+  }
+  if (!distill.enabled() && !distill.teacher.empty()) {
+    p.add("trainer.distill.coef",
+          "must be > 0 with trainer.distill.teacher set (Thinking Machines' recipe uses 1)",
+          distill.coef);
+  }
   trainer::check(config.trainer, p.at("trainer"));
 }
 

@@ -125,6 +125,9 @@ Status check_trajectory(const Trajectory& t) {
   RELAY_RETURN_IF_ERROR(sized(t.proximal_versions.size(), "proximal_versions"));
   RELAY_RETURN_IF_ERROR(sized(t.offpolicy_mask.size(), "offpolicy_mask"));
   if (!t.raw_logprobs.empty()) RELAY_RETURN_IF_ERROR(sized(t.raw_logprobs.size(), "raw_logprobs"));
+  if (!t.teacher_logprobs.empty()) {
+    RELAY_RETURN_IF_ERROR(sized(t.teacher_logprobs.size(), "teacher_logprobs"));
+  }
   std::set<int64_t> used;
   for (size_t j = 0; j < n; ++j) {
     // NaN = missing (invariant 5: the trainer counts and refuses them); any

@@ -86,6 +86,8 @@ void to_proto(const rollout::Trajectory& t, v1::Trajectory* out) {
     o->set_tool_errors(turn.tool_errors);
   }
   out->set_finish_detail(t.finish_detail);
+  out->mutable_teacher_logprobs()->Add(t.teacher_logprobs.begin(), t.teacher_logprobs.end());
+  out->set_teacher_digest(t.teacher_digest);
 }
 
 void to_proto(const rollout::TrajectoryGroup& g, v1::TrajectoryGroup* out) {
@@ -104,6 +106,8 @@ StatusOr<rollout::Trajectory> from_proto(const v1::Trajectory& in, bool check) {
   t.token_versions = vec<int64_t>(in.token_versions());
   t.proximal_logprobs = vec<float>(in.proximal_logprobs());
   t.proximal_versions = vec<int64_t>(in.proximal_versions());
+  t.teacher_logprobs = vec<float>(in.teacher_logprobs());
+  t.teacher_digest = in.teacher_digest();
   for (bool m : in.offpolicy_mask()) t.offpolicy_mask.push_back(m ? 1 : 0);
   switch (in.finish_reason()) {
     case v1::FINISH_REASON_STOP:

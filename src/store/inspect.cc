@@ -93,19 +93,24 @@ std::string report_text(const StoreReport& r) {
       absl::StrAppend(&out, "\n");
       // `src`: who wrote the token, model or env (masked out of the loss);
       // `turn`: the episode turn it belongs to.
-      absl::StrAppend(&out, absl::StrFormat("  %4s %8s %10s %8s %10s %9s %4s %5s %4s\n", "j",
-                                            "token", "behavior", "version", "proximal", "prox_ver",
-                                            "off", "src", "turn"));
+      // `teacher`: on-policy distillation's teacher log-prob, when scored.
+      const bool teacher = !t.teacher_logprobs.empty();
+      absl::StrAppend(
+          &out, absl::StrFormat("  %4s %8s %10s %8s %10s %9s %4s %5s %4s%s\n", "j", "token",
+                                "behavior", "version", "proximal", "prox_ver", "off", "src", "turn",
+                                teacher ? absl::StrFormat(" %10s", "teacher") : ""));
       size_t turn = 0;
       for (size_t j = 0; j < t.response_tokens.size(); ++j) {
         while (turn + 1 < t.turns.size() && static_cast<int64_t>(j) >= t.turns[turn].env_end) {
           ++turn;
         }
-        absl::StrAppend(&out, absl::StrFormat("  %4d %8d %10s %8d %10s %9d %4d %5s %4d\n", j,
-                                              t.response_tokens[j], logprob(t.behavior_logprobs[j]),
-                                              t.token_versions[j], logprob(t.proximal_logprobs[j]),
-                                              t.proximal_versions[j], t.offpolicy_mask[j],
-                                              t.is_env_token(j) ? "env" : "model", turn));
+        absl::StrAppend(
+            &out, absl::StrFormat(
+                      "  %4d %8d %10s %8d %10s %9d %4d %5s %4d%s\n", j, t.response_tokens[j],
+                      logprob(t.behavior_logprobs[j]), t.token_versions[j],
+                      logprob(t.proximal_logprobs[j]), t.proximal_versions[j], t.offpolicy_mask[j],
+                      t.is_env_token(j) ? "env" : "model", turn,
+                      teacher ? absl::StrFormat(" %10s", logprob(t.teacher_logprobs[j])) : ""));
       }
     }
   }
@@ -160,6 +165,10 @@ std::string report_json(const StoreReport& r) {
         {"env_mask", t.env_mask},
         {"finish_reason", rollout::finish_reason_name(t.finish_reason)}};
     j["sample"]["turns"] = episode_turns_json(t.turns);
+    if (!t.teacher_logprobs.empty()) {
+      j["sample"]["teacher_logprobs"] = nullable_floats(t.teacher_logprobs);
+      j["sample"]["teacher_digest"] = t.teacher_digest;
+    }
   }
   return j.dump(2);
 }

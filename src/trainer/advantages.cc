@@ -131,6 +131,9 @@ StatusOr<AdvantageOutputs> compute_advantages(const AdvantageInputs& in,
       out.advantages = masked_whiten(gae.advantages, mask);
       break;
     }
+    case AdvantageEstimator::kNone:
+      out.advantages = torch::zeros(mask.sizes(), mask.options().dtype(torch::kFloat32));
+      break;
   }
   if (!out.returns.defined()) out.returns = out.advantages;
   return out;
@@ -198,6 +201,33 @@ StatusOr<at::Tensor> overlong_mask(const at::Tensor& response_mask, const at::Te
   RELAY_RETURN_IF_ERROR(check_vector("truncated", truncated, response_mask.size(0), Kind::kBool));
   const at::Tensor keep = truncated.to(response_mask.device()).logical_not().unsqueeze(1);
   return torch::where(keep, response_mask, torch::zeros_like(response_mask));
+}
+
+StatusOr<at::Tensor> distill_advantages(const at::Tensor& student_logprobs,
+                                        const at::Tensor& teacher_logprobs,
+                                        const at::Tensor& response_mask, double coef,
+                                        double discount) {
+  RELAY_RETURN_IF_ERROR(check_mask(response_mask));
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor*>{"student_logprobs", &student_logprobs},
+        {"teacher_logprobs", &teacher_logprobs}}) {
+    if (!t->defined() || t->sizes() != response_mask.sizes()) {
+      return InvalidArgumentError(absl::StrCat(name, ": must be ", shape_str(response_mask),
+                                               " like response_mask, got ",
+                                               t->defined() ? shape_str(*t) : "undefined"));
+    }
+  }
+  const at::Tensor outside = response_mask.eq(0);
+  at::Tensor a = (-coef * (as_f64(student_logprobs) - as_f64(teacher_logprobs)))
+                     .masked_fill(outside.to(student_logprobs.device()), 0.0);
+  if (discount > 0) {
+    // Back to front: a_j += discount * a_{j+1}.
+    const int64_t L = a.size(1);
+    for (int64_t j = L - 2; j >= 0; --j) {
+      a.select(1, j).add_(a.select(1, j + 1), discount);
+    }
+  }
+  return a.to(torch::kFloat32);
 }
 
 }  // namespace relay::trainer

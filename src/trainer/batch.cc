@@ -123,6 +123,7 @@ void allocate(TrainBatch& batch, const Shape& s, int64_t pad_token_id) {
   batch.response_mask = torch::zeros({B, L}, torch::kBool);
   batch.behavior_logprobs = torch::zeros({B, L}, torch::kFloat32);
   batch.proximal_logprobs = torch::zeros({B, L}, torch::kFloat32);
+  batch.teacher_logprobs = torch::zeros({B, L}, torch::kFloat32);
   batch.proximal_versions = torch::full({B, L}, -1, torch::kInt64);
   batch.token_versions = torch::full({B, L}, -1, torch::kInt64);
   batch.offpolicy_mask = torch::zeros({B, L}, torch::kBool);
@@ -145,6 +146,7 @@ class RowWriter {
         mask_(batch.response_mask.accessor<bool, 2>()),
         behav_(batch.behavior_logprobs.accessor<float, 2>()),
         prox_(batch.proximal_logprobs.accessor<float, 2>()),
+        teacher_(batch.teacher_logprobs.accessor<float, 2>()),
         prox_v_(batch.proximal_versions.accessor<int64_t, 2>()),
         vers_(batch.token_versions.accessor<int64_t, 2>()),
         off_(batch.offpolicy_mask.accessor<bool, 2>()),
@@ -170,6 +172,7 @@ class RowWriter {
       mask_[b][j] = !env_[b][j];
       behav_[b][j] = t.behavior_logprobs[j];  // NaN stays NaN
       prox_[b][j] = t.proximal_logprobs[j];
+      teacher_[b][j] = t.teacher_logprobs.empty() ? NAN : t.teacher_logprobs[j];
       prox_v_[b][j] = t.proximal_versions[j];
       vers_[b][j] = t.token_versions[j];
       off_[b][j] = t.offpolicy_mask[j] != 0;
@@ -197,7 +200,7 @@ class RowWriter {
   Shape shape_;
   at::TensorAccessor<int64_t, 2> ids_;
   at::TensorAccessor<bool, 2> mask_;
-  at::TensorAccessor<float, 2> behav_, prox_;
+  at::TensorAccessor<float, 2> behav_, prox_, teacher_;
   at::TensorAccessor<int64_t, 2> prox_v_, vers_;
   at::TensorAccessor<bool, 2> off_, env_;
   at::TensorAccessor<int64_t, 1> lengths_, prompt_lengths_, response_lengths_;
@@ -269,6 +272,7 @@ TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows
   out.response_mask = rows_of(batch.response_mask, L);
   out.behavior_logprobs = rows_of(batch.behavior_logprobs, L);
   out.proximal_logprobs = rows_of(batch.proximal_logprobs, L);
+  out.teacher_logprobs = rows_of(batch.teacher_logprobs, L);
   out.proximal_versions = rows_of(batch.proximal_versions, L);
   out.token_versions = rows_of(batch.token_versions, L);
   out.offpolicy_mask = rows_of(batch.offpolicy_mask, L);

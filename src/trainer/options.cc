@@ -251,6 +251,19 @@ void check(const TrainerOptions& o, Problems p) {
                        static_cast<int64_t>(o.lora.rank));
     }
   }
+  if (o.advantage.estimator == AdvantageEstimator::kNone && !o.distill.enabled()) {
+    p.at("advantage")
+        .add("estimator",
+             "none gives every token advantage 0: it is for pure distillation and "
+             "needs trainer.distill.coef > 0");
+  }
+  {
+    Problems distill = p.at("distill");
+    distill.non_negative("coef", o.distill.coef);
+    if (!(o.distill.discount >= 0 && o.distill.discount <= 1)) {
+      distill.add("discount", "must be in [0, 1]", o.distill.discount);
+    }
+  }
   model::check(o.lora, p.at("lora"));
   if (o.lora.enabled() && o.lora.dropout > 0 && o.activation_checkpointing) {
     // The checkpointed forward runs without gradients, hence without

@@ -49,6 +49,7 @@ struct UpdateSums {
   double loss = 0;                 // the whole loss, summed over micro-batches
   double pg = 0;                   // the policy loss alone
   double kl = 0;                   // the reference KL term, before its coefficient
+  double distill = 0;              // distillation's loss term (mode loss), before its coefficient
   double tokens = 0;               // response tokens the losses covered
   double grad_norm = 0;            // summed over updates
   double lr_last = 0;              // the learning rate of the last update

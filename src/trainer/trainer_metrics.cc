@@ -88,6 +88,7 @@ Status sum_across_ranks(Collectives& group, UpdateSums& u) {
   const std::pair<const char*, double*> summed[] = {{"loss", &u.loss},
                                                     {"pg", &u.pg},
                                                     {"kl", &u.kl},
+                                                    {"distill", &u.distill},
                                                     {"tokens", &u.tokens},
                                                     {"clip", &acc.clip_fraction},
                                                     {"clip_low", &acc.clip_fraction_low},
@@ -145,6 +146,9 @@ void Trainer::update_metrics(const StepState& s, StepMetrics& m) const {
     m["pg_loss"] = u.pg / updates;
     m["loss"] = u.loss / updates;
     if (reference_ && o.kl_coef > 0) m["kl_ref"] = u.kl / updates;
+    if (o.distill.enabled() && o.distill.mode == DistillMode::kLoss) {
+      m["distill/loss"] = u.distill / updates;
+    }
     m["grad_norm"] = u.grad_norm / updates;
     m["lr"] = u.lr_last;
     m["optimizer_steps"] = static_cast<double>(updates);

@@ -47,12 +47,15 @@ namespace {
 // missing or non-finite behavior log-probs on response tokens. Checked per
 // row before anything mixes rows (group or batch normalisation), so one bad
 // group is blamed alone.
-std::vector<Trainer::StepFault> input_faults(const TrainBatch& b, bool require_behavior) {
+std::vector<Trainer::StepFault> input_faults(const TrainBatch& b, bool require_behavior,
+                                             bool require_teacher) {
   std::vector<Trainer::StepFault> out;
   at::Tensor bad_reward = b.rewards.isfinite().logical_not();
   at::Tensor bad_behavior =
       b.behavior_logprobs.isfinite().logical_not().logical_and(b.response_mask);
+  at::Tensor bad_teacher = b.teacher_logprobs.isfinite().logical_not().logical_and(b.response_mask);
   at::Tensor bad_rows = require_behavior ? bad_reward.logical_or(bad_behavior.any(1)) : bad_reward;
+  if (require_teacher) bad_rows = bad_rows.logical_or(bad_teacher.any(1));
   at::Tensor rows = bad_rows.nonzero().view(-1);
   for (int64_t i = 0; i < rows.numel(); ++i) {
     const int64_t r = rows[i].item<int64_t>();
@@ -60,6 +63,13 @@ std::vector<Trainer::StepFault> input_faults(const TrainBatch& b, bool require_b
       add_fault(out, row_group(b, r),
                 absl::StrCat("batch row ", r, ": reward ", b.rewards[r].item<float>(),
                              " is not a finite float"));
+    } else if (require_teacher && bad_teacher[r].any().item<bool>()) {
+      const int64_t j = bad_teacher[r].nonzero()[0][0].item<int64_t>();
+      add_fault(out, row_group(b, r),
+                absl::StrCat("batch row ", r, ": teacher log-prob of response token ", j, " is ",
+                             b.teacher_logprobs[r][j].item<float>(),
+                             " and trainer.distill is on (the rollout side scores every response "
+                             "with trainer.distill.teacher)"));
     } else {
       const int64_t j = bad_behavior[r].nonzero()[0][0].item<int64_t>();
       add_fault(out, row_group(b, r),
@@ -188,7 +198,9 @@ StatusOr<TrainBatch> Trainer::prepare_batch(const std::vector<rollout::Trajector
     m["episode/env_token_fraction"] = env / std::max(1.0, env + batch.num_tokens());
     add_episode_metrics(*source, m);
   }
-  if (std::vector<StepFault> f = input_faults(batch, !o.allow_missing_logprobs); !f.empty()) {
+  if (std::vector<StepFault> f =
+          input_faults(batch, !o.allow_missing_logprobs, o.distill.enabled());
+      !f.empty()) {
     *faults = f;
     return FailedPreconditionError(absl::StrCat("trainer step at version ", version_, ": ",
                                                 f.size(),
@@ -402,7 +414,27 @@ Status Trainer::compute_step_advantages(StepState& s) {
   }
   if (critic_) ai.values = s.before.values;
   RELAY_ASSIGN_OR_RETURN(s.adv, compute_advantages(ai, o.advantage));
+  if (o.distill.enabled()) RELAY_RETURN_IF_ERROR(add_distillation(s));
   choose_proximal(s);
+  return OkStatus();
+}
+
+// On-policy distillation's teacher signal: its metrics, and in advantage
+// mode the per-token term added to the estimator's advantages (after any
+// normalisation, as tinker-cookbook adds it to the finished advantages).
+Status Trainer::add_distillation(StepState& s) {
+  const DistillOptions& d = options_.distill;
+  const at::Tensor teacher = s.batch.teacher_logprobs.masked_fill(s.mask.logical_not(), 0);
+  const at::Tensor reverse_kl = (s.behavior - teacher).masked_fill(s.mask.logical_not(), 0);
+  const double tokens = std::max<double>(1, s.mask.sum().item<double>());
+  // tinker-cookbook's teacher_kl: the k1 estimate of KL(pi || q) per token.
+  s.metrics["distill/reverse_kl"] = reverse_kl.sum().item<double>() / tokens;
+  s.metrics["distill/teacher_logprob"] = teacher.sum().item<double>() / tokens;
+  if (d.mode != DistillMode::kAdvantage) return OkStatus();
+  RELAY_ASSIGN_OR_RETURN(const at::Tensor a,
+                         distill_advantages(s.behavior, teacher, s.mask, d.coef, d.discount));
+  s.adv.advantages = s.adv.advantages + a.to(s.adv.advantages.device());
+  s.metrics["distill/advantage_mean"] = a.sum().item<double>() / tokens;
   return OkStatus();
 }
 

@@ -288,6 +288,15 @@ void Trainer::backward_micro_batch(StepState& s, MiniBatch& mini,
     s.sums.kl += kl.item<double>();
     loss = loss + o.kl_coef * kl;
   }
+  if (o.distill.enabled() && o.distill.mode == DistillMode::kLoss) {
+    at::Tensor kl = aggregate_loss(
+        kl_penalty(in.logprobs,
+                   take(s.batch.teacher_logprobs).masked_fill(in.response_mask.logical_not(), 0),
+                   o.distill.estimator),
+        in.response_mask, o.loss.ppo.agg_mode, mini.norm);
+    s.sums.distill += kl.item<double>();
+    loss = loss + o.distill.coef * kl;
+  }
   if (o.sft_coef > 0) {
     loss = loss +
            o.sft_coef * sft_loss(in.logprobs, forced, LossAggMode::kTokenMean, mini.forced_norm);

@@ -874,6 +874,83 @@ TEST_F(CliTest, PpoConfigTrainsACriticAndResumesIt) {
   fs::remove_all(base);
 }
 
+// configs/arith_distill.yaml's plumbing, short: a teacher written by `relay
+// init` (a larger shape, random weights, the student's char tokenizer), two
+// RL steps with the config's two workers. Every stored sample carries the
+// teacher's log-prob of each response token and the teacher's digest, the
+// trainer logs the distillation figures, and a teacher with another
+// tokenizer is refused naming it.
+TEST_F(CliTest, DistillConfigStoresTheTeachersLogprobsAndTrainsOnThem) {
+  const std::string base = ::testing::TempDir() + "/distill_job_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  const std::string source = std::string(RELAY_SOURCE_DIR) + "/configs/";
+  const std::string teacher = base + "/teacher";
+  CliResult r = RelayCli("init " + source + "arith.yaml --out " + teacher +
+                         " model.init.layers=3 model.init.hidden=96 model.init.ffn=192 run.seed=5");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const std::string common = " experiment.output_dir=" + base +
+                             " experiment.warm_start.sft_steps=5 eval.every=0"
+                             " experiment.checkpoint_every=0";
+  r = RelayCli("run " + source +
+               "arith_distill.yaml experiment.steps=2 trainer.distill.teacher=" + teacher + common);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  std::ifstream in(base + "/arith_distill/metrics.jsonl");
+  std::string line;
+  int rl = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] != "rl") continue;
+    ++rl;
+    // advantage.estimator none: the teacher's term is every advantage,
+    // -(log pi - log q) per token at coef 1.
+    EXPECT_LT(j["distill/teacher_logprob"].get<double>(), 0) << line;
+    EXPECT_NEAR(j["distill/advantage_mean"].get<double>(), -j["distill/reverse_kl"].get<double>(),
+                1e-9)
+        << line;
+    EXPECT_NEAR(j["advantages/mean"].get<double>(), j["distill/advantage_mean"].get<double>(), 1e-6)
+        << line;
+  }
+  EXPECT_EQ(rl, 2);
+  CliResult inspect = RelayCli("store inspect " + base + "/arith_distill/store --json");
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  const nlohmann::json sample = nlohmann::json::parse(inspect.out)["sample"];
+  ASSERT_TRUE(sample.contains("teacher_logprobs")) << sample.dump();
+  EXPECT_EQ(sample["teacher_logprobs"].size(), sample["response_tokens"].size());
+  for (const nlohmann::json& lp : sample["teacher_logprobs"]) EXPECT_LT(lp.get<double>(), 0);
+  EXPECT_NE(sample["teacher_digest"].get<uint64_t>(), 0u);
+
+  // train-local scores in its own process with the same teacher.
+  const std::string local = base + "/local.jsonl";
+  r = RelayCli("train-local " + source +
+               "arith_distill.yaml --steps 2 --groups-per-step 2 --eval-prompts 2 --metrics-out " +
+               local + " trainer.distill.teacher=" + teacher);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  std::ifstream local_in(local);
+  rl = 0;
+  while (std::getline(local_in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["phase"] != "rl") continue;
+    ++rl;
+    EXPECT_LT(j["distill/teacher_logprob"].get<double>(), 0) << line;
+  }
+  EXPECT_EQ(rl, 2);
+
+  // A teacher with another tokenizer: refused before anything is sampled.
+  const std::string other = base + "/other_teacher";
+  r = RelayCli("init " + source + "arith.yaml --out " + other + " --tokenizer " + source +
+               "tokenizers/agent_calc.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  r = RelayCli("run " + source + "arith_distill.yaml experiment.name=mismatch experiment.steps=1" +
+               " trainer.distill.teacher=" + other + common);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE((r.err + r.out)
+                .find("trainer.distill.teacher: the tokenizer of " + other +
+                      " is not the one of model.tokenizer char"),
+            std::string::npos)
+      << r.err << r.out;
+  fs::remove_all(base);
+}
+
 // Every shipped config loads and validates.
 TEST_F(CliTest, EveryShippedConfigChecks) {
   int n = 0;

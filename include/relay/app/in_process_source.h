@@ -32,7 +32,8 @@ std::string format_metrics(const trainer::StepMetrics& m, const std::vector<std:
 class InProcessGroupSource : public GroupSource {
  public:
   // `s` and `verifier` must outlive the source; the engine starts from
-  // `trainer`'s weights and version.
+  // `trainer`'s weights and version. With trainer.distill the source loads
+  // the teacher (load_teacher) and scores every sample with it.
   static StatusOr<std::unique_ptr<InProcessGroupSource>> create(
       const RolloutSetup& s, const PromptSplit& split, rollout::SafeVerifier* verifier,
       const trainer::Trainer& trainer, const InProcessSourceOptions& options);
@@ -46,6 +47,7 @@ class InProcessGroupSource : public GroupSource {
  private:
   InProcessGroupSource(const RolloutSetup& s, const PromptSplit& split,
                        rollout::SafeVerifier* verifier, std::unique_ptr<rollout::Engine> engine,
+                       std::unique_ptr<rollout::Teacher> teacher,
                        const InProcessSourceOptions& options);
   // One generation batch: groups_per_step prompts, sampled and scored.
   StatusOr<std::vector<rollout::TrajectoryGroup>> generate_batch();
@@ -54,7 +56,8 @@ class InProcessGroupSource : public GroupSource {
   PromptSplit split_;
   rollout::SafeVerifier* verifier_;
   std::unique_ptr<rollout::Engine> engine_;
-  std::optional<uint64_t> base_digest_;  // LoRA: the frozen base, hashed once
+  std::unique_ptr<rollout::Teacher> teacher_;  // null without trainer.distill
+  std::optional<uint64_t> base_digest_;        // LoRA: the frozen base, hashed once
   InProcessSourceOptions options_;
   trainer::BatchFiller filler_;
   // task.environment's driver (null without one); after engine_, so it goes

@@ -21,6 +21,7 @@
 #include "relay/rollout/engine.h"
 #include "relay/rollout/episode_driver.h"
 #include "relay/rollout/task.h"
+#include "relay/rollout/teacher.h"
 #include "relay/serve/openai_server.h"
 #include "relay/trainer/trainer.h"
 
@@ -129,6 +130,12 @@ env::EpisodeStart episode_start(const rollout::TaskPrompt& p);
 Status score_group(const RolloutSetup& s, rollout::SafeVerifier& verifier,
                    const rollout::TaskPrompt& prompt, rollout::TrajectoryGroup& g,
                    const ScoredFn& on_scored = nullptr);
+
+// On-policy distillation's teacher for s's student (trainer.distill.teacher),
+// or null when distillation is off: the model directory loaded in
+// model.dtype onto the student's device, refused (naming both) when its
+// tokenizer is not the student's, scoring over the student's vocabulary.
+StatusOr<std::unique_ptr<rollout::Teacher>> load_teacher(const RolloutSetup& s);
 
 // The shared bearer token: `flag` when given, else services.token_file's
 // first line, else $RELAY_TOKEN, else none (empty). Errors name the field.

@@ -183,6 +183,14 @@ struct Trajectory {
   std::vector<int32_t> routed_experts;
   int32_t routing_layers = 0;  // MoE layers of the model
   int32_t routing_top_k = 0;   // experts per token
+  // On-policy distillation (trainer.distill; rollout/teacher.h): log
+  // q_teacher(token) of each response token at temperature 1, untruncated,
+  // over the student's vocabulary, scored by the teacher model once the
+  // response finished; NaN for environment tokens. Empty when no teacher
+  // scored it. teacher_digest names the teacher's weights (the manifest
+  // digest, as version_digests does for the policy); 0 when none.
+  std::vector<float> teacher_logprobs;
+  uint64_t teacher_digest = 0;
 
   int64_t num_forced() const;      // number of offpolicy_mask entries set
   int64_t num_env_tokens() const;  // number of env_mask entries set

@@ -163,4 +163,16 @@ StatusOr<at::Tensor> overlong_mask(const at::Tensor& response_mask, const at::Te
 StatusOr<at::Tensor> overlong_penalty(const at::Tensor& response_lengths, int64_t max_length,
                                       int64_t buffer, double penalty_factor);
 
+// On-policy distillation's advantage (DistillMode::kAdvantage; Thinking
+// Machines' on-policy distillation, tinker-cookbook's incorporate_kl_penalty):
+// per token -coef * (student - teacher) on the mask, 0 elsewhere; with
+// discount > 0 each position gets its own value plus discount times the
+// next position's result (discounted_future_sum, over every position of the
+// response, masked ones counting as 0). [B, L] fp32; log-probs [B, L], NaN
+// allowed outside the mask. InvalidArgument for bad shapes.
+StatusOr<at::Tensor> distill_advantages(const at::Tensor& student_logprobs,
+                                        const at::Tensor& teacher_logprobs,
+                                        const at::Tensor& response_mask, double coef,
+                                        double discount);
+
 }  // namespace relay::trainer

@@ -53,6 +53,9 @@ struct TrainBatch {
   at::Tensor proximal_versions;  // int64; -1 where unknown (and padding)
   at::Tensor token_versions;     // int64; -1 at padding
   at::Tensor offpolicy_mask;     // bool: forced prefix tokens (LUFFY)
+  // fp32: on-policy distillation's log q_teacher(token) (Trajectory::
+  // teacher_logprobs); NaN where the trajectory has none.
+  at::Tensor teacher_logprobs;
   // Per trajectory, [B].
   at::Tensor rewards;        // fp32
   at::Tensor group_index;    // int64: index into group_ids

@@ -161,6 +161,15 @@ void visit_fields(V& v, CriticOptions& o) {
 }
 
 template <class V>
+void visit_fields(V& v, DistillOptions& o) {
+  v.field("teacher", o.teacher);
+  v.field("mode", o.mode, kDistillModeNames);
+  v.field("coef", o.coef);
+  v.field("discount", o.discount);
+  v.field("estimator", o.estimator, kKlEstimatorNames);
+}
+
+template <class V>
 void visit_fields(V& v, OverlongBufferOptions& o) {
   v.field("length", o.length);
   v.field("penalty_factor", o.penalty_factor);
@@ -209,6 +218,7 @@ void visit_fields(V& v, TrainerOptions& o) {
   v.section("optimizer", o.optimizer);
   v.section("lora", o.lora);
   v.section("critic", o.critic);
+  v.section("distill", o.distill);
 }
 
 }  // namespace relay::trainer

@@ -44,6 +44,10 @@ enum class AdvantageEstimator {
   kGrpoSplit,                  // "grpo_split": GRPO with an on-policy-only baseline (LUFFY)
   kRemax,                      // "remax": reward-to-go - reward of the greedy response
   kGae,                        // "gae": generalized advantage estimation with a critic
+  // "none": every advantage 0, the rewards only logged: pure on-policy
+  // distillation, where trainer.distill's term is the whole signal (SkyRL's
+  // "no_op"). Needs trainer.distill.
+  kNone,
 };
 inline const NameTable<AdvantageEstimator> kAdvantageEstimatorNames{
     "advantage estimator",
@@ -56,7 +60,8 @@ inline const NameTable<AdvantageEstimator> kAdvantageEstimatorNames{
      {"grpo_passk", AdvantageEstimator::kGrpoPassK},
      {"grpo_split", AdvantageEstimator::kGrpoSplit},
      {"remax", AdvantageEstimator::kRemax},
-     {"gae", AdvantageEstimator::kGae}}};
+     {"gae", AdvantageEstimator::kGae},
+     {"none", AdvantageEstimator::kNone}}};
 
 // What GRPO-family estimators divide (r - baseline) by when norm_by_std.
 enum class StdScale {
@@ -201,6 +206,46 @@ struct OverlongBufferOptions {
   double penalty_factor = 1.0;  // > 0: the penalty at L_max
 };
 
+// How on-policy distillation's teacher signal enters the update
+// (trainer.distill; docs/algorithms.md).
+enum class DistillMode {
+  // Thinking Machines' on-policy distillation (tinker-cookbook's
+  // incorporate_kl_penalty): each token's advantage gets
+  //   -coef * (log pi_behavior(x_t) - log q_teacher(x_t)),
+  // summed over later tokens with factor `discount` when it is > 0, added
+  // to the estimator's advantages; the student's side is the recorded
+  // behavior log-prob.
+  kAdvantage,
+  // A loss term coef * agg(kl(log pi_theta(x_t), log q_teacher(x_t))) with
+  // `estimator`, aggregated as the policy loss: the reference-KL term
+  // (trainer.kl_coef) with the teacher in the reference's place.
+  kLoss,
+};
+inline const NameTable<DistillMode> kDistillModeNames{
+    "distill mode", {{"advantage", DistillMode::kAdvantage}, {"loss", DistillMode::kLoss}}};
+
+// On-policy distillation: the student samples, a teacher model with the
+// same tokenizer scores each sampled token (Trajectory::teacher_logprobs,
+// scored by the rollout side: rollout/teacher.h), and the per-token reverse
+// KL log pi - log q pulls the student towards the teacher.
+struct DistillOptions {
+  // The teacher's model directory. Read by the processes that sample (they
+  // score), not by Trainer::step, which reads the trajectories' log-probs.
+  std::string teacher;
+  DistillMode mode = DistillMode::kAdvantage;
+  // tinker-cookbook's kl_penalty_coef (its default is 1). 0 = off.
+  double coef = 0.0;
+  // tinker-cookbook's kl_discount_factor (advantage mode): 0 = each token's
+  // own KL only.
+  double discount = 0.0;
+  // Loss mode's estimator of the per-token KL. k2's gradient,
+  // (log pi - log q) grad log pi, is the policy gradient of the reverse KL
+  // at each token; k1's is zero in expectation on the student's samples.
+  KlEstimator estimator = KlEstimator::kK2;
+
+  bool enabled() const { return coef > 0; }
+};
+
 struct TrainerOptions {
   AdvantageOptions advantage;
   PolicyLossOptions loss;  // kind and every loss's options
@@ -225,6 +270,7 @@ struct TrainerOptions {
   bool mask_truncated = false;            // overlong filtering
   OverlongBufferOptions overlong_buffer;  // DAPO's length penalty on the reward
   CriticOptions critic;                   // read with advantage.estimator gae only
+  DistillOptions distill;                 // on-policy distillation; off unless coef > 0
   // Steps one trajectory may be trained in (a group handed to step() twice,
   // or replayed from the store). Over the cap it is dropped and counted.
   // 0 = no cap.

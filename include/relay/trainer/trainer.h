@@ -203,6 +203,7 @@ class Trainer {
                   const at::Tensor& rows_mask);
   Status compute_step_advantages(StepState& s);
   void choose_proximal(StepState& s);
+  Status add_distillation(StepState& s);
   Status check_derived(StepState& s);
   void plan_updates(StepState& s) const;
   Status update_minibatch(StepState& s, int epoch, int index);

@@ -121,6 +121,25 @@ Status check_token_ids(const rollout::Trajectory& t, const std::string& where,
   return OkStatus();
 }
 
+// trainer.distill: a sample without the teacher's log-prob of each of its
+// model tokens cannot be trained on.
+Status check_teacher_scored(const rollout::Trajectory& t, const std::string& where) {
+  const std::string field = absl::StrCat(where, ".teacher_logprobs");
+  const char* why =
+      "trainer.distill is on, and the rollout worker scores every response with "
+      "trainer.distill.teacher before it submits";
+  if (t.teacher_logprobs.size() != t.response_tokens.size()) {
+    return bad(field, absl::StrCat(t.teacher_logprobs.size(), " entries for ",
+                                   t.response_tokens.size(), " response tokens; ", why));
+  }
+  for (size_t j = 0; j < t.teacher_logprobs.size(); ++j) {
+    if (std::isnan(t.teacher_logprobs[j]) && !t.is_env_token(j)) {
+      return bad(absl::StrCat(field, "[", j, "]"), absl::StrCat("NaN (missing); ", why));
+    }
+  }
+  return OkStatus();
+}
+
 // The log-prob fields, then the per-token fields' sizes (check_trajectory).
 Status check_logprob_fields(const rollout::Trajectory& t, const std::string& where,
                             const SubmissionLimits& l, bool sampled) {
@@ -128,6 +147,10 @@ Status check_logprob_fields(const rollout::Trajectory& t, const std::string& whe
                                        sampled && l.require_behavior_logprobs, t.env_mask));
   RELAY_RETURN_IF_ERROR(check_logprobs(t.proximal_logprobs, where, "proximal_logprobs", l, false));
   RELAY_RETURN_IF_ERROR(check_logprobs(t.raw_logprobs, where, "raw_logprobs", l, false));
+  RELAY_RETURN_IF_ERROR(check_logprobs(t.teacher_logprobs, where, "teacher_logprobs", l, false));
+  if (sampled && l.require_teacher_logprobs) {
+    RELAY_RETURN_IF_ERROR(check_teacher_scored(t, where));
+  }
   // check_trajectory wants behavior log-probs <= 0: test a clamped copy, so
   // rounding within the tolerance is not refused here.
   rollout::Trajectory clamped = t;
@@ -228,6 +251,7 @@ int64_t normalize_submission(rollout::TrajectoryGroup& group, const SubmissionLi
     clamp(t.behavior_logprobs);
     clamp(t.proximal_logprobs);
     clamp(t.raw_logprobs);
+    clamp(t.teacher_logprobs);
   };
   for (rollout::Trajectory& t : group.trajectories) fix(t);
   if (group.baseline) fix(*group.baseline);

@@ -283,6 +283,8 @@ Status RolloutWorker::maybe_update_weights(int64_t latest) {
 
 Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> groups) {
   if (groups.empty()) return OkStatus();
+  // The teacher's log-probs go into the trajectories the store keeps.
+  if (teacher_) RELAY_RETURN_IF_ERROR(teacher_->score(groups));
   std::vector<std::pair<uint64_t, rollout::TrajectoryGroup>> batch;
   for (rollout::TrajectoryGroup& g : groups) {
     auto it = in_flight_.find(g.group_id);

@@ -179,6 +179,50 @@ TEST(SubmissionTest, WhatTheTrainerCannotTrainOnIsRefused) {
   EXPECT_TRUE(validate_submission(g, context(), l).ok()) << validate_submission(g, context(), l);
 }
 
+// trainer.distill: every sampled model token needs the teacher's log-prob;
+// environment tokens and the greedy baseline go without.
+TEST(SubmissionTest, DistillationNeedsTheTeachersLogprobs) {
+  SubmissionLimits l;
+  l.require_teacher_logprobs = true;
+  rollout::TrajectoryGroup g = good_group();
+  for (auto& t : g.trajectories) t.teacher_logprobs.assign(t.response_tokens.size(), -1.5f);
+  g.baseline = g.trajectories[0];
+  g.baseline->teacher_logprobs.clear();
+  EXPECT_TRUE(validate_submission(g, context(), l).ok()) << validate_submission(g, context(), l);
+
+  rollout::TrajectoryGroup none = g;
+  none.trajectories[1].teacher_logprobs.clear();
+  Status s = validate_submission(none, context(), l);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message())
+                .find("group 'arith/7' trajectories[1].teacher_logprobs: 0 "
+                      "entries for 3 response tokens; trainer.distill is on"),
+            std::string::npos)
+      << s;
+  rollout::TrajectoryGroup hole = g;
+  hole.trajectories[0].teacher_logprobs[2] = kNaN;
+  s = validate_submission(hole, context(), l);
+  EXPECT_NE(std::string(s.message()).find("trajectories[0].teacher_logprobs[2]: NaN (missing)"),
+            std::string::npos)
+      << s;
+  hole.trajectories[0].env_mask = {0, 0, 1};  // an environment token has none
+  hole.trajectories[0].behavior_logprobs[2] = kNaN;
+  hole.trajectories[0].proximal_logprobs[2] = kNaN;
+  hole.trajectories[0].raw_logprobs[2] = kNaN;
+  hole.trajectories[0].proximal_versions[2] = -1;
+  hole.trajectories[0].turns = {{2, 3}};
+  EXPECT_TRUE(validate_submission(hole, context(), l).ok())
+      << validate_submission(hole, context(), l);
+  rollout::TrajectoryGroup positive = g;
+  positive.trajectories[0].teacher_logprobs[0] = 0.5f;
+  s = validate_submission(positive, context(), l);
+  EXPECT_NE(std::string(s.message()).find("trajectories[0].teacher_logprobs[0]: 0.5 > 0"),
+            std::string::npos)
+      << s;
+  // Off: a trajectory without teacher log-probs is fine.
+  EXPECT_TRUE(validate_submission(none, context(), SubmissionLimits{}).ok());
+}
+
 // Recorded expert routing is replayed into the trainer's model, so it must
 // have that model's shape and expert range.
 TEST(SubmissionTest, RoutingMustFitTheModel) {

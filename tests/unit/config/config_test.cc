@@ -386,6 +386,12 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "      total_steps: 0\n"
             "      min_lr_ratio: 0.0\n"
             "      fp32_master_weights: true\n"
+            "  distill:\n"
+            "    teacher: \"\"\n"
+            "    mode: advantage\n"
+            "    coef: 0.0\n"
+            "    discount: 0.0\n"
+            "    estimator: k2\n"
             "services:\n"
             "  listen: 127.0.0.1:0\n"
             "  http_listen: 127.0.0.1:0\n"
@@ -585,7 +591,7 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "collective_timeout_s, sharding, activation_checkpointing, router_replay, advantage, ppo, "
        "gspo, gmpo, "
        "cispo, sapo, clip_cov, kl_cov, luffy, entropy, reward_kl, rollout_correction, "
-       "optimizer, lora, critic"},
+       "optimizer, lora, critic, distill"},
       {"trainer nested typo", "trainer:\n  advantage:\n    estimater: rloo\n",
        "x.yaml:3: trainer.advantage.estimater: unknown key; did you mean 'estimator'?"},
       {"trainer section type", "trainer:\n  optimizer: adamw\n",
@@ -711,6 +717,24 @@ TEST(ConfigTest, OverlongBufferFitsInTheResponseBudget) {
             "x.yaml: trainer.overlong_buffer.length: DAPO's length penalty counts one response "
             "against rollout.max_new_tokens; episodes (task.environment, rollout.agent.listen) "
             "have a budget per turn, got 8");
+}
+
+// trainer.distill: the teacher and its weight go together; the mode and
+// estimator are named.
+TEST(ConfigTest, DistillNeedsATeacherAndACoefficient) {
+  EXPECT_EQ(parse_error("trainer:\n  distill:\n    teacher: runs/t/checkpoints/best\n"
+                        "    coef: 1\n    mode: loss\n    estimator: low_var_kl\n"),
+            "OK");
+  EXPECT_EQ(parse_error("trainer:\n  distill:\n    coef: 1\n"),
+            "x.yaml: trainer.distill.teacher: trainer.distill.coef > 0 needs the teacher's model "
+            "directory, which the rollout workers score every response with");
+  EXPECT_EQ(parse_error("trainer:\n  distill:\n    teacher: t\n"),
+            "x.yaml: trainer.distill.coef: must be > 0 with trainer.distill.teacher set "
+            "(Thinking Machines' recipe uses 1), got 0");
+  EXPECT_EQ(parse_error("trainer:\n  distill:\n    teacher: t\n    coef: 1\n    discount: 2\n"),
+            "x.yaml: trainer.distill.discount: must be in [0, 1], got 2");
+  EXPECT_NE(parse_error("trainer:\n  distill:\n    mode: reward\n").find("trainer.distill.mode"),
+            std::string::npos);
 }
 
 TEST(ConfigTest, ValidationProblemsAreAllReported) {

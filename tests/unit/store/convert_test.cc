@@ -32,6 +32,8 @@ rollout::Trajectory sample_trajectory() {
   t.finished_s = 1.5;
   t.reward = 0.1;  // not representable in float: double survives exactly
   t.sub_scores = {{"format", 1.0}, {"answer", 0.0}};
+  t.teacher_logprobs = {-0.7f, -3.5f, -0.01f};
+  t.teacher_digest = 0xfedcba9876543210ull;  // all 64 bits survive
   return t;
 }
 
@@ -47,6 +49,8 @@ void expect_same(const rollout::Trajectory& a, const rollout::Trajectory& b) {
     }
   }
   EXPECT_EQ(a.raw_logprobs, b.raw_logprobs);
+  EXPECT_EQ(a.teacher_logprobs, b.teacher_logprobs);
+  EXPECT_EQ(a.teacher_digest, b.teacher_digest);
   EXPECT_EQ(a.token_versions, b.token_versions);
   EXPECT_EQ(a.proximal_versions, b.proximal_versions);
   EXPECT_EQ(a.offpolicy_mask, b.offpolicy_mask);

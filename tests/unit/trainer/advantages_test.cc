@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -582,6 +583,38 @@ TEST(AdvantagesDataTest, OverlongPenaltyFallsLinearlyOverTheBuffer) {
             "overlong_buffer.length: must be in [1, 20), got 20");
   EXPECT_FALSE(overlong_penalty(f32({1, 2}), 20, 4, 1.0).ok());
   EXPECT_FALSE(overlong_penalty(lengths.reshape({5, 1}), 20, 4, 1.0).ok());
+}
+
+// On-policy distillation (tinker-cookbook's incorporate_kl_penalty):
+// -coef (student - teacher) on the mask; with a discount, each position
+// adds discount x the next position's result, masked ones counting as 0.
+TEST(AdvantagesDataTest, DistillAdvantagesAreTheNegativeReverseKlPerToken) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor student = f32({-1, -2, -0.5, -3, nan, 0}).view({2, 3});
+  const at::Tensor teacher = f32({-1.5, -1, -0.5, -2, nan, 0}).view({2, 3});
+  const at::Tensor mask = f32({1, 1, 1, 1, 0, 0}).view({2, 3}).to(torch::kBool);
+  StatusOr<at::Tensor> a = distill_advantages(student, teacher, mask, 2.0, 0.0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  // Row 0: -2 (-1 + 1.5) = -1, -2 (-2 + 1) = 2, 0; row 1: -2 (-3 + 2) = 2.
+  EXPECT_TRUE(AllClose(*a, f32({-1, 2, 0, 2, 0, 0}).view({2, 3}), 1e-7)) << *a;
+  StatusOr<at::Tensor> d = distill_advantages(student, teacher, mask, 2.0, 0.5);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // Row 0 back to front: 0; 2 + 0.5 x 0 = 2; -1 + 0.5 x 2 = 0.
+  EXPECT_TRUE(AllClose(*d, f32({0, 2, 0, 2, 0, 0}).view({2, 3}), 1e-7)) << *d;
+  // Pure distillation's estimator: nothing from the rewards.
+  AdvantageInputs in;
+  in.rewards = f32({1, 0});
+  in.group_index = i64({0, 0});
+  in.response_mask = mask;
+  AdvantageOptions none;
+  none.estimator = AdvantageEstimator::kNone;
+  StatusOr<AdvantageOutputs> zero = compute_advantages(in, none);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_TRUE(torch::equal(zero->advantages, torch::zeros({2, 3}))) << zero->advantages;
+  StatusOr<at::Tensor> bad = distill_advantages(student.narrow(1, 0, 2), teacher, mask, 1, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("student_logprobs"), std::string::npos)
+      << bad.status();
 }
 
 }  // namespace

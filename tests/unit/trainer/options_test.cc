@@ -83,6 +83,16 @@ TEST(TrainerOptionsTest, EachRuleNamesItsKey) {
        "trainer.critic.clip_range: must be > 0, got 0"},
       {[](TrainerOptions& o) { o.critic.optimizer.lr = -1; },
        "trainer.critic.lr: must be > 0, got -1"},
+      {[](TrainerOptions& o) { o.distill.coef = -1; },
+       "trainer.distill.coef: must be >= 0, got -1"},
+      {[](TrainerOptions& o) {
+         o.distill.coef = 1;
+         o.distill.discount = 1.5;
+       },
+       "trainer.distill.discount: must be in [0, 1], got 1.5"},
+      {[](TrainerOptions& o) { o.advantage.estimator = AdvantageEstimator::kNone; },
+       "trainer.advantage.estimator: none gives every token advantage 0: it is for pure "
+       "distillation and needs trainer.distill.coef > 0"},
       {[](TrainerOptions& o) { o.entropy.coef = -0.1; },
        "trainer.entropy.coef: must be >= 0, got -0.1"},
       {[](TrainerOptions& o) {

@@ -6,9 +6,11 @@
 #include <torch/utils.h>
 
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "relay/rollout/engine.h"
+#include "relay/rollout/teacher.h"
 #include "testing/tensor_testing.h"
 
 namespace relay::trainer {
@@ -951,6 +953,129 @@ TEST(TrainerTest, PackedSequencesKeepRouterReplay) {
                         "mismatch/k3", "grad_norm", "loss"}) {
     EXPECT_NEAR(packed->at(k), padded->at(k), 1e-5 * std::max(1.0, std::abs(padded->at(k)))) << k;
   }
+}
+
+// ---- On-policy distillation (trainer.distill).
+
+// The student's groups with every reward equal (GRPO's advantages are 0,
+// so the teacher is the only signal), scored by `teacher`.
+std::vector<rollout::TrajectoryGroup> distill_groups(model::Policy& student,
+                                                     model::Policy& teacher) {
+  auto groups = sample_groups(student, 1.0);
+  for (auto& g : groups) {
+    for (auto& t : g.trajectories) t.reward = 1.0;
+  }
+  rollout::Teacher scorer(model::clone_policy(*teacher).ptr(), 7, {});
+  EXPECT_TRUE(scorer.score(groups).ok());
+  return groups;
+}
+
+// Mean |log pi(x_t) - log q(x_t)| over the groups' response tokens, by the
+// two models' scoring passes.
+double mean_gap(model::Policy& student, model::Policy& teacher,
+                const std::vector<rollout::TrajectoryGroup>& groups) {
+  torch::NoGradGuard no_grad;
+  double sum = 0, n = 0;
+  for (const auto& g : groups) {
+    for (const auto& t : g.trajectories) {
+      std::vector<int64_t> seq = t.prompt_tokens;
+      seq.insert(seq.end(), t.response_tokens.begin(), t.response_tokens.end());
+      const at::Tensor ids = torch::tensor(seq).view({1, -1});
+      const at::Tensor s = student->score(ids)[0], q = teacher->score(ids)[0];
+      const auto P = static_cast<int64_t>(t.prompt_tokens.size());
+      for (size_t j = 0; j < t.response_tokens.size(); ++j) {
+        const int64_t pos = P - 1 + static_cast<int64_t>(j);
+        sum += std::fabs(s[pos].item<double>() - q[pos].item<double>());
+        ++n;
+      }
+    }
+  }
+  return sum / n;
+}
+
+// Mean over the groups' response tokens of f(behavior, teacher).
+double token_mean(const std::vector<rollout::TrajectoryGroup>& groups,
+                  const std::function<double(double, double)>& f) {
+  double sum = 0, n = 0;
+  for (const auto& g : groups) {
+    for (const auto& t : g.trajectories) {
+      for (size_t j = 0; j < t.response_tokens.size(); ++j) {
+        sum += f(t.behavior_logprobs[j], t.teacher_logprobs[j]);
+        ++n;
+      }
+    }
+  }
+  return sum / n;
+}
+
+TrainerOptions distill_options(DistillMode mode) {
+  TrainerOptions o;
+  o.optimizer.lr = 1e-2;
+  o.max_staleness = -1;  // the same groups again
+  o.distill.mode = mode;
+  o.distill.coef = 1.0;
+  return o;
+}
+
+// Advantage mode (Thinking Machines): with rewards that teach nothing, the
+// advantages are -(behavior - teacher) per token, and steps on the batch
+// pull the student's log-prob of each sampled token towards the teacher's.
+TEST(TrainerTest, DistillAdvantagesPullTheStudentTowardsTheTeacher) {
+  model::Policy student = make_policy(31);
+  model::Policy teacher = make_policy(32);
+  auto groups = distill_groups(student, teacher);
+  const double gap_before = mean_gap(student, teacher, groups);
+  auto trainer = Trainer::create(student, distill_options(DistillMode::kAdvantage)).value();
+  auto first = trainer->step(groups);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const double reverse_kl = token_mean(groups, [](double b, double q) { return b - q; });
+  EXPECT_NEAR(first->at("distill/reverse_kl"), reverse_kl, 1e-5);
+  EXPECT_NEAR(first->at("distill/advantage_mean"), -reverse_kl, 1e-5);
+  EXPECT_NEAR(first->at("advantages/mean"), -reverse_kl, 1e-5);
+  EXPECT_NEAR(first->at("distill/teacher_logprob"),
+              token_mean(groups, [](double, double q) { return q; }), 1e-5);
+  EXPECT_FALSE(first->count("distill/loss"));
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(trainer->step(groups).ok());
+  EXPECT_LT(mean_gap(student, teacher, groups), 0.8 * gap_before);
+}
+
+// Loss mode: coef x token-mean of k2 = 0.5 (log pi - log q)^2, whose
+// gradient alone (the advantages are 0) closes the gap the same way.
+TEST(TrainerTest, DistillLossAddsTheTeacherKlToTheLoss) {
+  model::Policy student = make_policy(33);
+  model::Policy teacher = make_policy(34);
+  auto groups = distill_groups(student, teacher);
+  const double gap_before = mean_gap(student, teacher, groups);
+  auto trainer = Trainer::create(student, distill_options(DistillMode::kLoss)).value();
+  auto first = trainer->step(groups);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // The student before its first update is the behavior policy.
+  EXPECT_NEAR(first->at("distill/loss"),
+              token_mean(groups, [](double b, double q) { return 0.5 * (b - q) * (b - q); }), 1e-4);
+  EXPECT_NEAR(first->at("advantages/mean"), 0.0, 1e-7);
+  EXPECT_FALSE(first->count("distill/advantage_mean"));
+  EXPECT_NEAR(first->at("loss"), first->at("pg_loss") + first->at("distill/loss"), 1e-5);
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(trainer->step(groups).ok());
+  EXPECT_LT(mean_gap(student, teacher, groups), 0.8 * gap_before);
+}
+
+// A group the teacher did not score cannot be distilled: the step is refused
+// before anything changes, naming the group.
+TEST(TrainerTest, DistillRefusesGroupsWithoutTeacherLogprobs) {
+  model::Policy student = make_policy(35);
+  model::Policy teacher = make_policy(36);
+  auto groups = distill_groups(student, teacher);
+  groups[1].trajectories[2].teacher_logprobs.clear();
+  auto trainer = Trainer::create(student, distill_options(DistillMode::kAdvantage)).value();
+  const at::Tensor before = flat_params(*student);
+  auto m = trainer->step(groups);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string msg(m.status().message());
+  EXPECT_NE(msg.find("group '" + groups[1].group_id + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("teacher log-prob of response token 0"), std::string::npos) << msg;
+  EXPECT_EQ(trainer->version(), 0);
+  EXPECT_TRUE(torch::equal(before, flat_params(*student)));
 }
 
 }  // namespace

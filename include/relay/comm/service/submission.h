@@ -28,6 +28,9 @@ struct SubmissionLimits {
   // log-probs must all be present (not NaN); the trainer would refuse the
   // whole step otherwise. The greedy baseline is never trained on: exempt.
   bool require_behavior_logprobs = false;
+  // On-policy distillation (trainer.distill): every sampled model token needs
+  // the teacher's log-prob, scored by the worker before it submits.
+  bool require_teacher_logprobs = false;
   // Rewards are stored and trained as float: |reward| must fit one, and
   // beyond this magnitude it is a bug in the reward function, not a signal
   // (one such group turns a group-normalised advantage into NaN).

@@ -25,6 +25,7 @@
 #include "relay/rollout/engine.h"
 #include "relay/rollout/episode_driver.h"
 #include "relay/rollout/task.h"
+#include "relay/rollout/teacher.h"
 #include "relay/serve/openai_server.h"
 #include "relay/serve/serving_engine.h"
 
@@ -102,6 +103,11 @@ class RolloutWorker {
   // (the same port after a restart); "" otherwise.
   std::string agent_url() const;
   bool serves_agents() const { return options_.agents.has_value(); }
+  // On-policy distillation (trainer.distill): every finished group's
+  // samples are scored by `teacher` before they are submitted. Set before
+  // start(); null = no teacher.
+  void set_teacher(std::unique_ptr<rollout::Teacher> teacher) { teacher_ = std::move(teacher); }
+  const rollout::Teacher* teacher() const { return teacher_.get(); }
 
  private:
   Status load_weights(const FetchedWeights& w);
@@ -124,6 +130,7 @@ class RolloutWorker {
   std::shared_ptr<const rollout::Task> task_;
   std::shared_ptr<const model::Tokenizer> tokenizer_;
   rollout::SafeVerifier verifier_;
+  std::unique_ptr<rollout::Teacher> teacher_;
   RolloutWorkerOptions options_;
   std::unique_ptr<rollout::Engine> engine_;
   std::shared_ptr<const env::EnvironmentFactory> environment_;
