@@ -876,7 +876,7 @@ TEST_F(CliTest, PpoConfigTrainsACriticAndResumesIt) {
 
 // configs/arith_distill.yaml's plumbing, short: a teacher written by `relay
 // init` (a larger shape, random weights, the student's char tokenizer), two
-// RL steps with the config's two workers. Every stored sample carries the
+// RL steps with the config's two workers and two trainer ranks. Every stored sample carries the
 // teacher's log-prob of each response token and the teacher's digest, the
 // trainer logs the distillation figures, and a teacher with another
 // tokenizer is refused naming it.
@@ -891,8 +891,9 @@ TEST_F(CliTest, DistillConfigStoresTheTeachersLogprobsAndTrainsOnThem) {
   const std::string common = " experiment.output_dir=" + base +
                              " experiment.warm_start.sft_steps=5 eval.every=0"
                              " experiment.checkpoint_every=0";
-  r = RelayCli("run " + source +
-               "arith_distill.yaml experiment.steps=2 trainer.distill.teacher=" + teacher + common);
+  // Two trainer ranks: rank 1 gets the teacher's log-probs with the groups.
+  r = RelayCli("run " + source + "arith_distill.yaml experiment.steps=2 trainer.world_size=2" +
+               " trainer.distill.teacher=" + teacher + common);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   std::ifstream in(base + "/arith_distill/metrics.jsonl");
   std::string line;
