@@ -244,12 +244,6 @@ void check(const TrainerOptions& o, Problems p) {
     critic.positive("clip_range", o.critic.loss.clip_range);
     critic.at_least("warmup_steps", o.critic.warmup_steps, 0);
     check(o.critic.optimizer, critic.at("optimizer"));
-    if (o.advantage.estimator == AdvantageEstimator::kGae && o.lora.enabled()) {
-      p.at("lora").add("rank",
-                       "advantage.estimator gae trains a critic beside the policy, which LoRA "
-                       "does not cover yet; use a full fine-tune (rank 0) with gae",
-                       static_cast<int64_t>(o.lora.rank));
-    }
   }
   if (o.advantage.estimator == AdvantageEstimator::kNone && !o.distill.enabled()) {
     p.at("advantage")

@@ -822,6 +822,7 @@ TEST_F(CliTest, RunWithBroadcastWeightSync) {
 // 2 more in a second run on two trainer ranks): every checkpoint carries the
 // critic as a token classifier, the steps report verl's critic metrics, and
 // the second run resumes the policy and the critic from the last checkpoint.
+// With LoRA the adapters' checkpoints carry the whole critic and resume it.
 TEST_F(CliTest, PpoConfigTrainsACriticAndResumesIt) {
   const std::string base = ::testing::TempDir() + "/ppo_job_" + std::to_string(::getpid());
   fs::remove_all(base);
@@ -865,6 +866,17 @@ TEST_F(CliTest, PpoConfigTrainsACriticAndResumesIt) {
   r = RelayCli("run " + config + " experiment.name=from_critic experiment.steps=1" +
                " trainer.critic.path=" + checkpoints + "step_000004/critic" + common);
   EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
+  // LoRA: the adapters are the policy's checkpoint, the critic a whole model
+  // in critic/ beside them; a resume reads it back.
+  const std::string lora = " experiment.name=lora_ppo trainer.lora.rank=4";
+  r = RelayCli("run " + config + lora + " experiment.steps=2" + common);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const std::string lora_step = base + "/lora_ppo/checkpoints/step_000002";
+  EXPECT_TRUE(fs::exists(lora_step + "/adapter_config.json"));
+  EXPECT_TRUE(fs::exists(lora_step + "/critic/model.safetensors"));
+  r = RelayCli("run " + config + lora + " experiment.steps=3" + common);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
   r = RelayCli("run " + config + " experiment.name=no_critic experiment.steps=1" +
                " trainer.critic.path=" + base + "/nowhere" + common);
   EXPECT_NE(r.exit_code, 0);

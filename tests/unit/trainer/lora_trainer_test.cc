@@ -130,6 +130,50 @@ TEST(LoraTrainerTest, AdaptersTrainTheBaseStaysAndTheEngineAgreesAtEveryVersion)
               static_cast<long long>(adapter_bytes), static_cast<long long>(full_bytes));
 }
 
+// PPO with a critic under LoRA: the adapters train the policy, the critic
+// is a whole model trained beside it from the base's weights, and the base
+// stays bit-identical.
+TEST(LoraTrainerTest, GaeTrainsAWholeCriticBesideTheAdapters) {
+  model::Policy policy = make_policy();
+  const auto base_before = snapshot(*policy);
+  TrainerOptions o = lora_options();
+  o.kl_coef = 0;
+  o.max_staleness = -1;  // the same groups again
+  o.advantage.estimator = AdvantageEstimator::kGae;
+  o.critic.optimizer.lr = 1e-2;
+  o.critic.loss.clip_range = 10;
+  auto trainer = Trainer::create(policy, o).value();
+  ASSERT_TRUE(model::has_lora(*policy));
+  ASSERT_TRUE(trainer->critic());
+  EXPECT_TRUE(torch::equal(trainer->critic()->model->embed_tokens->weight,
+                           base_before.at("model.embed_tokens.weight")));
+  for (const at::Tensor& p : trainer->critic()->parameters()) EXPECT_TRUE(p.requires_grad());
+  auto engine = engine_for(*policy);
+  const auto groups = sample(*engine, 0);
+  std::vector<StepMetrics> m;
+  for (int i = 0; i < 6; ++i) {
+    StatusOr<StepMetrics> step = trainer->step(groups);
+    ASSERT_TRUE(step.ok()) << step.status().message();
+    m.push_back(*step);
+  }
+  EXPECT_LT(m.back().at("critic/vf_loss"), 0.5 * m.front().at("critic/vf_loss"));
+  EXPECT_GT(m.front().at("memory/critic_weights_gb"), m.front().at("memory/trainable_weights_gb"));
+  for (const auto& [name, t] : snapshot(*policy)) {
+    if (name.find(".lora_") == std::string::npos) {
+      EXPECT_TRUE(torch::equal(t, base_before.at(name))) << name;
+    }
+  }
+  double moved = 0;
+  for (const std::string& name : model::adapter_names(*policy)) {
+    if (name.find("lora_B") != std::string::npos) {
+      moved += snapshot(*policy).at(name).abs().sum().item<double>();
+    }
+  }
+  EXPECT_GT(moved, 0) << "the adapters never trained";
+  EXPECT_FALSE(torch::equal(trainer->critic()->model->embed_tokens->weight,
+                            base_before.at("model.embed_tokens.weight")));
+}
+
 TEST(LoraTrainerTest, TheOptimizerHoldsStateForTheAdaptersOnly) {
   model::Policy policy = make_policy();
   TrainerOptions o = lora_options();
