@@ -44,17 +44,25 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::create(model::Po
                                                                        const DataParallel& dp,
                                                                        bool trainable) {
   if (!policy) return InvalidArgumentError("trainer.sharding: full: the policy is null");
+  return create(policy.ptr(), policy->model, policy->config().num_hidden_layers, dp, trainable);
+}
+
+StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::create(
+    std::shared_ptr<torch::nn::Module> module, model::Decoder decoder, int64_t num_layers,
+    const DataParallel& dp, bool trainable) {
+  if (!module || !decoder) {
+    return InvalidArgumentError("trainer.sharding: full: no model to shard");
+  }
   if (!dp.active()) {
     return InvalidArgumentError("trainer.sharding: full: needs more than one trainer rank");
   }
-  const int64_t num_layers = policy->config().num_hidden_layers;
-  std::unique_ptr<FullyShardedModel> m(new FullyShardedModel(policy, dp, trainable));
+  std::unique_ptr<FullyShardedModel> m(new FullyShardedModel(module, decoder, dp, trainable));
   m->units_.resize(static_cast<size_t>(num_layers + 1));
   m->units_[0].name = "root";
   for (int64_t i = 0; i < num_layers; ++i) {
     m->units_[static_cast<size_t>(i + 1)].name = absl::StrCat(kLayerPrefix, i);
   }
-  const auto named = policy->named_parameters();
+  const auto named = module->named_parameters();
   for (size_t i = 0; i < named.size(); ++i) {
     Param p;
     p.name = named[i].key();
@@ -94,13 +102,13 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::create(model::Po
     m->release(u);
   }
   m->had_gradient_.assign(named.size(), false);
-  policy->model->set_layer_hooks(m.get());
+  decoder->set_layer_hooks(m.get());
   return m;
 }
 
 FullyShardedModel::~FullyShardedModel() {
   finish_prefetch().IgnoreError();
-  policy_->model->set_layer_hooks(nullptr);
+  decoder_->set_layer_hooks(nullptr);
 }
 
 void FullyShardedModel::start_prefetch(Unit& u) {
@@ -223,7 +231,7 @@ void FullyShardedModel::drop_gradients() {
   std::fill(had_gradient_.begin(), had_gradient_.end(), false);
 }
 
-Status FullyShardedModel::gather_weights(model::PolicyImpl* into) {
+Status FullyShardedModel::gather_weights(torch::nn::Module* into) {
   RELAY_RETURN_IF_ERROR(finish_prefetch());
   torch::NoGradGuard no_grad;
   torch::OrderedDict<std::string, at::Tensor> theirs;
@@ -247,7 +255,7 @@ Status FullyShardedModel::gather_weights(model::PolicyImpl* into) {
   return OkStatus();
 }
 
-void FullyShardedModel::restore_whole(const model::PolicyImpl& from) {
+void FullyShardedModel::restore_whole(const torch::nn::Module& from) {
   finish_prefetch().IgnoreError();
   torch::NoGradGuard no_grad;
   const auto theirs = from.named_parameters();

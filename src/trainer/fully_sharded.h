@@ -4,7 +4,7 @@
 // themselves, and a rank holds a layer's whole weights only while it runs.
 // Private to src/trainer.
 //
-// The policy's parameters are cut into units: one per decoder layer
+// The model's parameters are cut into units: one per decoder layer
 // ("model.layers.<i>.*") and the root (everything else: the embedding, the
 // final norm, the LM head). A unit's parameters, flattened and laid end to
 // end, form one index space of N elements padded to world_size * S
@@ -55,7 +55,7 @@ class FullyShardedModel final : public model::LayerHooks {
  public:
   struct Param {
     std::string name;
-    size_t index = 0;  // in the policy's parameters()
+    size_t index = 0;  // in the module's parameters()
     at::Tensor param;  // the module's parameter (empty while released)
     std::vector<int64_t> shape;
     int64_t offset = 0;  // in the unit's flat index space
@@ -72,10 +72,17 @@ class FullyShardedModel final : public model::LayerHooks {
     bool whole = false;
   };
 
-  // Shards `policy` (whole, and the same on every rank) over `dp`'s ranks and
-  // sets itself as its layer hooks; the whole weights are freed. `trainable`:
+  // Shards `module` (whole, and the same on every rank) over `dp`'s ranks and
+  // sets itself as `decoder`'s layer hooks; the whole weights are freed.
+  // `decoder` runs the module's num_layers layers, whose parameters are
+  // named "model.layers.<i>.*" (a policy, or PPO's value model over the
+  // same decoder); every other parameter is the root's. `trainable`:
   // gradients are reduced (a frozen reference takes none). Each unit must
   // hold one dtype on one device.
+  static StatusOr<std::unique_ptr<FullyShardedModel>> create(
+      std::shared_ptr<torch::nn::Module> module, model::Decoder decoder, int64_t num_layers,
+      const DataParallel& dp, bool trainable);
+  // A policy: its decoder and layers.
   static StatusOr<std::unique_ptr<FullyShardedModel>> create(model::Policy policy,
                                                              const DataParallel& dp,
                                                              bool trainable);
@@ -98,7 +105,7 @@ class FullyShardedModel final : public model::LayerHooks {
   // Off: the passes that follow (the trainer's empty ones) mark no parameter
   // as having had a gradient.
   void set_counting(bool on) { counting_ = on; }
-  // Which parameters (by index in the policy's parameters()) had a gradient
+  // Which parameters (by index in the module's parameters()) had a gradient
   // in a counted pass on this rank since the last drop_gradients().
   const std::vector<bool>& had_gradient() const { return had_gradient_; }
   // Frees every accumulator and parameter gradient and releases every unit
@@ -108,12 +115,12 @@ class FullyShardedModel final : public model::LayerHooks {
   // Gathers every unit in turn and copies the whole weights into `into`
   // (same architecture, any device and dtype; null: this rank only takes
   // part). A collective.
-  Status gather_weights(model::PolicyImpl* into);
+  Status gather_weights(torch::nn::Module* into);
 
   // Makes the module whole again from `from` (the same architecture; any
   // device and dtype): each parameter gets a copy of its weights on its own
   // device and in its dtype. No collective; the shards stay as they are.
-  void restore_whole(const model::PolicyImpl& from);
+  void restore_whole(const torch::nn::Module& from);
 
   std::vector<Unit>& units() { return units_; }
   const std::vector<Unit>& units() const { return units_; }
@@ -130,8 +137,9 @@ class FullyShardedModel final : public model::LayerHooks {
   }
 
  private:
-  FullyShardedModel(model::Policy policy, const DataParallel& dp, bool trainable)
-      : policy_(std::move(policy)), dp_(dp), trainable_(trainable) {}
+  FullyShardedModel(std::shared_ptr<torch::nn::Module> module, model::Decoder decoder,
+                    const DataParallel& dp, bool trainable)
+      : module_(std::move(module)), decoder_(std::move(decoder)), dp_(dp), trainable_(trainable) {}
   Status gather(Unit& u);
   void release(Unit& u);
   Status reduce_gradients(Unit& u);
@@ -140,7 +148,8 @@ class FullyShardedModel final : public model::LayerHooks {
   // Waits for a pending prefetch; its gather's status.
   Status finish_prefetch();
 
-  model::Policy policy_;
+  std::shared_ptr<torch::nn::Module> module_;
+  model::Decoder decoder_;  // runs the layers: its hooks are this
   DataParallel dp_;
   bool trainable_ = true;
   bool counting_ = true;
