@@ -20,9 +20,9 @@
 //
 // --critic measures PPO's critic instead (advantage.estimator gae against
 // grpo, back to back for each model, world size and sharding, both with the
-// pass before the update; full is left out, it does not shard a critic):
-// the critic's weights and optimizer state per rank and the step time with
-// it over the step time without.
+// pass before the update): the critic's weights and optimizer state per
+// rank (with full, its shards between passes) and the step time with it
+// over the step time without.
 //
 // --checkpointing turns trainer.activation_checkpointing on for every
 // sharding: full always recomputes its layers, so this is the baseline that
@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -79,9 +80,11 @@ struct Run {
 
 constexpr double kGiB = 1ull << 30;
 
-// `reps` timed steps (after one untimed) of `world` ranks over copies of
-// `initial`.
-Run run(const Policy& initial, int world, Sharding sharding,
+// `reps` timed steps (after one untimed) of `world` ranks, each over its own
+// `make_initial()` (deterministic): no shared copy of the weights outlives
+// the ranks' own, which is what lets a 0.5B model with a critic fit two
+// ranks in this process.
+Run run(const std::function<Policy()>& make_initial, int world, Sharding sharding,
         const std::vector<TrajectoryGroup>& groups, int reps, bool checkpointing,
         std::optional<AdvantageEstimator> critic_bench = std::nullopt) {
   relay::trainer::TrainerOptions o;
@@ -121,8 +124,7 @@ Run run(const Policy& initial, int world, Sharding sharding,
         }
         dp.group = *group;
       }
-      auto t =
-          relay::trainer::Trainer::create(relay::model::clone_policy(*initial), o, 0, nullptr, dp);
+      auto t = relay::trainer::Trainer::create(make_initial(), o, 0, nullptr, dp);
       if (!t.ok()) {
         errors[rank] = std::string(t.status().message());
         return;
@@ -144,6 +146,20 @@ Run run(const Policy& initial, int world, Sharding sharding,
     if (!e.empty()) fail("world " + std::to_string(world) + ": " + e);
   }
   return out;
+}
+
+// The trainer's own tensors on rank 0 of a run, GiB, as its memory/*
+// metrics count them: the policy's weights (with full, at a pass's peak),
+// gradients, master copies and moments, the KL reference, and PPO's
+// critic's weights, gradients and optimizer state. Activations and rank 0's
+// host copies are not in it.
+double rank_gib(const StepMetrics& m) {
+  auto at = [&m](const char* key) { return m.count(key) ? m.at(key) : 0.0; };
+  const double weights =
+      m.count("memory/weights_peak_gb") ? at("memory/weights_peak_gb") : at("memory/weights_gb");
+  return weights + at("memory/gradients_gb") + at("memory/master_weights_gb") +
+         at("memory/optimizer_gb") + at("memory/reference_gb") + at("memory/critic_weights_gb") +
+         at("memory/critic_gradients_gb") + at("memory/critic_optimizer_gb");
 }
 
 // Bytes the ranks of one configuration hold at their peak, roughly: each a
@@ -219,27 +235,28 @@ int main(int argc, char** argv) {
 
   if (critic) {
     std::fprintf(table,
-                 "| model | W | sharding | critic weights GiB | critic master+moments GiB | step s "
-                 "(grpo) | step s (gae) | gae vs grpo |\n|---|---|---|---|---|---|---|---|\n");
+                 "| model | W | sharding | critic weights GiB | critic master+moments GiB | rank "
+                 "GiB (grpo) | rank GiB (gae) | step s (grpo) | step s (gae) | gae vs grpo "
+                 "|\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& name : models) {
       const PolicyConfig config = relay::bench::model_config(name, "--models");
-      const Policy initial = initial_policy(config, dtype);
+      const auto initial = [&config, &dtype] { return initial_policy(config, dtype); };
       const std::vector<TrajectoryGroup> groups = synthetic_batch(config, batch, seq);
       for (int world : worlds) {
         at::set_num_threads(
             std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world));
         for (Sharding sh : shardings) {
-          if (sh == Sharding::kFull || (world == 1 && sh != Sharding::kNone)) continue;
+          if (world == 1 && sh != Sharding::kNone) continue;
           const Run without =
               run(initial, world, sh, groups, reps, checkpointing, AdvantageEstimator::kGrpo);
           const Run with =
               run(initial, world, sh, groups, reps, checkpointing, AdvantageEstimator::kGae);
           const StepMetrics& m = with.last[0];
           const double state = m.at("memory/critic_optimizer_gb");
-          std::fprintf(table, "| %s | %d | %s | %.3f | %.3f | %.2f | %.2f | %.3f |\n", name.c_str(),
-                       world, mode_name(sh), m.at("memory/critic_weights_gb"), state,
-                       median(without.seconds), median(with.seconds),
-                       median(with.seconds) / median(without.seconds));
+          std::fprintf(table, "| %s | %d | %s | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f | %.3f |\n",
+                       name.c_str(), world, mode_name(sh), m.at("memory/critic_weights_gb"), state,
+                       rank_gib(without.last[0]), rank_gib(m), median(without.seconds),
+                       median(with.seconds), median(with.seconds) / median(without.seconds));
           std::fflush(table);
         }
       }
@@ -253,9 +270,9 @@ int main(int argc, char** argv) {
       "|\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : models) {
     const PolicyConfig config = relay::bench::model_config(name, "--models");
-    const Policy initial = initial_policy(config, dtype);
+    const auto initial = [&config, &dtype] { return initial_policy(config, dtype); };
     int64_t params = 0;
-    for (const at::Tensor& p : initial->parameters()) params += p.numel();
+    for (const at::Tensor& p : initial()->parameters()) params += p.numel();
     const std::vector<TrajectoryGroup> groups = synthetic_batch(config, batch, seq);
     double single_state = 0;  // master + moments of one unsharded rank
     for (int world : worlds) {

@@ -16,16 +16,21 @@ StatusOr<std::unique_ptr<Critic>> Critic::create(model::ValueModel model,
                                                  const CriticOptions& options, Sharding sharding,
                                                  const DataParallel& dp) {
   if (!model) return InvalidArgumentError("Critic: value model is null");
-  if (sharding == Sharding::kFull && dp.active()) {
-    return UnimplementedError(
-        "trainer.sharding: full does not shard a critic (trainer.critic) yet; use "
-        "trainer.sharding: optimizer or none with advantage.estimator gae");
-  }
   std::unique_ptr<Critic> c(new Critic(std::move(model), options));
+  if (sharding == Sharding::kFull && dp.active()) {
+    RELAY_ASSIGN_OR_RETURN(c->sharded_,
+                           FullyShardedModel::create(c->model_.ptr(), c->model_->model,
+                                                     c->model_->config().num_hidden_layers, dp,
+                                                     /*trainable=*/true));
+    RELAY_ASSIGN_OR_RETURN(c->optimizer_,
+                           make_fully_sharded_adamw(*c->sharded_, options.optimizer));
+    return c;
+  }
   std::vector<at::Tensor> params;
   for (const at::Tensor& p : c->model_->parameters()) {
     if (p.requires_grad()) params.push_back(p);
   }
+  // Full sharding on one rank is no sharding.
   const Sharding kind = sharding == Sharding::kFull ? Sharding::kNone : sharding;
   RELAY_ASSIGN_OR_RETURN(c->optimizer_, make_optimizer(params, options.optimizer, kind, dp));
   return c;
@@ -56,6 +61,24 @@ ValueLossResult Critic::backward(const TrainBatch& mb, const at::Tensor& old_val
   return r;
 }
 
+void Critic::empty_pass(bool with_grad) {
+  if (!sharded_) return;
+  const at::Tensor ids = torch::zeros({1, 2}, torch::kInt64);
+  sharded_->set_counting(false);
+  try {
+    if (with_grad) {
+      (model_->values(ids).sum() * 0).backward();
+    } else {
+      torch::NoGradGuard no_grad;
+      model_->values(ids);
+    }
+  } catch (...) {
+    sharded_->set_counting(true);
+    throw;
+  }
+  sharded_->set_counting(true);
+}
+
 StatusOr<double> Critic::apply_gradients() {
   const OptimizerOptions& o = options_.optimizer;
   const double max_norm =
@@ -73,6 +96,17 @@ double Critic::last_lr() const {
 }
 
 Status Critic::save(torch::serialize::OutputArchive& archive) const {
+  if (sharded_) {
+    // Rank 0 keeps the whole critic on the host, in its dtype, for the
+    // checkpoint's critic/ directory; every rank takes part in the gather.
+    const bool lead = sharded_->data_parallel().rank() == 0;
+    if (lead && !saved_) {
+      saved_ = model::ValueModel(model_->config());
+      saved_->to(sharded_->units().front().dtype);
+      saved_->eval();
+    }
+    RELAY_RETURN_IF_ERROR(sharded_->gather_weights(lead ? saved_.get() : nullptr));
+  }
   archive.write("optimizer_steps", torch::tensor({optimizer_steps_}, torch::kInt64));
   archive.write("rl_steps", torch::tensor({rl_steps_}, torch::kInt64));
   return optimizer_->save(archive);
@@ -96,6 +130,7 @@ Status Critic::load(torch::serialize::InputArchive& archive, const std::string& 
 }
 
 int64_t Critic::weight_bytes() const {
+  if (sharded_) return sharded_->shard_bytes();
   int64_t total = 0;
   for (const at::Tensor& p : model_->parameters()) total += p.numel() * p.element_size();
   return total;

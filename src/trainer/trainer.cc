@@ -89,7 +89,7 @@ model::Policy host_copy(const model::PolicyImpl& policy) {
 
 }  // namespace
 
-model::ValueModel Trainer::critic() const { return critic_ ? critic_->model() : nullptr; }
+model::ValueModel Trainer::critic() const { return critic_ ? critic_->whole_model() : nullptr; }
 
 Status Trainer::shard_and_make_optimizer(model::ValueModel critic) {
   if (options_.advantage.estimator == AdvantageEstimator::kGae) {

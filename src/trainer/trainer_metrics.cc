@@ -222,6 +222,7 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
     const OptimizerMemory c = critic_->memory();
     m["memory/critic_weights_gb"] = static_cast<double>(critic_->weight_bytes()) / kGiB;
     m["memory/critic_optimizer_gb"] = static_cast<double>(c.moments + c.master) / kGiB;
+    m["memory/critic_gradients_gb"] = static_cast<double>(c.gradients) / kGiB;
   }
   m["memory/reference_gb"] =
       sharded_reference_ ? static_cast<double>(sharded_reference_->shard_bytes()) / kGiB

@@ -277,14 +277,20 @@ StatusOr<PreUpdateScores> Trainer::score_before_update(const TrainBatch& batch) 
   if (critic_) s.values = torch::zeros({B, L}, torch::kFloat32);
   std::vector<int64_t> all(static_cast<size_t>(B));
   std::iota(all.begin(), all.end(), 0);
-  WholeRoot root(sharded_.get()), reference_root(sharded_reference_.get());
+  WholeRoot root(sharded_.get()), reference_root(sharded_reference_.get()),
+      critic_root(critic_ ? critic_->sharded() : nullptr);
   RELAY_RETURN_IF_ERROR(root.acquire());
   RELAY_RETURN_IF_ERROR(reference_root.acquire());
+  RELAY_RETURN_IF_ERROR(critic_root.acquire());
   const std::vector<std::vector<int64_t>> parts = my_micro_batches(batch, all);
   const size_t most = most_micro_batches(batch, all);
   for (size_t k = parts.size(); k < most; ++k) {
     empty_pass(*policy_, /*with_grad=*/false);
     if (reference_) empty_pass(*reference_, /*with_grad=*/false);
+    if (critic_) {
+      const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+      critic_->empty_pass(/*with_grad=*/false);
+    }
   }
   for (const auto& rows : parts) {
     TrainBatch mb = select_rows(batch, rows);

@@ -214,6 +214,12 @@ Status Trainer::update_minibatch(StepState& s, int epoch, int index) {
 Status Trainer::update_critic(StepState& s, const MiniBatch& mb) {
   const TrainingMode training(*critic_->model());
   critic_->zero_grad();
+  WholeRoot root(critic_->sharded());
+  RELAY_RETURN_IF_ERROR(root.acquire());
+  for (size_t k = mb.parts.size(); k < most_micro_batches(s.batch, mb.rows); ++k) {
+    const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+    critic_->empty_pass(/*with_grad=*/true);
+  }
   for (const auto& rows : mb.parts) {
     const TrainBatch part = select_rows(s.batch, rows);
     const at::Tensor index = index_of(rows);

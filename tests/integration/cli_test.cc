@@ -861,10 +861,27 @@ TEST_F(CliTest, PpoConfigTrainsACriticAndResumesIt) {
         << line;
   }
   EXPECT_EQ(rl, 4);
-  // trainer.critic.path starts another run's critic from this one's; a
-  // directory that is not there is an error naming it.
+  // Resumed again with the weights sharded too: each rank holds shards of
+  // the policy and the critic, and rank 0 gathers the critic whole for the
+  // checkpoint, which has moved on from step 4's.
+  r = RelayCli("run " + config + " experiment.steps=6 trainer.world_size=2" +
+               " trainer.sharding=full" + common);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string critic6 = checkpoints + "step_000006/critic/model.safetensors";
+  ASSERT_TRUE(fs::exists(critic6));
+  EXPECT_EQ(fs::file_size(critic6),
+            fs::file_size(checkpoints + "step_000004/critic/model.safetensors"));
+  EXPECT_NE(bytes(critic6), bytes(checkpoints + "step_000004/critic/model.safetensors"));
+  // trainer.critic.path starts another run's critic from this one's (the
+  // one gathered from shards); a directory that is not there is an error
+  // naming it.
   r = RelayCli("run " + config + " experiment.name=from_critic experiment.steps=1" +
-               " trainer.critic.path=" + checkpoints + "step_000004/critic" + common);
+               " trainer.critic.path=" + checkpoints + "step_000006/critic" + common);
   EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
   // LoRA: the adapters are the policy's checkpoint, the critic a whole model
   // in critic/ beside them; a resume reads it back.

@@ -158,7 +158,10 @@ class Trainer {
   // module, whose parameters are empty between passes.
   model::Policy policy() const { return host_policy_ ? host_policy_ : policy_; }
   const TrainerOptions& options() const { return options_; }
-  // The critic being trained (advantage.estimator gae), else null.
+  // The critic being trained (advantage.estimator gae), else null. Under
+  // trainer.sharding: full its module holds only shards, so this is rank 0's
+  // host copy of the whole critic as of the last save_state() (what a
+  // checkpoint writes); null before the first one and on the other ranks.
   model::ValueModel critic() const;
 
  private:

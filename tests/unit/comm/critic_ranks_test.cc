@@ -1,7 +1,8 @@
 // PPO with a critic (advantage.estimator gae) over real Gloo groups of two
-// ranks as threads of this process: each rank scores and trains the critic
-// on its shard of every mini-batch and the ranks sum its gradients, so the
-// policy and the critic end as one rank's.
+// or three ranks as threads of this process: each rank scores and trains
+// the critic on its shard of every mini-batch and the ranks sum its
+// gradients (or, fully sharded, reduce-scatter them), so the policy and the
+// critic end as one rank's.
 
 #include <gtest/gtest.h>
 #include <torch/types.h>
@@ -64,15 +65,51 @@ TEST(CriticRanksTest, TwoRanksTrainThePolicyAndTheCriticAsOneRankEitherSharding)
   }
 }
 
-TEST(CriticRanksTest, FullShardingRefusesACriticByName) {
+// trainer.sharding: full shards the critic as it shards the policy: its
+// layers gathered per pass, its root per phase, its AdamW over this rank's
+// range. Two and three ranks, several micro-batches and mini-batches, a
+// critic warmup step first: rank 0's policy and critic (gathered by the
+// save) are one rank's, and each rank holds its share of the critic.
+TEST(CriticRanksTest, FullShardingTrainsTheCriticAsOneRank) {
   model::Policy initial = make_policy(6);
-  const auto groups = sample_groups(initial, 2, 2);
-  const std::vector<RankResult> ranks = run_ranks(
-      2, initial, with_sharding(gae_dp_options(), Sharding::kFull), groups, {"step"}, 4096);
-  for (const RankResult& r : ranks) {
-    EXPECT_EQ(r.status.code(), absl::StatusCode::kUnimplemented) << r.status;
-    EXPECT_NE(std::string(r.status.message()).find("does not shard a critic"), std::string::npos);
+  const auto groups = sample_groups(initial, 3, 4);
+  TrainerOptions options = gae_dp_options();
+  options.critic.warmup_steps = 1;
+  const std::vector<std::string> calls = {"step", "step", "save"};
+  const RankResult single = run_single(initial, options, groups, calls);
+  ASSERT_TRUE(single.status.ok()) << single.status;
+  EXPECT_EQ(single.metrics.front().at("critic/warmup"), 1.0);
+  const double whole = single.metrics.back().at("memory/critic_weights_gb");
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const std::vector<RankResult> ranks =
+        run_ranks(world, initial, with_sharding(options, Sharding::kFull), groups, calls, 4096);
+    ASSERT_EQ(ranks[0].params.size(), single.params.size()) << "rank 0 has no whole critic";
+    expect_same_training(single, {ranks[0]}, initial_flat(initial));
+    for (const RankResult& r : ranks) {
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      // Its share: a unit's padding adds at most world - 1 elements.
+      EXPECT_NEAR(r.metrics.back().at("memory/critic_weights_gb") * world, whole, 0.02 * whole);
+    }
   }
+}
+
+// A micro-batch a row and three rows over two ranks: rank 1 pads both the
+// critic's pre-update pass and its updates with empty passes, and nothing
+// hangs or changes the training.
+TEST(CriticRanksTest, FullShardingPadsTheCriticsPassesOnRanksWithFewerRows) {
+  model::Policy initial = make_policy(7);
+  const auto groups = sample_groups(initial, 1, 3);
+  TrainerOptions options = gae_dp_options();
+  options.micro_batch_tokens = 1;
+  options.mini_batches = 1;
+  const std::vector<std::string> calls = {"step", "save"};
+  const RankResult single = run_single(initial, options, groups, calls);
+  ASSERT_TRUE(single.status.ok()) << single.status;
+  const std::vector<RankResult> ranks =
+      run_ranks(2, initial, with_sharding(options, Sharding::kFull), groups, calls, 4096);
+  ASSERT_EQ(ranks[0].params.size(), single.params.size()) << "rank 0 has no whole critic";
+  expect_same_training(single, {ranks[0]}, initial_flat(initial));
 }
 
 }  // namespace
