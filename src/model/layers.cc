@@ -2,11 +2,13 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include <torch/nn/init.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include "model/row_linear.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/rope.h"
 
@@ -45,7 +47,7 @@ void ProjectionImpl::add_adapter(int64_t rank, double scaling, double dropout) {
 }
 
 at::Tensor ProjectionImpl::forward(const at::Tensor& x) {
-  at::Tensor y = torch::linear(x, weight, bias);
+  at::Tensor y = row_linear(x, weight, bias);
   if (!lora_A || !adapter_enabled_) return y;
   at::Tensor in = x.to(lora_A->weight.scalar_type());
   if (dropout_ > 0 && is_training() && torch::GradMode::is_enabled()) {

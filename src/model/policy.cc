@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "model/row_linear.h"
 #include "relay/model/device.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/lm_head.h"
@@ -194,7 +195,7 @@ at::Tensor PolicyImpl::head_rows(int64_t vocab_limit) {
 }
 
 at::Tensor PolicyImpl::logits(const at::Tensor& hidden, int64_t vocab_limit) {
-  return torch::nn::functional::linear(hidden, head_rows(vocab_limit));
+  return row_linear(hidden, head_rows(vocab_limit));
 }
 
 void PolicyImpl::set_rope(ForwardContext& ctx, int64_t seq_len, c10::Device device) {

@@ -1,0 +1,133 @@
+// Few-row linear products for incremental decoding (row_linear.h).
+
+#include "model/row_linear.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "relay/model/device.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define RELAY_SKINNY_X86 1
+#endif
+
+namespace relay::model {
+namespace {
+
+#ifdef RELAY_SKINNY_X86
+
+// y[r * out + o] = sum_i w[o * in + i] * x[r * in + i] (+ bias[o]) for o in
+// [o0, o1): R rows at once, so each weight row is read from memory once.
+// Eight lanes of partial sums per row, reduced at the end of the row.
+template <int R>
+__attribute__((target("avx2,fma"))) void skinny_block(const float* w, const float* x,
+                                                      const float* bias, float* y, int64_t out,
+                                                      int64_t in, int64_t o0, int64_t o1) {
+  for (int64_t o = o0; o < o1; ++o) {
+    const float* wo = w + o * in;
+    __m256 acc[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= in; i += 8) {
+      const __m256 wv = _mm256_loadu_ps(wo + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * in + i), acc[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+      s4 = _mm_hadd_ps(s4, s4);
+      s4 = _mm_hadd_ps(s4, s4);
+      float s = _mm_cvtss_f32(s4);
+      for (int64_t k = i; k < in; ++k) s += wo[k] * x[r * in + k];
+      y[r * out + o] = bias != nullptr ? s + bias[o] : s;
+    }
+  }
+}
+
+void skinny(const float* w, const float* x, const float* bias, float* y, int64_t rows, int64_t out,
+            int64_t in) {
+  // Enough weight rows per task that a task streams at least ~64 KB.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1));
+  at::parallel_for(0, out, grain, [&](int64_t o0, int64_t o1) {
+    switch (rows) {
+      case 1:
+        skinny_block<1>(w, x, bias, y, out, in, o0, o1);
+        break;
+      case 2:
+        skinny_block<2>(w, x, bias, y, out, in, o0, o1);
+        break;
+      case 3:
+        skinny_block<3>(w, x, bias, y, out, in, o0, o1);
+        break;
+      default:
+        skinny_block<4>(w, x, bias, y, out, in, o0, o1);
+        break;
+    }
+  });
+}
+
+#endif  // RELAY_SKINNY_X86
+
+bool cpu_has_skinny() {
+#ifdef RELAY_SKINNY_X86
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool has_skinny_kernel() {
+  static const bool has = cpu_has_skinny();
+  return has;
+}
+
+at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      RowKernel kernel) {
+  const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                                      (bias.defined() && bias.requires_grad()));
+  if (grad || !x.device().is_cpu() || x.scalar_type() != torch::kFloat32 || weight.dim() != 2 ||
+      weight.scalar_type() != torch::kFloat32 || !weight.is_contiguous() || x.dim() < 1 ||
+      x.size(-1) != weight.size(1) || weight.size(1) == 0 ||
+      (bias.defined() && (bias.scalar_type() != torch::kFloat32 || !bias.is_contiguous() ||
+                          bias.numel() != weight.size(0))) ||
+      current_autocast(c10::DeviceType::CPU).has_value()) {
+    return torch::linear(x, weight, bias);
+  }
+  const int64_t in = weight.size(1), out = weight.size(0);
+  const int64_t rows = x.numel() / in;
+  const bool skinny_ok = kernel != RowKernel::kMatrixVector && has_skinny_kernel();
+  const int64_t most = skinny_ok ? kMaxSkinnyRows : kMaxMatrixVectorRows;
+  if (rows < 1 || rows > most) return torch::linear(x, weight, bias);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = out;
+  const at::Tensor flat = x.reshape({rows, in}).contiguous();
+  at::Tensor y = torch::empty({rows, out}, x.options());
+#ifdef RELAY_SKINNY_X86
+  if (skinny_ok) {
+    skinny(weight.data_ptr<float>(), flat.data_ptr<float>(),
+           bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, out, in);
+    return y.view(sizes);
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    at::Tensor dst = y[r];
+    if (bias.defined()) {
+      torch::addmv_out(dst, bias, weight, flat[r]);
+    } else {
+      torch::mv_out(dst, weight, flat[r]);
+    }
+  }
+  return y.view(sizes);
+}
+
+}  // namespace relay::model
