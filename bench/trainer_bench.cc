@@ -214,6 +214,9 @@ void bench_shape(const std::string& model_name, Policy& init, const std::string&
   relay::trainer::TrainerOptions o;
   o.rollout_correction.bypass = true;
   o.micro_batch_tokens = 1 << 20;  // one micro-batch per step, as the Python side
+  // Every step trains on the same groups, sampled at version 0: no staleness
+  // bound (the default, 0, would drop them from the second step on).
+  o.max_staleness = -1;
   auto trainer = value_or_die(relay::trainer::Trainer::create(relay::model::clone_policy(*init), o),
                               "Trainer");
   torch::optim::AdamW core_opt(core_policy->parameters(),
