@@ -21,6 +21,12 @@
 //          continuous all S submitted to one engine with B slots; a finished
 //                     sequence's slot is refilled at the next step.
 //        Same seeds, so both produce the same trajectories (checked).
+// attn   (--only attn) N decode steps of B rows at a context of P (the cache
+//        filled with random keys and values, no prefill), greedy:
+//          gathered   (baseline) attention over keys and values gathered out
+//                     of the paged cache every layer and step;
+//          in-place   the decode-attention kernel reading the cache where it
+//                     lies (src/model/decode_attention.h).
 // py     (with --python) the kv workload (same B, P, N) three ways:
 //          python     (baseline) bench/python/relay_ref.py: an HF-style
 //                     generate loop in plain PyTorch on the same LibTorch and
@@ -45,7 +51,7 @@
 //                     weight matrix of the model applied to [B, in], weights
 //                     streamed from memory as in decoding).
 //
-//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py]
+//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py|attn]
 //                 [--python] [--python-exe PATH] [--python-script PATH] [--quick]
 //                 [--threads N] [--blas-threads T] [--reps R] [--prompt P] [--new N] [--json]
 //                 [--device cpu|cuda[:i]] [--dtype float32|bfloat16] [--model-dir DIR]
@@ -90,6 +96,7 @@
 
 #include "bench_util.h"
 #include "machine_limits.h"
+#include "model/decode_attention.h"
 #include "python_ref.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/device.h"
@@ -397,6 +404,74 @@ void bench_kv(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   row("engine", median(tg),
       "same as extend: " + std::to_string(identical(b, c)) + "/" + std::to_string(B) + ", steps " +
           std::to_string(steps));
+}
+
+// ---------------------------------------------------------------------------
+// attn: decode steps at a long context, attention over keys and values
+// gathered out of the paged cache (the baseline) against read in place
+// (model/decode_attention.h). The cache is filled with random keys and values
+// for P positions instead of a prefill (the step's cost does not depend on
+// them, and a real prefill of B x P tokens would take minutes); then N steps
+// of one token per row, greedy, are timed.
+
+double decode_steps(Policy& p, int64_t B, int64_t P, int64_t N, bool in_place, Tokens* out) {
+  relay::model::set_decode_attention_kernel(in_place);
+  torch::NoGradGuard no_grad;
+  relay::model::KVCache cache(p->config(), B, P + N, g_dtype, g_device);
+  for (int64_t b = 0; b < B; ++b) {
+    cache.prepare_write(b, P);
+    cache.advance(b, P);
+  }
+  torch::manual_seed(7);
+  for (int64_t l = 0; l < cache.num_layers(); ++l) {
+    for (at::Tensor* t : {&cache.keys(l), &cache.values(l)}) {
+      t->normal_();
+      t->narrow(0, 0, cache.block_size()).zero_();  // the zero block stays zero
+    }
+  }
+  const at::Tensor slots = torch::arange(B);
+  const at::Tensor one = torch::ones({B}, torch::kInt64);
+  at::Tensor next = torch::randint(0, p->config().vocab_size, {B}, torch::kInt64);
+  std::vector<at::Tensor> tokens;
+  const auto start = Clock::now();
+  for (int64_t s = 0; s < N; ++s) {
+    const at::Tensor logits = p->extend(next.view({B, 1}), one, slots, cache);
+    next = logits.argmax(-1).cpu();
+    tokens.push_back(next);
+  }
+  sync_device();
+  const double t = since(start);
+  relay::model::set_decode_attention_kernel(true);
+  *out = to_rows(torch::stack(tokens, 1));
+  return t;
+}
+
+void bench_attn(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
+                std::vector<Row>* rows) {
+  const int64_t P = w.prompt_len;
+  Tokens a, b;
+  decode_steps(p, B, P, 2, false, &a);  // warm-up
+  decode_steps(p, B, P, 2, true, &b);
+  std::vector<double> tg, ti;
+  for (int r = 0; r < reps; ++r) {  // interleaved
+    tg.push_back(decode_steps(p, B, P, N, false, &a));
+    ti.push_back(decode_steps(p, B, P, N, true, &b));
+  }
+  const int64_t tokens = B * N;
+  const double base = median(tg);
+  const int64_t S = P + N / 2;
+  const double kv_mb =
+      static_cast<double>(B * S * 2 * p->config().num_hidden_layers *
+                          p->config().num_key_value_heads * p->config().resolved_head_dim() * 4) /
+      1e6;
+  rows->push_back({w.name, "attn", "gathered", B, tokens, base, 1.0,
+                   "P=" + std::to_string(P) + " N=" + std::to_string(N) + ", " +
+                       std::to_string(static_cast<int64_t>(kv_mb)) +
+                       " MB of keys and values per step"});
+  rows->push_back(
+      {w.name, "attn", "in-place", B, tokens, median(ti), base / median(ti),
+       "same tokens: " + std::to_string(identical(a, b)) + "/" + std::to_string(B) +
+           (relay::model::has_decode_attention_kernel() ? "" : " (no kernel on this CPU)")});
 }
 
 // ---------------------------------------------------------------------------
@@ -745,6 +820,7 @@ int main(int argc, char** argv) {
   }
   const bool do_kv = !only || std::strcmp(only, "kv") == 0;
   const bool do_mixed = !only || std::strcmp(only, "mixed") == 0;
+  const bool do_attn = only && std::strcmp(only, "attn") == 0;
   const bool do_py =
       (!only && has(argc, argv, "--python")) || (only && std::strcmp(only, "py") == 0);
 
@@ -841,6 +917,7 @@ int main(int argc, char** argv) {
       const int reps = B >= 64 ? w.reps_64 : w.reps;
       if (do_kv) bench_kv(w, policy, B, reps, w.new_tokens, &rows);
       if (do_mixed) bench_mixed(w, policy, B, reps, &rows);
+      if (do_attn) bench_attn(w, policy, B, reps, w.new_tokens, &rows);
       if (do_py) {
         // At least 5 repetitions each (9 for tiny, whose runs take ms) (a median), unless asked
         // otherwise.

@@ -8,6 +8,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include "model/decode_attention.h"
 #include "model/row_linear.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/rope.h"
@@ -117,6 +118,13 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const ForwardContext& ctx
     };
     cache_k.index_copy_(0, ctx.write_index, flat(k).to(cache_k.scalar_type()));
     cache_v.index_copy_(0, ctx.write_index, flat(v).to(cache_v.scalar_type()));
+    if (T == 1) {
+      // A decode step: attention reads the cache where it lies, if it can.
+      const at::Tensor out = paged_decode_attention(q, cache_k, cache_v, ctx.read_index, ctx.mask);
+      if (out.defined()) {
+        return o_proj(out.transpose(1, 2).reshape({B, T, num_heads_ * head_dim_}));
+      }
+    }
     auto gather = [&](const at::Tensor& storage) {
       return storage.index_select(0, ctx.read_index.view(-1))
           .view({B, ctx.kv_len, num_kv_heads_, head_dim_})

@@ -1,0 +1,152 @@
+// Decode-step attention over the paged KV cache in place (decode_attention.h).
+
+#include "model/decode_attention.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define RELAY_DECODE_ATTENTION_X86 1
+#endif
+
+namespace relay::model {
+namespace {
+
+#ifdef RELAY_DECODE_ATTENTION_X86
+
+__attribute__((target("avx2,fma"))) float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  }
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s4 = _mm_hadd_ps(s4, s4);
+  s4 = _mm_hadd_ps(s4, s4);
+  return _mm_cvtss_f32(s4);
+}
+
+// y += alpha * x
+__attribute__((target("avx2,fma"))) void axpy(float alpha, const float* x, float* y, int64_t n) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  for (int64_t i = 0; i < n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+}
+
+struct Shapes {
+  int64_t S = 0, KVH = 0, D = 0, rep = 0;
+  float scale = 1;
+};
+
+// The `rep` query heads of kv head `g` of one row: q and out [rep, D],
+// scores [rep, S] scratch.
+void attend(const float* q, const float* keys, const float* values, const int64_t* rows,
+            const bool* mask, int64_t g, const Shapes& s, float* scores, float* out) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> top(static_cast<size_t>(s.rep), neg_inf), inv(static_cast<size_t>(s.rep));
+  for (int64_t p = 0; p < s.S; ++p) {
+    if (!mask[p]) continue;
+    const float* k = keys + (rows[p] * s.KVH + g) * s.D;
+    for (int64_t r = 0; r < s.rep; ++r) {
+      const float x = dot(q + r * s.D, k, s.D) * s.scale;
+      scores[r * s.S + p] = x;
+      if (x > top[r]) top[r] = x;
+    }
+  }
+  for (int64_t r = 0; r < s.rep; ++r) {
+    float sum = 0;
+    for (int64_t p = 0; p < s.S; ++p) {
+      const float e = mask[p] ? std::exp(scores[r * s.S + p] - top[r]) : 0.0f;
+      scores[r * s.S + p] = e;
+      sum += e;
+    }
+    inv[r] = 1.0f / sum;
+  }
+  std::fill(out, out + s.rep * s.D, 0.0f);
+  for (int64_t p = 0; p < s.S; ++p) {
+    if (!mask[p]) continue;
+    const float* v = values + (rows[p] * s.KVH + g) * s.D;
+    for (int64_t r = 0; r < s.rep; ++r) axpy(scores[r * s.S + p] * inv[r], v, out + r * s.D, s.D);
+  }
+}
+
+#endif  // RELAY_DECODE_ATTENTION_X86
+
+std::atomic<bool> g_kernel_on{true};
+
+bool cpu_has_kernel() {
+#ifdef RELAY_DECODE_ATTENTION_X86
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool has_decode_attention_kernel() {
+  static const bool has = cpu_has_kernel();
+  return has;
+}
+
+void set_decode_attention_kernel(bool on) { g_kernel_on.store(on); }
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& cache_k,
+                                  const at::Tensor& cache_v, const at::Tensor& read_index,
+                                  const at::Tensor& mask) {
+#ifdef RELAY_DECODE_ATTENTION_X86
+  if (!has_decode_attention_kernel() || !g_kernel_on.load(std::memory_order_relaxed) ||
+      q.dim() != 4 || q.size(2) != 1 || !q.device().is_cpu() ||
+      q.scalar_type() != torch::kFloat32 || cache_k.scalar_type() != torch::kFloat32 ||
+      cache_v.scalar_type() != torch::kFloat32 || cache_k.dim() != 3 ||
+      cache_v.sizes() != cache_k.sizes() || !cache_k.is_contiguous() || !cache_v.is_contiguous() ||
+      !cache_k.device().is_cpu() || (torch::GradMode::is_enabled() && q.requires_grad()) ||
+      !read_index.defined() || !mask.defined() || !read_index.device().is_cpu() ||
+      !mask.device().is_cpu() || mask.scalar_type() != torch::kBool) {
+    return at::Tensor();
+  }
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3);
+  const int64_t KVH = cache_k.size(1);
+  if (cache_k.size(2) != D || D % 8 != 0 || KVH < 1 || H % KVH != 0 || read_index.dim() != 2 ||
+      read_index.size(0) != B || mask.numel() != read_index.numel()) {
+    return at::Tensor();
+  }
+  Shapes s;
+  s.S = read_index.size(1);
+  s.KVH = KVH;
+  s.D = D;
+  s.rep = H / KVH;
+  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor rows = read_index.to(torch::kInt64).contiguous();
+  const at::Tensor seen = mask.reshape({B, s.S}).contiguous();
+  at::Tensor out = torch::empty({B, H, 1, D}, q.options());
+  const float* qp = qc.data_ptr<float>();
+  const float* kp = cache_k.data_ptr<float>();
+  const float* vp = cache_v.data_ptr<float>();
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  const bool* mp = seen.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  // Heads h = g * rep + r share kv head g: each task is one (row, g).
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(static_cast<size_t>(s.rep * s.S));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / KVH, g = task % KVH;
+      const int64_t head = (b * H + g * s.rep) * D;
+      attend(qp + head, kp, vp, rp + b * s.S, mp + b * s.S, g, s, scores.data(), op + head);
+    }
+  });
+  return out;
+#else
+  (void)q, (void)cache_k, (void)cache_v, (void)read_index, (void)mask;
+  return at::Tensor();
+#endif
+}
+
+}  // namespace relay::model
