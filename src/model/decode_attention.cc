@@ -5,20 +5,22 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "model/cpu_features.h"
+
+#ifdef RELAY_X86_KERNELS
 #include <immintrin.h>
-#define RELAY_DECODE_ATTENTION_X86 1
 #endif
 
 namespace relay::model {
 namespace {
 
-#ifdef RELAY_DECODE_ATTENTION_X86
+#ifdef RELAY_X86_KERNELS
 
 __attribute__((target("avx2,fma"))) float dot(const float* a, const float* b, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
@@ -44,12 +46,12 @@ struct Shapes {
   float scale = 1;
 };
 
-// The `rep` query heads of kv head `g` of one row: q and out [rep, D],
-// scores [rep, S] scratch.
+// The `rep` query heads of kv head `g` of one row: q and out [rep, D];
+// scratch: scores [rep, S], top and inv [rep].
 void attend(const float* q, const float* keys, const float* values, const int64_t* rows,
-            const bool* mask, int64_t g, const Shapes& s, float* scores, float* out) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<float> top(static_cast<size_t>(s.rep), neg_inf), inv(static_cast<size_t>(s.rep));
+            const bool* mask, int64_t g, const Shapes& s, float* scores, float* top, float* inv,
+            float* out) {
+  std::fill(top, top + s.rep, -std::numeric_limits<float>::infinity());
   for (int64_t p = 0; p < s.S; ++p) {
     if (!mask[p]) continue;
     const float* k = keys + (rows[p] * s.KVH + g) * s.D;
@@ -76,31 +78,20 @@ void attend(const float* q, const float* keys, const float* values, const int64_
   }
 }
 
-#endif  // RELAY_DECODE_ATTENTION_X86
+#endif  // RELAY_X86_KERNELS
 
 std::atomic<bool> g_kernel_on{true};
 
-bool cpu_has_kernel() {
-#ifdef RELAY_DECODE_ATTENTION_X86
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
-bool has_decode_attention_kernel() {
-  static const bool has = cpu_has_kernel();
-  return has;
-}
+bool has_decode_attention_kernel() { return cpu_has_avx2_fma(); }
 
 void set_decode_attention_kernel(bool on) { g_kernel_on.store(on); }
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& cache_k,
                                   const at::Tensor& cache_v, const at::Tensor& read_index,
                                   const at::Tensor& mask) {
-#ifdef RELAY_DECODE_ATTENTION_X86
+#ifdef RELAY_X86_KERNELS
   if (!has_decode_attention_kernel() || !g_kernel_on.load(std::memory_order_relaxed) ||
       q.dim() != 4 || q.size(2) != 1 || !q.device().is_cpu() ||
       q.scalar_type() != torch::kFloat32 || cache_k.scalar_type() != torch::kFloat32 ||
@@ -135,11 +126,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& cache_k
   float* op = out.data_ptr<float>();
   // Heads h = g * rep + r share kv head g: each task is one (row, g).
   at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(s.rep * s.S));
+    std::vector<float> scratch(static_cast<size_t>(s.rep * (s.S + 2)));
+    float* scores = scratch.data();
+    float* top = scores + s.rep * s.S;
+    float* inv = top + s.rep;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, g = task % KVH;
       const int64_t head = (b * H + g * s.rep) * D;
-      attend(qp + head, kp, vp, rp + b * s.S, mp + b * s.S, g, s, scores.data(), op + head);
+      attend(qp + head, kp, vp, rp + b * s.S, mp + b * s.S, g, s, scores, top, inv, op + head);
     }
   });
   return out;

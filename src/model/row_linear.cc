@@ -10,15 +10,16 @@
 
 #include "relay/model/device.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "model/cpu_features.h"
+
+#ifdef RELAY_X86_KERNELS
 #include <immintrin.h>
-#define RELAY_SKINNY_X86 1
 #endif
 
 namespace relay::model {
 namespace {
 
-#ifdef RELAY_SKINNY_X86
+#ifdef RELAY_X86_KERNELS
 
 // y[r * out + o] = sum_i w[o * in + i] * x[r * in + i] (+ bias[o]) for o in
 // [o0, o1): R rows at once, so each weight row is read from memory once.
@@ -74,22 +75,11 @@ void skinny(const float* w, const float* x, const float* bias, float* y, int64_t
   });
 }
 
-#endif  // RELAY_SKINNY_X86
-
-bool cpu_has_skinny() {
-#ifdef RELAY_SKINNY_X86
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
+#endif  // RELAY_X86_KERNELS
 
 }  // namespace
 
-bool has_skinny_kernel() {
-  static const bool has = cpu_has_skinny();
-  return has;
-}
+bool has_skinny_kernel() { return cpu_has_avx2_fma(); }
 
 at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                       RowKernel kernel) {
@@ -112,7 +102,7 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
   sizes.back() = out;
   const at::Tensor flat = x.reshape({rows, in}).contiguous();
   at::Tensor y = torch::empty({rows, out}, x.options());
-#ifdef RELAY_SKINNY_X86
+#ifdef RELAY_X86_KERNELS
   if (skinny_ok) {
     skinny(weight.data_ptr<float>(), flat.data_ptr<float>(),
            bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, out, in);

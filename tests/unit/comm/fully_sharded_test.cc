@@ -155,7 +155,12 @@ TEST(FullShardingTest, EachRankHoldsItsShareOfWeightsStateAndReference) {
   const StepMetrics& rep2 = replicated[0].metrics[1];
   ASSERT_GT(rep2.at("kl_ref"), 0);
   EXPECT_NEAR(full[0].metrics[1].at("kl_ref"), rep2.at("kl_ref"), 1e-4 * rep2.at("kl_ref"));
-  EXPECT_LT(relative_difference(full[0], replicated[0], at::Tensor()), 5e-6);
+  // Eight updates: how far AdamW magnifies the fp32 summation-order
+  // differences (see TwoAndThreeRanksTrainAsTheReplicatedTrainer) depends on
+  // the sampled groups: below 5e-6 of the weights' size before the sampler's
+  // decode attention read the cache in place, 5.2e-6 since (its sums run in
+  // another order, so the groups differ in their last bits).
+  EXPECT_LT(relative_difference(full[0], replicated[0], at::Tensor()), 1e-5);
 }
 
 // bf16 weights with fp32 master copies (each rank keeps those of its range;

@@ -1,0 +1,26 @@
+#pragma once
+
+// What the CPU offers the hand-written kernels of src/model (row_linear.h,
+// decode_attention.h). Private to src/model.
+//
+// The kernels are compiled for AVX2/FMA through per-function target
+// attributes, so the build's flags stay portable and the choice is made at
+// run time, once.
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define RELAY_X86_KERNELS 1
+#endif
+
+namespace relay::model {
+
+// x86-64 with AVX2 and FMA.
+inline bool cpu_has_avx2_fma() {
+#ifdef RELAY_X86_KERNELS
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+#else
+  return false;
+#endif
+}
+
+}  // namespace relay::model
