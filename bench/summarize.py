@@ -82,6 +82,20 @@ def main():
                               num(c["tokens_per_s"]), f"static batching {num(st['tokens_per_s'])}",
                               ratio(c["ratio"])))
 
+    # Decode steps at a long context: attention over the paged cache read in
+    # place against gathered out of it (rollout_bench --only attn).
+    attention = rows_of(os.path.join(out_dir, "decode_attention.out"))
+    for r in attention:
+        if r.get("bench") != "attn" or r.get("mode") != "in-place":
+            continue
+        base = pick(attention, model=r["model"], bench="attn", batch=r["batch"], mode="gathered")
+        context = (base or {}).get("notes", "").split(",")[0]
+        table.append(("decode", f"{r['model']}, batch {r['batch']}, {context}: decode tokens/s, "
+                      "attention reading the cache in place",
+                      num(r["tokens_per_s"]),
+                      f"gathered {num(base['tokens_per_s'])}" if base else "-",
+                      ratio(r["ratio"])))
+
     # Trainer memory and work: optimizer sharding, sequence packing.
     sharding = rows_of(os.path.join(out_dir, "sharding.out"))
     for r in sharding:

@@ -128,6 +128,7 @@ knows() { grep -qa -- "$2" "$1"; }
 if [ "$quick" = 1 ]; then
   q=(--quick)
   decode_args=(--models tiny,qwen2-100m --batches 8 --reps 1 --only kv)
+  attention_args=(--models qwen2-100m --batches 8 --reps 1 --prompt 256 --new 8)
   e2e=(1 0 2)  # repetitions, then staleness bounds
   sharding_args=(--models qwen2-100m --worlds 1,2 --reps 1)
   packing_args=(--model tiny --rows 16 --reps 3)
@@ -135,6 +136,8 @@ if [ "$quick" = 1 ]; then
 else
   q=()
   decode_args=(--batches 8,64)  # batch 1 is rollout_bench's slowest and least telling row
+  # Decode steps at a 1K context: attention over the paged cache in place vs gathered.
+  attention_args=(--models qwen2-100m --batches 8,32 --reps 3 --prompt 1024 --new 16)
   e2e=(5 0 1 2 4)
   sharding_args=(--models qwen2-100m --worlds 1,2,4 --reps 3)
   packing_args=(--model qwen2-100m --rows 16 --reps 3)
@@ -146,6 +149,11 @@ step ingest env OMP_NUM_THREADS=1 "$bin/ingest_bench" "${q[@]}" --json
 step weight_sync env OMP_NUM_THREADS=1 "$bin/weight_sync_bench" "${q[@]}" --json
 step version_switch "$bin/version_switch_bench" "${q[@]}" --json
 step decode "$bin/rollout_bench" "${decode_args[@]}" --json
+if knows "$bin/rollout_bench" "in-place"; then
+  step decode_attention "$bin/rollout_bench" --only attn "${attention_args[@]}" --json
+else
+  skip decode_attention "$bin/rollout_bench has no --only attn in this build"
+fi
 step sharding "$bin/sharding_bench" "${sharding_args[@]}" --json
 step packing "$bin/packing_bench" "${packing_args[@]}" --json
 step lora "$bin/lora_bench" "${lora_args[@]}" --json
