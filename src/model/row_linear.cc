@@ -85,9 +85,11 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
                       RowKernel kernel) {
   const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
                                                       (bias.defined() && bias.requires_grad()));
-  if (grad || !x.device().is_cpu() || x.scalar_type() != torch::kFloat32 || weight.dim() != 2 ||
-      weight.scalar_type() != torch::kFloat32 || !weight.is_contiguous() || x.dim() < 1 ||
-      x.size(-1) != weight.size(1) || weight.size(1) == 0 ||
+  // The row count first: most calls (prefill, scoring) leave here.
+  if (grad || weight.dim() != 2 || weight.size(1) == 0 || x.dim() < 1 ||
+      x.size(-1) != weight.size(1) || x.numel() / weight.size(1) > kMaxSkinnyRows ||
+      !x.device().is_cpu() || x.scalar_type() != torch::kFloat32 ||
+      weight.scalar_type() != torch::kFloat32 || !weight.is_contiguous() ||
       (bias.defined() && (bias.scalar_type() != torch::kFloat32 || !bias.is_contiguous() ||
                           bias.numel() != weight.size(0))) ||
       current_autocast(c10::DeviceType::CPU).has_value()) {

@@ -64,19 +64,13 @@ ValueLossResult Critic::backward(const TrainBatch& mb, const at::Tensor& old_val
 void Critic::empty_pass(bool with_grad) {
   if (!sharded_) return;
   const at::Tensor ids = torch::zeros({1, 2}, torch::kInt64);
-  sharded_->set_counting(false);
-  try {
-    if (with_grad) {
-      (model_->values(ids).sum() * 0).backward();
-    } else {
-      torch::NoGradGuard no_grad;
-      model_->values(ids);
-    }
-  } catch (...) {
-    sharded_->set_counting(true);
-    throw;
+  const UncountedPasses uncounted(sharded_.get());
+  if (with_grad) {
+    (model_->values(ids).sum() * 0).backward();
+  } else {
+    torch::NoGradGuard no_grad;
+    model_->values(ids);
   }
-  sharded_->set_counting(true);
 }
 
 StatusOr<double> Critic::apply_gradients() {

@@ -178,6 +178,24 @@ class WholeRoot {
   FullyShardedModel* model_;
 };
 
+// A fully sharded model's passes in its scope count for no parameter
+// (set_counting(false), restored however the scope ends): the empty passes a
+// rank with fewer micro-batches runs. Does nothing for a null model.
+class UncountedPasses {
+ public:
+  explicit UncountedPasses(FullyShardedModel* model) : model_(model) {
+    if (model_ != nullptr) model_->set_counting(false);
+  }
+  ~UncountedPasses() {
+    if (model_ != nullptr) model_->set_counting(true);
+  }
+  UncountedPasses(const UncountedPasses&) = delete;
+  UncountedPasses& operator=(const UncountedPasses&) = delete;
+
+ private:
+  FullyShardedModel* model_;
+};
+
 // AdamW over a fully sharded model's shards (optimizer.h): this rank's
 // elements of each unit, with their master copies and moments; the
 // gradients arrive reduce-scattered already. The state is saved in the

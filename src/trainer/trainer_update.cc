@@ -122,25 +122,19 @@ void Trainer::empty_pass(model::PolicyImpl& model, bool with_grad) {
   if (sharded == nullptr) return;
   const at::Tensor ids = torch::zeros({1, 2}, torch::kInt64);
   // Its zero gradients mark no parameter as trained by this rank.
-  sharded->set_counting(false);
-  try {
-    if (with_grad) {
-      at::Tensor logp;
-      {
-        const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
-        logp = model.score(ids);
-      }
-      (logp.sum() * 0).backward();
-    } else {
-      torch::NoGradGuard no_grad;
+  const UncountedPasses uncounted(sharded);
+  if (with_grad) {
+    at::Tensor logp;
+    {
       const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
-      model.score(ids);
+      logp = model.score(ids);
     }
-  } catch (...) {
-    sharded->set_counting(true);
-    throw;
+    (logp.sum() * 0).backward();
+  } else {
+    torch::NoGradGuard no_grad;
+    const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+    model.score(ids);
   }
-  sharded->set_counting(true);
 }
 
 void Trainer::plan_updates(StepState& s) const {
@@ -216,9 +210,12 @@ Status Trainer::update_critic(StepState& s, const MiniBatch& mb) {
   critic_->zero_grad();
   WholeRoot root(critic_->sharded());
   RELAY_RETURN_IF_ERROR(root.acquire());
-  for (size_t k = mb.parts.size(); k < most_micro_batches(s.batch, mb.rows); ++k) {
-    const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
-    critic_->empty_pass(/*with_grad=*/true);
+  if (critic_->sharded() != nullptr) {
+    const size_t most = most_micro_batches(s.batch, mb.rows);
+    for (size_t k = mb.parts.size(); k < most; ++k) {
+      const model::AutocastGuard autocast(device_type_of(policy_), options_.autocast);
+      critic_->empty_pass(/*with_grad=*/true);
+    }
   }
   for (const auto& rows : mb.parts) {
     const TrainBatch part = select_rows(s.batch, rows);
