@@ -11,11 +11,12 @@
 //          same size as relay's, two in flight, from one flat buffer into one
 //          flat buffer per client: no copies, no checksums, no manifest;
 //   relay  WeightSyncServer::broadcast -> WeightSyncClient::receive: header,
-//          manifest, buckets copied out of the snapshot and hashed, trailer,
-//          landed in one payload buffer and verified (bucket checksums and
-//          the manifest digest), returned as per-tensor views;
+//          manifest, the publisher's block checksums, buckets sent as views
+//          of the snapshot (or copied where one spans tensors), landed in one
+//          payload buffer and verified (each 1 MiB block and the manifest
+//          digest), returned as per-tensor views;
 //   grpc   the fallback: TrainerService + RpcServer on 127.0.0.1 and C
-//          TrainerClient::fetch_weights calls at once (4 MiB chunks, each
+//          TrainerClient::fetch_weights calls at once (256 KiB chunks, each
 //          checksummed, digest checked).
 // A row's time runs from the send until every client holds the version;
 // GB/s = version bytes / time (what each client gets: with C clients the
@@ -26,8 +27,9 @@
 // The first repetition is not timed (it warms connections and pages, and
 // relay's forms its group). Figures are medians of --reps.
 //
-//   weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] [--skip-grpc] [--quick]
-//                     [--json]
+//   weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] [--fetch-chunk-kb N]
+//                     [--skip-grpc] [--quick] [--json]
+// --fetch-chunk-kb: FetchWeights' chunk (default: the trainer's, 256 KiB).
 // --quick = --clients 1 --bucket-mb 64 --reps 3. --json prints one JSON object
 // per result on stdout and the table on stderr.
 
@@ -131,24 +133,50 @@ double engine_apply_seconds(const WeightSnapshot& snap, int reps) {
   return times[times.size() / 2];
 }
 
-// ---- the CPU work of each side, without a network ----
-void cpu_costs(const WeightSnapshot& snap, int64_t bucket, int reps, std::FILE* out, bool json) {
-  BucketReader reader(snap, static_cast<uint64_t>(bucket));
-  at::Tensor slot = torch::empty({bucket}, torch::kUInt8);
-  std::vector<uint64_t> sums(reader.bucket_count());
-  std::vector<double> send, recv;
-  at::Tensor payload;
+// ---- publishing: what the trainer's step waits for ----
+// WeightPublisher::publish (one copy into the snapshot's payload, digest and
+// block checksums hashed from cache) against what it did before: a clone of
+// each tensor, then model::weight_manifest's digest over the clones.
+void publish_costs(int reps, std::FILE* out, bool json) {
+  model::Policy policy(qwen2_100m_config());
+  model::init_weights(*policy, 0);
+  const auto tensors = model::parameter_tensors(*policy);
+  WeightPublisher publisher(1);
+  std::vector<double> now, before;
   for (int rep = 0; rep < reps + 1; ++rep) {
     auto start = Clock::now();
-    for (uint64_t k = 0; k < reader.bucket_count(); ++k) {
-      if (!reader.view(k, &sums[k]).defined()) {
-        sums[k] = reader.read(k, static_cast<char*>(slot.data_ptr()));
-      }
+    if (!publisher.publish(rep + 1, tensors).ok()) std::exit(1);
+    if (rep > 0) now.push_back(seconds_since(start));
+    start = Clock::now();
+    {
+      std::unordered_map<std::string, at::Tensor> copies;
+      for (const auto& [name, t] : tensors) copies.emplace(name, t.contiguous().clone());
+      check(model::weight_manifest(copies, rep + 1), "weight_manifest");
     }
-    if (rep > 0) send.push_back(seconds_since(start));
-    auto a = check(
-        VersionAssembler::create(snap.manifest, static_cast<uint64_t>(bucket), std::move(payload)),
-        "create");
+    if (rep > 0) before.push_back(seconds_since(start));
+  }
+  std::fprintf(out,
+               "publish a version: %.3f s (clone + separate digest pass: %.3f s, %.2fx as long)\n",
+               median(now), median(before), median(before) / median(now));
+  if (json) {
+    relay::bench::JsonRow("weight_sync")
+        .add("mode", "publish")
+        .add("seconds", median(now))
+        .add("clone_then_digest_s", median(before))
+        .print();
+  }
+}
+
+// ---- the receiver's CPU work, without a network ----
+void cpu_costs(const WeightSnapshot& snap, int64_t bucket, int reps, std::FILE* out, bool json) {
+  BucketReader reader(snap, static_cast<uint64_t>(bucket));
+  std::vector<double> recv;
+  at::Tensor payload;
+  for (int rep = 0; rep < reps + 1; ++rep) {
+    auto a =
+        check(VersionAssembler::create(snap.manifest, static_cast<uint64_t>(bucket),
+                                       snap.block_bytes, snap.block_checksums, std::move(payload)),
+              "create");
     double t = 0;
     for (uint64_t k = 0; k < reader.bucket_count(); ++k) {
       reader.read(k, static_cast<char*>(a->bucket(k).data_ptr()));  // the "network", not timed
@@ -157,21 +185,20 @@ void cpu_costs(const WeightSnapshot& snap, int64_t bucket, int reps, std::FILE* 
       t += seconds_since(s);
     }
     const auto s = Clock::now();
-    check(a->finish(sums), "finish");
+    check(a->finish(), "finish");
     if (rep > 0) recv.push_back(t + seconds_since(s));
     payload = a->payload();
   }
   const double gb = static_cast<double>(snap.total_bytes) / 1e9;
   std::fprintf(
       out,
-      "cpu work per version, no network (%lld MB buckets): sender copy (or view)+hash %.3f s "
-      "(%.1f GB/s), receiver hash+verify %.3f s (%.1f GB/s)\n",
-      (long long)(bucket >> 20), median(send), gb / median(send), median(recv), gb / median(recv));
+      "receiver's cpu work per version, no network (%lld MB buckets): block checksums %.3f s "
+      "(%.1f GB/s); the sender sends slices of the snapshot and hashes nothing\n",
+      (long long)(bucket >> 20), median(recv), gb / median(recv));
   if (json) {
     relay::bench::JsonRow("weight_sync")
         .add("mode", "cpu_costs")
         .add("bucket_mb", bucket >> 20)
-        .add("sender_s", median(send))
         .add("receiver_s", median(recv))
         .print();
   }
@@ -378,8 +405,9 @@ class RelayBroadcast {
 // ---- grpc: FetchWeights from a real TrainerService ----
 class GrpcFetch {
  public:
-  GrpcFetch(WeightPublisher& publisher, int clients)
-      : dir_(std::filesystem::temp_directory_path().string() + "/relay_weight_sync_bench_" +
+  GrpcFetch(WeightPublisher& publisher, int clients, uint64_t chunk_bytes)
+      : chunk_bytes_(chunk_bytes),
+        dir_(std::filesystem::temp_directory_path().string() + "/relay_weight_sync_bench_" +
              std::to_string(::getpid())) {
     std::filesystem::remove_all(dir_);
     store::StoreOptions so;
@@ -413,13 +441,14 @@ class GrpcFetch {
     const auto start = Clock::now();
     for (size_t c = 0; c < clients_.size(); ++c) {
       threads.emplace_back(
-          [&, c] { check(clients_[c]->fetch_weights("bench", 1), "fetch_weights"); });
+          [&, c] { check(clients_[c]->fetch_weights("bench", 1, chunk_bytes_), "fetch_weights"); });
     }
     for (auto& t : threads) t.join();
     return seconds_since(start);
   }
 
  private:
+  uint64_t chunk_bytes_;  // 0: the trainer's default
   std::string dir_;
   std::unique_ptr<store::RolloutStore> rollouts_;
   std::unique_ptr<store::PromptDispenser> dispenser_;
@@ -434,6 +463,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> clients = {1, 2};
   std::vector<int64_t> buckets_mb = {64, 8};
   int reps = 5;
+  uint64_t fetch_chunk = 0;
   bool grpc = true;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
@@ -444,6 +474,8 @@ int main(int argc, char** argv) {
       buckets_mb = parse_list(argv[++i]);
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--fetch-chunk-kb" && i + 1 < argc) {
+      fetch_chunk = static_cast<uint64_t>(std::atoll(argv[++i])) << 10;
     } else if (a == "--skip-grpc") {
       grpc = false;
     } else if (a == "--quick") {
@@ -455,7 +487,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] "
-                   "[--skip-grpc] [--quick] [--json]\n");
+                   "[--fetch-chunk-kb N] [--skip-grpc] [--quick] [--json]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -467,13 +499,10 @@ int main(int argc, char** argv) {
   WeightPublisher publisher;
   auto snap = qwen2_100m_snapshot(publisher);
   const double gb = static_cast<double>(snap->total_bytes) / 1e9;
-  at::Tensor flat = torch::empty({static_cast<int64_t>(snap->total_bytes)}, torch::kUInt8);
-  for_each_chunk(*snap, uint64_t{64} << 20, [&](uint64_t off, const char* data, uint64_t n) {
-    std::memcpy(static_cast<char*>(flat.data_ptr()) + off, data, n);
-    return true;
-  });
+  const at::Tensor flat = snap->payload;  // the same bytes, in one buffer
   std::fprintf(out, "qwen2-100m: %zu tensors, %.1f MB fp32; loopback, %u cores, median of %d\n",
                snap->tensors.size(), gb * 1e3, std::thread::hardware_concurrency(), reps);
+  publish_costs(reps, out, json);
   for (int64_t mb : buckets_mb) cpu_costs(*snap, mb << 20, reps, out, json);
   const double apply = engine_apply_seconds(*snap, reps);
   std::fprintf(out, "engine: staging and applying a version (nothing in flight) takes %.3f s\n",
@@ -494,7 +523,7 @@ int main(int argc, char** argv) {
       relay_bc.push_back(std::make_unique<RelayBroadcast>(*snap, n, mb << 20));
     }
     std::unique_ptr<GrpcFetch> fetch;
-    if (grpc) fetch = std::make_unique<GrpcFetch>(publisher, n);
+    if (grpc) fetch = std::make_unique<GrpcFetch>(publisher, n, fetch_chunk);
     std::vector<double> t_tcp, t_fetch;
     std::vector<std::vector<double>> t_gloo(buckets_mb.size()), t_relay(buckets_mb.size());
     for (int rep = 0; rep < reps + 1; ++rep) {
@@ -534,7 +563,8 @@ int main(int argc, char** argv) {
     }
     if (fetch) {
       const double f = median(t_fetch);
-      row("grpc", "4 MB chunks", f, median(t_gloo[0]));
+      row("grpc", fetch_chunk ? std::to_string(fetch_chunk >> 10) + " KB chunks" : "256 KB chunks",
+          f, median(t_gloo[0]));
       std::fprintf(out,
                    "  a worker's generation loop per version: broadcast %.3f s (apply only), "
                    "fetch %.3f s (fetch + apply)\n",

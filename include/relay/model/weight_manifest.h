@@ -39,6 +39,10 @@ struct WeightManifest {
 // InvalidArgument for a dtype safetensors cannot name.
 StatusOr<WeightManifest> weight_manifest(const std::unordered_map<std::string, at::Tensor>& tensors,
                                          int64_t version);
+// The same with digest 0, for a caller that hashes the bytes while it copies
+// them anyway (comm::WeightPublisher).
+StatusOr<WeightManifest> weight_manifest_without_digest(
+    const std::unordered_map<std::string, at::Tensor>& tensors, int64_t version);
 // The same for a policy's parameters.
 StatusOr<WeightManifest> weight_manifest(const PolicyImpl& policy, int64_t version);
 

@@ -1,7 +1,6 @@
 #include "relay/comm/rpc/grpc_trainer_client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <xxhash.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -9,12 +8,14 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "comm/rpc/tls.h"
 #include "relay/comm/rpc/manifest_proto.h"
 #include "relay/comm/weight_sync/weight_publisher.h"
+#include "relay/common/xxh3.h"
 #include "relay/store/convert.h"
 #include "relay/v1/admin.grpc.pb.h"
 #include "relay/v1/worker.grpc.pb.h"
@@ -100,6 +101,18 @@ class GrpcTrainerClient::Impl {
         worker(v1::Worker::NewStub(channel)),
         admin(v1::Admin::NewStub(channel)) {}
 
+  // The last fetched version's payload, received into again once the caller
+  // has dropped that version's tensors (WeightAssembler::create): a worker
+  // fetching every version does not fault in fresh pages for each.
+  at::Tensor take_spare() {
+    std::lock_guard<std::mutex> lock(spare_mu);
+    return std::exchange(spare, at::Tensor());
+  }
+  void keep_spare(at::Tensor payload) {
+    std::lock_guard<std::mutex> lock(spare_mu);
+    spare = std::move(payload);
+  }
+
   // A context with the token and a deadline `ms` from now.
   std::unique_ptr<grpc::ClientContext> context(int64_t ms) const {
     auto c = std::make_unique<grpc::ClientContext>();
@@ -117,6 +130,8 @@ class GrpcTrainerClient::Impl {
   }
 
   ClientOptions options;
+  std::mutex spare_mu;
+  at::Tensor spare;  // take_spare()
   std::unique_ptr<v1::Worker::Stub> worker;
   std::unique_ptr<v1::Admin::Stub> admin;
 };
@@ -252,14 +267,14 @@ StatusOr<FetchedWeights> GrpcTrainerClient::fetch_weights(const std::string& wor
         out.already_held = true;
         return out;
       }
-      StatusOr<WeightAssembler> a = WeightAssembler::create(std::move(m));
+      StatusOr<WeightAssembler> a = WeightAssembler::create(std::move(m), impl_->take_spare());
       if (!a.ok()) {
         c->TryCancel();
         return a.status();
       }
       assembler.emplace(*std::move(a));
     }
-    if (XXH3_64bits(chunk.data().data(), chunk.data().size()) != chunk.chunk_digest()) {
+    if (xxh3_64(chunk.data().data(), chunk.data().size()) != chunk.chunk_digest()) {
       c->TryCancel();
       return DataLossError(
           absl::StrCat("FetchWeights: chunk at offset ", chunk.offset(), " fails its digest"));
@@ -280,7 +295,9 @@ StatusOr<FetchedWeights> GrpcTrainerClient::fetch_weights(const std::string& wor
   RELAY_RETURN_IF_ERROR(from_grpc("FetchWeights", finished));
   if (!assembler) return DataLossError("FetchWeights: no manifest received");
   out.manifest = assembler->manifest();
-  RELAY_ASSIGN_OR_RETURN(out.tensors, assembler->finish());
+  StatusOr<std::unordered_map<std::string, at::Tensor>> tensors = assembler->finish();
+  impl_->keep_spare(assembler->payload());
+  RELAY_ASSIGN_OR_RETURN(out.tensors, std::move(tensors));
   return out;
 }
 

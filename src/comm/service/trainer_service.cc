@@ -1,12 +1,12 @@
 #include "relay/comm/service/trainer_service.h"
 
 #include <grpcpp/grpcpp.h>
-#include <xxhash.h>
 
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "relay/comm/rpc/manifest_proto.h"
+#include "relay/common/xxh3.h"
 #include "relay/v1/admin.grpc.pb.h"
 #include "relay/v1/worker.grpc.pb.h"
 
@@ -146,7 +146,7 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
       first = false;
       c.set_offset(offset);
       c.set_data(data, size);
-      c.set_chunk_digest(XXH3_64bits(data, size));
+      c.set_chunk_digest(xxh3_64(data, size));
       ok = !context->IsCancelled() && writer->Write(c);
       return ok;
     });

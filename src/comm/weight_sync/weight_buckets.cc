@@ -2,13 +2,13 @@
 
 #include <torch/types.h>
 #include <torch/utils.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "relay/comm/rpc/manifest_proto.h"
+#include "relay/common/xxh3.h"
 #include "relay/model/safetensors.h"
 #include "relay/v1/weights.pb.h"
 
@@ -16,9 +16,7 @@ namespace relay::comm {
 namespace {
 
 constexpr int64_t kMagic = 0x434e595357594c52;  // "RLYWSYNC" little-endian
-constexpr int64_t kFormat = 1;
-// Copy and hash in pieces that stay in L2, so each byte is read from memory once.
-constexpr uint64_t kPieceBytes = uint64_t{256} << 10;
+constexpr int64_t kFormat = 2;                  // 2: block checksums before the buckets
 
 int64_t as_word(uint64_t v) {
   int64_t w;
@@ -31,23 +29,6 @@ uint64_t as_u64(int64_t w) {
   return v;
 }
 
-// Calls fn(tensor index, offset in tensor, offset in [begin, end), n) for each
-// run of bytes of [begin, end) of the payload that lies in one tensor.
-// `starts` holds each tensor's offset in the payload plus the total at the end.
-template <typename Fn>
-void for_each_run(const std::vector<uint64_t>& starts, uint64_t begin, uint64_t end, Fn&& fn) {
-  // The last tensor starting at or before `begin` (empty tensors are skipped).
-  size_t i = std::upper_bound(starts.begin(), starts.end() - 1, begin) - starts.begin();
-  i = i == 0 ? 0 : i - 1;
-  uint64_t at = begin;
-  while (at < end && i + 1 < starts.size()) {
-    const uint64_t stop = std::min(end, starts[i + 1]);
-    if (stop > at) fn(i, at - starts[i], at - begin, stop - at);
-    at = std::max(at, stop);
-    ++i;
-  }
-}
-
 std::vector<uint64_t> tensor_starts(const model::WeightManifest& manifest) {
   std::vector<uint64_t> starts{0};
   for (const model::TensorSpec& spec : manifest.tensors) {
@@ -58,8 +39,9 @@ std::vector<uint64_t> tensor_starts(const model::WeightManifest& manifest) {
 
 }  // namespace
 
-SyncHeader make_header(const model::WeightManifest& manifest, const std::string& manifest_bytes,
+SyncHeader make_header(const WeightSnapshot& snapshot, const std::string& manifest_bytes,
                        uint64_t bucket_bytes, int64_t generation, int64_t seq) {
+  const model::WeightManifest& manifest = snapshot.manifest;
   SyncHeader h;
   h.generation = generation;
   h.seq = seq;
@@ -69,7 +51,10 @@ SyncHeader make_header(const model::WeightManifest& manifest, const std::string&
   h.bucket_bytes = bucket_bytes;
   h.bucket_count = bucket_count(h.total_bytes, bucket_bytes);
   h.manifest_bytes = manifest_bytes.size();
-  h.manifest_checksum = XXH3_64bits(manifest_bytes.data(), manifest_bytes.size());
+  h.manifest_checksum = xxh3_64(manifest_bytes.data(), manifest_bytes.size());
+  h.block_bytes = snapshot.block_bytes;
+  h.checksums_checksum =
+      xxh3_64(snapshot.block_checksums.data(), snapshot.block_checksums.size() * sizeof(uint64_t));
   return h;
 }
 
@@ -85,7 +70,9 @@ void encode_header(const SyncHeader& h, int64_t* words) {
   words[8] = as_word(h.bucket_count);
   words[9] = as_word(h.manifest_bytes);
   words[10] = as_word(h.manifest_checksum);
-  words[11] = as_word(XXH3_64bits(words, 11 * sizeof(int64_t)));
+  words[11] = as_word(h.block_bytes);
+  words[12] = as_word(h.checksums_checksum);
+  words[13] = as_word(xxh3_64(words, 13 * sizeof(int64_t)));
 }
 
 StatusOr<SyncHeader> decode_header(const int64_t* words) {
@@ -93,7 +80,7 @@ StatusOr<SyncHeader> decode_header(const int64_t* words) {
     return DataLossError(absl::StrCat("weight sync header: magic/format ", words[0], "/", words[1],
                                       " is not relay's (format ", kFormat, ")"));
   }
-  if (as_u64(words[11]) != XXH3_64bits(words, 11 * sizeof(int64_t))) {
+  if (as_u64(words[13]) != xxh3_64(words, 13 * sizeof(int64_t))) {
     return DataLossError("weight sync header: checksum mismatch");
   }
   SyncHeader h;
@@ -106,12 +93,28 @@ StatusOr<SyncHeader> decode_header(const int64_t* words) {
   h.bucket_count = as_u64(words[8]);
   h.manifest_bytes = as_u64(words[9]);
   h.manifest_checksum = as_u64(words[10]);
+  h.block_bytes = as_u64(words[11]);
+  h.checksums_checksum = as_u64(words[12]);
   if (h.bucket_bytes == 0 || h.bucket_count != bucket_count(h.total_bytes, h.bucket_bytes)) {
     return DataLossError(absl::StrCat("weight sync header of version ", h.version, ": ",
                                       h.bucket_count, " buckets of ", h.bucket_bytes,
                                       " bytes cannot carry ", h.total_bytes, " bytes"));
   }
+  if (h.block_bytes == 0) {
+    return DataLossError(
+        absl::StrCat("weight sync header of version ", h.version, ": no checksum block size"));
+  }
   return h;
+}
+
+Status check_block_checksums(const SyncHeader& h, const std::vector<uint64_t>& checksums) {
+  if (checksums.size() != h.block_count() ||
+      xxh3_64(checksums.data(), checksums.size() * sizeof(uint64_t)) != h.checksums_checksum) {
+    return DataLossError(absl::StrCat("weight sync of version ", h.version, ": the ",
+                                      checksums.size(), " block checksums (", h.block_count(),
+                                      " expected) fail their checksum"));
+  }
+  return OkStatus();
 }
 
 std::string encode_manifest(const model::WeightManifest& manifest) {
@@ -123,7 +126,7 @@ std::string encode_manifest(const model::WeightManifest& manifest) {
 StatusOr<model::WeightManifest> decode_manifest(const std::string& bytes, const SyncHeader& h) {
   const std::string what = absl::StrCat("weight sync manifest of version ", h.version, ": ");
   if (bytes.size() != h.manifest_bytes ||
-      XXH3_64bits(bytes.data(), bytes.size()) != h.manifest_checksum) {
+      xxh3_64(bytes.data(), bytes.size()) != h.manifest_checksum) {
     return DataLossError(what + "checksum mismatch");
   }
   v1::WeightManifest proto;
@@ -139,83 +142,61 @@ StatusOr<model::WeightManifest> decode_manifest(const std::string& bytes, const 
   return m;
 }
 
-uint64_t bucket_count(uint64_t total_bytes, uint64_t bucket_bytes) {
-  return bucket_bytes == 0 ? 0 : (total_bytes + bucket_bytes - 1) / bucket_bytes;
-}
-
 BucketReader::BucketReader(const WeightSnapshot& snapshot, uint64_t bucket_bytes)
-    : snapshot_(snapshot), bucket_bytes_(bucket_bytes), starts_(tensor_starts(snapshot.manifest)) {
+    : snapshot_(snapshot), bucket_bytes_(bucket_bytes) {
   RELAY_CHECK(bucket_bytes > 0, "BucketReader: bucket_bytes must be > 0");
-  RELAY_CHECK(snapshot.tensors.size() == snapshot.manifest.tensors.size(),
-              "BucketReader: one tensor per manifest entry");
-  count_ = comm::bucket_count(starts_.back(), bucket_bytes);
+  RELAY_CHECK(snapshot.total_bytes == 0 ||
+                  static_cast<uint64_t>(snapshot.payload.numel()) == snapshot.total_bytes,
+              "BucketReader: the snapshot's payload holds its bytes");
+  count_ = comm::bucket_count(snapshot.total_bytes, bucket_bytes);
 }
 
 uint64_t BucketReader::bucket_size(uint64_t index) const {
   const uint64_t begin = index * bucket_bytes_;
-  return std::min(bucket_bytes_, starts_.back() - begin);
+  return std::min(bucket_bytes_, snapshot_.total_bytes - begin);
 }
 
-uint64_t BucketReader::read(uint64_t index, char* dst) const {
-  const uint64_t begin = index * bucket_bytes_;
-  const uint64_t size = bucket_size(index);
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
-                                                                 &XXH3_freeState);
-  XXH3_64bits_reset(state.get());
-  for (uint64_t piece = 0; piece < size; piece += kPieceBytes) {
-    const uint64_t n = std::min(kPieceBytes, size - piece);
-    for_each_run(starts_, begin + piece, begin + piece + n,
-                 [&](size_t t, uint64_t in_tensor, uint64_t in_run, uint64_t len) {
-                   const char* src = static_cast<const char*>(snapshot_.tensors[t].data_ptr());
-                   std::memcpy(dst + piece + in_run, src + in_tensor, len);
-                 });
-    XXH3_64bits_update(state.get(), dst + piece, n);
-  }
-  return XXH3_64bits_digest(state.get());
+void BucketReader::read(uint64_t index, char* dst) const {
+  std::memcpy(dst, static_cast<const char*>(snapshot_.payload.data_ptr()) + index * bucket_bytes_,
+              bucket_size(index));
 }
 
-at::Tensor BucketReader::view(uint64_t index, uint64_t* checksum) const {
-  const uint64_t begin = index * bucket_bytes_;
-  const uint64_t size = bucket_size(index);
-  int found = 0;
-  size_t tensor = 0;
-  uint64_t offset = 0;
-  for_each_run(starts_, begin, begin + size, [&](size_t t, uint64_t in_tensor, uint64_t, uint64_t) {
-    ++found;
-    tensor = t;
-    offset = in_tensor;
-  });
-  if (found != 1) return at::Tensor();
-  at::Tensor bytes = snapshot_.tensors[tensor].reshape({-1}).view(at::kByte);
-  at::Tensor v = bytes.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(size));
-  *checksum = XXH3_64bits(v.data_ptr(), size);
-  return v;
+at::Tensor BucketReader::view(uint64_t index) const {
+  return snapshot_.payload.narrow(0, static_cast<int64_t>(index * bucket_bytes_),
+                                  static_cast<int64_t>(bucket_size(index)));
 }
 
 struct VersionAssembler::DigestState {
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> digest{XXH3_createState(),
-                                                                  &XXH3_freeState};
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> bucket{XXH3_createState(),
-                                                                  &XXH3_freeState};
+  explicit DigestState(uint64_t block_bytes) : blocks(block_bytes) {}
+  BlockHasher blocks;
 };
 
 VersionAssembler::VersionAssembler(model::WeightManifest manifest, uint64_t bucket_bytes)
     : manifest_(std::move(manifest)),
       bucket_bytes_(bucket_bytes),
-      starts_(tensor_starts(manifest_)),
-      digest_(std::make_unique<DigestState>()) {
+      starts_(tensor_starts(manifest_)) {
   total_bytes_ = starts_.back();
   count_ = comm::bucket_count(total_bytes_, bucket_bytes_);
-  XXH3_64bits_reset(digest_->digest.get());
 }
 
 VersionAssembler::~VersionAssembler() = default;
 
-StatusOr<std::unique_ptr<VersionAssembler>> VersionAssembler::create(model::WeightManifest manifest,
-                                                                     uint64_t bucket_bytes,
-                                                                     at::Tensor reuse) {
-  if (bucket_bytes == 0) return InvalidArgumentError("VersionAssembler: bucket_bytes must be > 0");
+StatusOr<std::unique_ptr<VersionAssembler>> VersionAssembler::create(
+    model::WeightManifest manifest, uint64_t bucket_bytes, uint64_t block_bytes,
+    std::vector<uint64_t> block_checksums, at::Tensor reuse) {
+  if (bucket_bytes == 0 || block_bytes == 0) {
+    return InvalidArgumentError("VersionAssembler: bucket_bytes and block_bytes must be > 0");
+  }
   std::unique_ptr<VersionAssembler> a(new VersionAssembler(std::move(manifest), bucket_bytes));
+  if (block_checksums.size() != block_count(a->total_bytes_, block_bytes)) {
+    return InvalidArgumentError(absl::StrCat("weights version ", a->manifest_.version, ": ",
+                                             block_checksums.size(), " block checksums for ",
+                                             block_count(a->total_bytes_, block_bytes),
+                                             " blocks of ", block_bytes, " bytes"));
+  }
+  a->block_bytes_ = block_bytes;
+  a->block_checksums_ = std::move(block_checksums);
+  a->digest_ = std::make_unique<DigestState>(block_bytes);
   for (const model::TensorSpec& spec : a->manifest_.tensors) {
     const std::string what =
         absl::StrCat("weights version ", a->manifest_.version, ": ", spec.name, ": ");
@@ -254,58 +235,30 @@ Status VersionAssembler::add_bucket(uint64_t index) {
   const at::Tensor b = bucket(index);
   const char* data = static_cast<const char*>(b.data_ptr());
   const uint64_t size = static_cast<uint64_t>(b.numel());
-  XXH3_state_t* sum = digest_->bucket.get();
-  XXH3_64bits_reset(sum);
-  // Both hashes per piece: the second reads it from cache.
-  for (uint64_t piece = 0; piece < size; piece += kPieceBytes) {
-    const uint64_t n = std::min(kPieceBytes, size - piece);
-    XXH3_64bits_update(sum, data + piece, n);
-    XXH3_64bits_update(digest_->digest.get(), data + piece, n);
-  }
-  checksums_.push_back(XXH3_64bits_digest(sum));
-  ++next_;
-  return OkStatus();
+  auto check = [&](uint64_t block, uint64_t sum) {
+    if (!bad_.ok() || sum == block_checksums_[block]) return;
+    const uint64_t begin = block * block_bytes_;
+    bad_ = DataLossError(absl::StrCat(
+        "weights version ", manifest_.version, ": block ", block, " of ", block_checksums_.size(),
+        " (bytes [", begin, ", ", std::min(total_bytes_, begin + block_bytes_), "), in bucket ",
+        index, " of ", count_, "): checksum ", sum, " of the received bytes is not the published ",
+        block_checksums_[block]));
+  };
+  digest_->blocks.update(data, size, check);
+  if (++next_ == count_) digest_->blocks.finish(check);
+  return bad_;
 }
 
-StatusOr<std::unordered_map<std::string, at::Tensor>> VersionAssembler::finish(
-    const std::vector<uint64_t>& checksums) {
-  if (next_ != count_ || checksums.size() != count_) {
+StatusOr<std::unordered_map<std::string, at::Tensor>> VersionAssembler::finish() {
+  if (next_ != count_) {
     return DataLossError(absl::StrCat("weights version ", manifest_.version, ": ", next_, " of ",
-                                      count_, " buckets received, ", checksums.size(),
-                                      " checksums"));
+                                      count_, " buckets received"));
   }
-  for (uint64_t i = 0; i < count_; ++i) {
-    if (checksums_[i] != checksums[i]) {
-      const uint64_t begin = i * bucket_bytes_;
-      return DataLossError(absl::StrCat(
-          "weights version ", manifest_.version, ": bucket ", i, " of ", count_, " (bytes [", begin,
-          ", ", std::min(total_bytes_, begin + bucket_bytes_), ")): checksum ", checksums_[i],
-          " of the received bytes is not the sent ", checksums[i]));
-    }
-  }
-  const uint64_t digest = XXH3_64bits_digest(digest_->digest.get());
-  if (digest != manifest_.digest) {
-    return DataLossError(absl::StrCat("weights version ", manifest_.version, ": digest ", digest,
-                                      " of the received bytes is not the published ",
-                                      manifest_.digest));
-  }
+  RELAY_RETURN_IF_ERROR(bad_);
+  std::vector<at::Tensor> tensors = payload_tensors(manifest_, payload_);
   std::unordered_map<std::string, at::Tensor> out;
-  for (size_t i = 0; i < manifest_.tensors.size(); ++i) {
-    const model::TensorSpec& spec = manifest_.tensors[i];
-    const c10::ScalarType type = model::to_scalar_type(model::parse_dtype(spec.dtype).value());
-    const int64_t element = static_cast<int64_t>(c10::elementSize(type));
-    const int64_t offset = static_cast<int64_t>(starts_[i]);
-    const int64_t bytes = static_cast<int64_t>(spec.num_bytes);
-    at::Tensor t;
-    if (offset % element == 0 && bytes > 0) {
-      t = payload_.narrow(0, offset, bytes).view(type).view(spec.shape);
-    } else {
-      t = torch::empty(spec.shape, torch::TensorOptions().dtype(type));
-      if (bytes > 0) {
-        std::memcpy(t.data_ptr(), static_cast<const char*>(payload_.data_ptr()) + offset, bytes);
-      }
-    }
-    out.emplace(spec.name, std::move(t));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    out.emplace(manifest_.tensors[i].name, std::move(tensors[i]));
   }
   return out;
 }

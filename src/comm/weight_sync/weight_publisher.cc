@@ -11,7 +11,15 @@
 
 namespace relay::comm {
 
-WeightPublisher::WeightPublisher(int keep) : keep_(std::max(1, keep)) {}
+namespace {
+
+// Copy and hash in pieces that stay in L2, so each byte is read from memory once.
+constexpr uint64_t kPieceBytes = uint64_t{256} << 10;
+
+}  // namespace
+
+WeightPublisher::WeightPublisher(int keep, uint64_t block_bytes)
+    : keep_(std::max(1, keep)), block_bytes_(std::max<uint64_t>(1, block_bytes)) {}
 
 Status WeightPublisher::publish(int64_t version,
                                 const std::unordered_map<std::string, at::Tensor>& tensors) {
@@ -21,15 +29,29 @@ Status WeightPublisher::publish(int64_t version,
                                              " is not above the latest published (", latest, ")"));
   }
   auto snap = std::make_shared<WeightSnapshot>();
-  std::unordered_map<std::string, at::Tensor> host;
-  for (const auto& [name, t] : tensors) {
-    host.emplace(name, t.detach().to(torch::kCPU).contiguous().clone());
-  }
-  RELAY_ASSIGN_OR_RETURN(snap->manifest, model::weight_manifest(host, version));
+  RELAY_ASSIGN_OR_RETURN(snap->manifest, model::weight_manifest_without_digest(tensors, version));
+  for (const model::TensorSpec& spec : snap->manifest.tensors) snap->total_bytes += spec.num_bytes;
+  snap->payload = payload_for(snap->total_bytes);
+  snap->block_bytes = block_bytes_;
+  Xxh3Stream digest;
+  BlockHasher blocks(block_bytes_);
+  auto record = [&](uint64_t, uint64_t sum) { snap->block_checksums.push_back(sum); };
+  char* dst = static_cast<char*>(snap->payload.data_ptr());
   for (const model::TensorSpec& spec : snap->manifest.tensors) {
-    snap->tensors.push_back(host.at(spec.name));
-    snap->total_bytes += spec.num_bytes;
+    // A no-op for a contiguous host tensor; a device one comes to the host first.
+    const at::Tensor host = tensors.at(spec.name).detach().to(torch::kCPU).contiguous();
+    const char* src = static_cast<const char*>(host.data_ptr());
+    for (uint64_t at = 0; at < spec.num_bytes; at += kPieceBytes) {
+      const uint64_t n = std::min(kPieceBytes, spec.num_bytes - at);
+      std::memcpy(dst + at, src + at, n);
+      digest.update(dst + at, n);
+      blocks.update(dst + at, n, record);
+    }
+    dst += spec.num_bytes;
   }
+  blocks.finish(record);
+  snap->manifest.digest = digest.digest();
+  snap->tensors = payload_tensors(snap->manifest, snap->payload);
   {
     std::lock_guard<std::mutex> lock(mu_);
     snapshots_.push_back(std::move(snap));
@@ -37,6 +59,28 @@ Status WeightPublisher::publish(int64_t version,
   }
   cv_.notify_all();
   return OkStatus();
+}
+
+at::Tensor WeightPublisher::payload_for(uint64_t total_bytes) {
+  std::shared_ptr<WeightSnapshot> oldest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Evicted now rather than after the new version is in: readers still
+    // find the keep - 1 newest meanwhile, and the peak stays at keep copies.
+    if (static_cast<int>(snapshots_.size()) >= keep_ && snapshots_.front().use_count() == 1) {
+      oldest = std::move(snapshots_.front());
+      snapshots_.pop_front();
+    }
+  }
+  if (oldest) {
+    at::Tensor payload = std::move(oldest->payload);
+    oldest.reset();  // its tensors are views of the payload
+    if (payload.defined() && static_cast<uint64_t>(payload.numel()) == total_bytes &&
+        payload.use_count() == 1 && payload.storage().use_count() == 1) {
+      return payload;
+    }
+  }
+  return torch::empty({static_cast<int64_t>(total_bytes)}, torch::kUInt8);
 }
 
 int64_t WeightPublisher::latest_locked() const {
@@ -75,43 +119,63 @@ void WeightPublisher::wake_waiters() const {
   cv_.notify_all();
 }
 
+std::vector<at::Tensor> payload_tensors(const model::WeightManifest& manifest,
+                                        const at::Tensor& payload) {
+  std::vector<at::Tensor> out;
+  out.reserve(manifest.tensors.size());
+  int64_t offset = 0;
+  for (const model::TensorSpec& spec : manifest.tensors) {
+    const c10::ScalarType type = model::to_scalar_type(model::parse_dtype(spec.dtype).value());
+    const int64_t element = static_cast<int64_t>(c10::elementSize(type));
+    const int64_t bytes = static_cast<int64_t>(spec.num_bytes);
+    at::Tensor t;
+    if (offset % element == 0 && bytes > 0) {
+      t = payload.narrow(0, offset, bytes).view(type).view(spec.shape);
+    } else {
+      t = torch::empty(spec.shape, torch::TensorOptions().dtype(type));
+      if (bytes > 0) {
+        std::memcpy(t.data_ptr(), static_cast<const char*>(payload.data_ptr()) + offset, bytes);
+      }
+    }
+    out.push_back(std::move(t));
+    offset += bytes;
+  }
+  return out;
+}
+
 void for_each_chunk(const WeightSnapshot& snapshot, uint64_t chunk_bytes,
                     const std::function<bool(uint64_t, const char*, uint64_t)>& emit) {
   chunk_bytes = std::max<uint64_t>(1, chunk_bytes);
-  std::string buffer;
-  uint64_t offset = 0;  // of buffer's first byte
-  for (size_t i = 0; i < snapshot.tensors.size(); ++i) {
-    const char* data = static_cast<const char*>(snapshot.tensors[i].data_ptr());
-    uint64_t left = snapshot.manifest.tensors[i].num_bytes;
-    while (left > 0) {
-      const uint64_t take = std::min<uint64_t>(left, chunk_bytes - buffer.size());
-      buffer.append(data, take);
-      data += take;
-      left -= take;
-      if (buffer.size() == chunk_bytes) {
-        if (!emit(offset, buffer.data(), buffer.size())) return;
-        offset += buffer.size();
-        buffer.clear();
-      }
-    }
+  const char* data = static_cast<const char*>(snapshot.payload.data_ptr());
+  for (uint64_t offset = 0; offset < snapshot.total_bytes; offset += chunk_bytes) {
+    if (!emit(offset, data + offset, std::min(chunk_bytes, snapshot.total_bytes - offset))) return;
   }
-  if (!buffer.empty()) emit(offset, buffer.data(), buffer.size());
 }
 
-StatusOr<WeightAssembler> WeightAssembler::create(model::WeightManifest manifest) {
+StatusOr<WeightAssembler> WeightAssembler::create(model::WeightManifest manifest,
+                                                  at::Tensor reuse) {
   WeightAssembler a;
   for (const model::TensorSpec& spec : manifest.tensors) {
     RELAY_ASSIGN_OR_RETURN(model::DType dtype, model::parse_dtype(spec.dtype));
-    at::Tensor t =
-        torch::empty(spec.shape, torch::TensorOptions().dtype(model::to_scalar_type(dtype)));
-    if (static_cast<uint64_t>(t.numel()) * t.element_size() != spec.num_bytes) {
+    uint64_t numel = 1;
+    bool negative = false;
+    for (int64_t d : spec.shape) {
+      negative = negative || d < 0;
+      numel *= d < 0 ? 0 : static_cast<uint64_t>(d);
+    }
+    if (negative || numel * model::dtype_size(dtype) != spec.num_bytes) {
       return DataLossError(absl::StrCat("weights version ", manifest.version, ": ", spec.name, ": ",
                                         spec.num_bytes, " bytes do not fit shape and dtype"));
     }
     a.total_ += spec.num_bytes;
-    a.tensors_.push_back(std::move(t));
   }
   a.manifest_ = std::move(manifest);
+  // Only when nobody else can see it: no other Tensor and no view.
+  const bool reusable = reuse.defined() && reuse.scalar_type() == at::kByte && reuse.dim() == 1 &&
+                        reuse.is_cpu() && static_cast<uint64_t>(reuse.numel()) == a.total_ &&
+                        reuse.use_count() == 1 && reuse.storage().use_count() == 1;
+  a.payload_ =
+      reusable ? std::move(reuse) : torch::empty({static_cast<int64_t>(a.total_)}, torch::kUInt8);
   return a;
 }
 
@@ -124,19 +188,13 @@ Status WeightAssembler::add(uint64_t offset, const char* data, uint64_t size) {
     return DataLossError(absl::StrCat("weights version ", manifest_.version, ": received ",
                                       received_ + size, " bytes, the manifest says ", total_));
   }
-  while (size > 0) {
-    const uint64_t room = manifest_.tensors[tensor_].num_bytes - tensor_done_;
-    const uint64_t take = std::min(room, size);
-    std::memcpy(static_cast<char*>(tensors_[tensor_].data_ptr()) + tensor_done_, data, take);
-    data += take;
-    size -= take;
-    received_ += take;
-    tensor_done_ += take;
-    if (tensor_done_ == manifest_.tensors[tensor_].num_bytes) {
-      ++tensor_;
-      tensor_done_ = 0;
-    }
+  char* dst = static_cast<char*>(payload_.data_ptr()) + received_;
+  for (uint64_t at = 0; at < size; at += kPieceBytes) {
+    const uint64_t n = std::min(kPieceBytes, size - at);
+    std::memcpy(dst + at, data + at, n);
+    digest_->update(dst + at, n);  // while the piece is in cache
   }
+  received_ += size;
   return OkStatus();
 }
 
@@ -145,17 +203,16 @@ StatusOr<std::unordered_map<std::string, at::Tensor>> WeightAssembler::finish() 
     return DataLossError(absl::StrCat("weights version ", manifest_.version, ": received ",
                                       received_, " bytes, the manifest says ", total_));
   }
-  std::unordered_map<std::string, at::Tensor> out;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    out.emplace(manifest_.tensors[i].name, std::move(tensors_[i]));
-  }
-  tensors_.clear();
-  RELAY_ASSIGN_OR_RETURN(model::WeightManifest check,
-                         model::weight_manifest(out, manifest_.version));
-  if (check.digest != manifest_.digest) {
-    return DataLossError(absl::StrCat("weights version ", manifest_.version, ": digest ",
-                                      check.digest, " of the received bytes is not the published ",
+  const uint64_t digest = digest_->digest();
+  if (digest != manifest_.digest) {
+    return DataLossError(absl::StrCat("weights version ", manifest_.version, ": digest ", digest,
+                                      " of the received bytes is not the published ",
                                       manifest_.digest));
+  }
+  std::vector<at::Tensor> tensors = payload_tensors(manifest_, payload_);
+  std::unordered_map<std::string, at::Tensor> out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    out.emplace(manifest_.tensors[i].name, std::move(tensors[i]));
   }
   return out;
 }

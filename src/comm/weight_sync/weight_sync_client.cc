@@ -107,9 +107,7 @@ class WeightSyncClient::Impl {
   StatusOr<SyncHeader> receive_header(const std::string& what);
   StatusOr<Receipt> receive_manifest(const SyncHeader& h, const std::string& what);
   Status receive_buckets(const SyncHeader& h, const std::string& what, Receipt& r);
-  StatusOr<std::vector<uint64_t>> receive_checksums(const SyncHeader& h, const std::string& what);
-  StatusOr<ReceivedVersion> assemble(const SyncHeader& h, Receipt& r,
-                                     const std::vector<uint64_t>& checksums);
+  StatusOr<ReceivedVersion> assemble(const SyncHeader& h, Receipt& r);
 };
 
 // Becomes rank r of generation g, r from its member list.
@@ -177,19 +175,28 @@ StatusOr<SyncHeader> WeightSyncClient::Impl::receive_header(const std::string& w
   return header;
 }
 
-// The manifest, and an assembler that receives into the last version's
-// payload when the caller has let go of it.
+// The manifest and the block checksums, and an assembler that receives into
+// the last version's payload when the caller has let go of it.
 StatusOr<WeightSyncClient::Impl::Receipt> WeightSyncClient::Impl::receive_manifest(
     const SyncHeader& h, const std::string& what) {
   at::Tensor meta = torch::empty({static_cast<int64_t>(h.manifest_bytes)}, torch::kUInt8);
   if (Status s = receive_into(meta, what + ": manifest"); !s.ok()) return detach(s);
+  std::vector<uint64_t> sums(h.block_count());
+  if (!sums.empty()) {
+    at::Tensor t =
+        torch::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, torch::kInt64);
+    if (Status s = receive_into(t, what + ": checksums"); !s.ok()) return detach(s);
+  }
   Receipt r;
   StatusOr<model::WeightManifest> manifest =
       decode_manifest(std::string(static_cast<const char*>(meta.data_ptr()), h.manifest_bytes), h);
+  if (manifest.ok()) {
+    if (Status s = check_block_checksums(h, sums); !s.ok()) manifest = s;
+  }
   StatusOr<std::unique_ptr<VersionAssembler>> a =
-      manifest.ok()
-          ? VersionAssembler::create(*std::move(manifest), h.bucket_bytes, std::move(payload))
-          : StatusOr<std::unique_ptr<VersionAssembler>>(manifest.status());
+      manifest.ok() ? VersionAssembler::create(*std::move(manifest), h.bucket_bytes, h.block_bytes,
+                                               std::move(sums), std::move(payload))
+                    : StatusOr<std::unique_ptr<VersionAssembler>>(manifest.status());
   payload = at::Tensor();
   if (a.ok()) {
     r.assembler = std::move(a).value();
@@ -243,22 +250,10 @@ Status WeightSyncClient::Impl::receive_buckets(const SyncHeader& h, const std::s
   return OkStatus();
 }
 
-StatusOr<std::vector<uint64_t>> WeightSyncClient::Impl::receive_checksums(const SyncHeader& h,
-                                                                          const std::string& what) {
-  std::vector<uint64_t> checksums(h.bucket_count);
-  if (h.bucket_count > 0) {
-    at::Tensor sums = torch::empty({static_cast<int64_t>(h.bucket_count)}, torch::kInt64);
-    if (Status s = receive_into(sums, what + ": checksums"); !s.ok()) return detach(s);
-    std::memcpy(checksums.data(), sums.data_ptr(), checksums.size() * sizeof(uint64_t));
-  }
-  return checksums;
-}
-
 // Checks the received bytes and keeps the payload for the next version to
 // receive into, whether or not they match.
-StatusOr<ReceivedVersion> WeightSyncClient::Impl::assemble(const SyncHeader& h, Receipt& r,
-                                                           const std::vector<uint64_t>& checksums) {
-  StatusOr<std::unordered_map<std::string, at::Tensor>> tensors = r.assembler->finish(checksums);
+StatusOr<ReceivedVersion> WeightSyncClient::Impl::assemble(const SyncHeader& h, Receipt& r) {
+  StatusOr<std::unordered_map<std::string, at::Tensor>> tensors = r.assembler->finish();
   payload = r.assembler->payload();
   if (!tensors.ok()) return tensors.status();
   ReceivedVersion out;
@@ -279,9 +274,12 @@ StatusOr<ReceivedVersion> WeightSyncClient::Impl::receive_one() {
   RELAY_ASSIGN_OR_RETURN(const SyncHeader h, receive_header(what));
   RELAY_ASSIGN_OR_RETURN(Receipt r, receive_manifest(h, what));
   RELAY_RETURN_IF_ERROR(receive_buckets(h, what, r));
-  RELAY_ASSIGN_OR_RETURN(const std::vector<uint64_t> checksums, receive_checksums(h, what));
-  if (!r.bad.ok()) return r.bad;
-  RELAY_ASSIGN_OR_RETURN(ReceivedVersion out, assemble(h, r, checksums));
+  if (!r.bad.ok()) {
+    // Keep the payload for the next version, as assemble() does.
+    if (r.assembler) payload = r.assembler->payload();
+    return r.bad;
+  }
+  RELAY_ASSIGN_OR_RETURN(ReceivedVersion out, assemble(h, r));
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return out;
 }

@@ -61,7 +61,6 @@ class WeightSyncServer::Impl {
   Clock::time_point stalled_since{};  // request requests_seen + 1 counted but not written
   int64_t announced = 0;              // broadcasts announced in gen
   std::unique_ptr<SyncGroup> group;
-  std::array<at::Tensor, 2> slots;  // host send buffers, reused across versions
 
   Status read_requests();
   Status form_generation(int64_t version);
@@ -179,7 +178,7 @@ Status WeightSyncServer::Impl::form_generation(int64_t version) {
 Status WeightSyncServer::Impl::send(const WeightSnapshot& snapshot) {
   const uint64_t bucket_bytes = static_cast<uint64_t>(options.bucket_bytes);
   const std::string manifest = encode_manifest(snapshot.manifest);
-  const SyncHeader h = make_header(snapshot.manifest, manifest, bucket_bytes, gen, announced);
+  const SyncHeader h = make_header(snapshot, manifest, bucket_bytes, gen, announced);
   const std::string what =
       absl::StrCat("weight sync generation ", gen, " [", member_names(), "]: version ", h.version);
 
@@ -201,39 +200,26 @@ Status WeightSyncServer::Impl::send(const WeightSnapshot& snapshot) {
   at::Tensor meta = torch::empty({static_cast<int64_t>(manifest.size())}, torch::kUInt8);
   std::memcpy(meta.data_ptr(), manifest.data(), manifest.size());
   RELAY_RETURN_IF_ERROR(run(meta, "manifest"));
+  if (!snapshot.block_checksums.empty()) {
+    // The publisher's: nothing is hashed here (weight_buckets.h).
+    std::vector<uint64_t> sums = snapshot.block_checksums;
+    RELAY_RETURN_IF_ERROR(
+        run(torch::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, torch::kInt64),
+            "checksums"));
+  }
 
   BucketReader reader(snapshot, bucket_bytes);
-  const int64_t slot_bytes = static_cast<int64_t>(std::min(bucket_bytes, h.total_bytes));
-  for (at::Tensor& slot : slots) {
-    if (!slot.defined() || slot.numel() != slot_bytes) {
-      slot = torch::empty({slot_bytes}, torch::kUInt8);
-    }
-  }
-  std::vector<int64_t> checksums(h.bucket_count);
   std::array<std::unique_ptr<SyncBroadcast>, 2> in_flight;
   for (uint64_t k = 0; k < h.bucket_count; ++k) {
     auto& op = in_flight[k % 2];
-    if (op) RELAY_RETURN_IF_ERROR(op->wait());  // its slot is free again
-    // A bucket inside one tensor goes out as a view of it; others are copied
-    // into a send buffer, hashed on the way.
-    uint64_t sum = 0;
-    at::Tensor slot = reader.view(k, &sum);
-    if (!slot.defined()) {
-      slot = slots[k % 2].narrow(0, 0, static_cast<int64_t>(reader.bucket_size(k)));
-      sum = reader.read(k, static_cast<char*>(slot.data_ptr()));
-    }
-    std::memcpy(&checksums[k], &sum, sizeof sum);
+    if (op) RELAY_RETURN_IF_ERROR(op->wait());  // two in flight (with NCCL, two device copies)
+    // A slice of the snapshot's payload: nothing is copied on the CPU.
     RELAY_ASSIGN_OR_RETURN(
-        op, group->start(group->on_wire(slot, true),
+        op, group->start(group->on_wire(reader.view(k), true),
                          absl::StrCat(what, ": bucket ", k, " of ", h.bucket_count)));
   }
   for (auto& op : in_flight) {
     if (op) RELAY_RETURN_IF_ERROR(op->wait());
-  }
-  if (h.bucket_count > 0) {
-    RELAY_RETURN_IF_ERROR(run(
-        torch::from_blob(checksums.data(), {static_cast<int64_t>(checksums.size())}, torch::kInt64),
-        "checksums"));
   }
   return OkStatus();
 }

@@ -41,6 +41,30 @@ TEST(WeightPublisherTest, SnapshotIsACopyTakenAtPublish) {
   EXPECT_TRUE(torch::equal(p.snapshot(0).value()->tensors[0], torch::zeros({3})));
 }
 
+// The evicted version's payload is published into again when no reader
+// holds it; a reader's snapshot is never written under it.
+TEST(WeightPublisherTest, AnEvictedVersionsPayloadIsReusedOnlyWhenNobodyHoldsIt) {
+  WeightPublisher p(/*keep=*/1);
+  ASSERT_TRUE(p.publish(1, weights(1)).ok());
+  const void* first = p.snapshot(1).value()->payload.data_ptr();
+  ASSERT_TRUE(p.publish(2, weights(2)).ok());
+  auto v2 = p.snapshot(2).value();
+  EXPECT_EQ(v2->payload.data_ptr(), first) << "nobody held version 1";
+  EXPECT_TRUE(torch::equal(v2->tensors[1], torch::arange(5, torch::kFloat32) + 2));
+  EXPECT_EQ(v2->manifest.digest, model::weight_manifest(weights(2), 2).value().digest);
+
+  ASSERT_TRUE(p.publish(3, weights(3)).ok());  // v2 is still held: a new payload
+  auto v3 = p.snapshot(3).value();
+  EXPECT_NE(v3->payload.data_ptr(), v2->payload.data_ptr());
+  EXPECT_TRUE(torch::equal(v2->tensors[1], torch::arange(5, torch::kFloat32) + 2));
+  EXPECT_EQ(p.snapshot(2).status().code(), absl::StatusCode::kNotFound);
+
+  at::Tensor view = v3->tensors[0];  // a view outlives its snapshot
+  v3.reset();
+  ASSERT_TRUE(p.publish(4, weights(4)).ok());
+  EXPECT_TRUE(torch::equal(view, torch::full({3}, 3.0f)));
+}
+
 // Chunks cut across tensor boundaries, in order, and reassemble exactly.
 TEST(WeightPublisherTest, ChunksReassembleAndTheDigestIsChecked) {
   WeightPublisher p;

@@ -76,7 +76,11 @@ struct TrainerServiceOptions {
   bool agent_prompts = false;
   int64_t max_staleness = 0;  // submissions older than version - this are refused
   SubmissionLimits limits;
-  uint64_t default_chunk_bytes = 4 << 20;
+  // FetchWeights' chunk when the worker names none. Small enough that each
+  // chunk's copies (message, serialization, parse, assembly) stay in cache:
+  // 256 KiB fetched a 400 MB version 1.3-1.6x as fast as 4 MiB here
+  // (weight_sync_bench --fetch-chunk-kb).
+  uint64_t default_chunk_bytes = 256 << 10;
   // How often a version stream checks for cancellation: gRPC's synchronous
   // API has no event for it.
   int64_t watch_poll_ms = 200;

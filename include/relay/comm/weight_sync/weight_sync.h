@@ -40,12 +40,13 @@
 //   manifest  uint8[manifest_bytes], relay.v1.WeightManifest: the receiver
 //             checks every byte against the manifest's names, shapes, dtypes
 //             and digest without gRPC, and a new member needs nothing else
+//   checksums int64[ceil(total / block_bytes)]: the XXH3-64 of each checksum
+//             block (1 MiB), computed by WeightPublisher::publish while it
+//             copied the weights, so the trainer hashes nothing here
 //   buckets   uint8[bucket_bytes] each (the last shorter): the tensors' bytes
-//             in manifest order, two in flight
-//   trailer   int64[bucket_count], each bucket's XXH3-64. It comes last so the
-//             trainer hashes each bucket while copying it into the send
-//             buffer, overlapping the previous bucket's transfer; receivers
-//             hash as they go and compare at the end, then check the digest.
+//             in manifest order, slices of the snapshot's one payload buffer
+//             (no copy), two in flight; receivers check each block as it
+//             lands (a bad one is named with its byte range).
 //
 // Failure. Any failed collective or rendezvous closes the generation as
 // broken, on the trainer and on any member that sees it; the trainer's
