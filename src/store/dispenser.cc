@@ -64,23 +64,28 @@ StatusOr<std::unique_ptr<PromptDispenser>> PromptDispenser::open(RolloutStore* s
   RELAY_RETURN_IF_ERROR(validate(options));
   if (!now_ms) now_ms = system_now_ms;
   std::unique_ptr<PromptDispenser> d(new PromptDispenser(store, options, std::move(now_ms)));
-  RELAY_ASSIGN_OR_RETURN(std::string bytes, store->side_record());
   // Nobody else sees `d` yet; the lock only keeps the rule "mu_ guards the
   // state" without exceptions.
   std::lock_guard<std::mutex> lock(d->mu_);
-  if (!bytes.empty()) {
-    v1::DispenserState state;
-    if (!state.ParseFromString(bytes)) {
-      return DataLossError(
-          absl::StrCat("dispenser: the state record in ", store->path(), " does not parse"));
-    }
-    d->stats_.next_prompt = state.next_prompt();
-    d->next_lease_id_ = state.next_lease_id();
-    for (const v1::LeaseRecord& r : state.leases()) d->leases_[r.id()] = from_record(r);
-    for (const v1::LeaseRecord& r : state.retry()) d->retry_.push_back(from_record(r));
-  }
-  d->stats_.accepted = static_cast<int64_t>(store->appended());
+  RELAY_RETURN_IF_ERROR(d->load_locked());
   return d;
+}
+
+Status PromptDispenser::load_locked() {
+  RELAY_ASSIGN_OR_RETURN(std::string bytes, store_->side_record());
+  v1::DispenserState state;
+  if (!state.ParseFromString(bytes)) {
+    return DataLossError(
+        absl::StrCat("dispenser: the state record in ", store_->path(), " does not parse"));
+  }
+  stats_.next_prompt = state.next_prompt();
+  next_lease_id_ = std::max<uint64_t>(1, state.next_lease_id());
+  leases_.clear();
+  retry_.clear();
+  for (const v1::LeaseRecord& r : state.leases()) leases_[r.id()] = from_record(r);
+  for (const v1::LeaseRecord& r : state.retry()) retry_.push_back(from_record(r));
+  stats_.accepted = static_cast<int64_t>(store_->appended());
+  return OkStatus();
 }
 
 int64_t PromptDispenser::room_locked(int64_t version) const {
@@ -132,36 +137,75 @@ int64_t PromptDispenser::expire_locked(int64_t now) {
   return n;
 }
 
-PromptDispenser::Snapshot PromptDispenser::snapshot_locked() const {
-  return Snapshot{leases_, retry_, stats_, next_lease_id_};
+void PromptDispenser::enqueue_locked(Commit* c) {
+  c->state = encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_);
+  std::lock_guard<std::mutex> lock(commit_mu_);
+  queued_.push_back(c);
 }
 
-Status PromptDispenser::persist_or_restore_locked(Snapshot saved) {
-  Status st =
-      store_->put_side_record(encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_));
-  if (!st.ok()) {
-    // A failed write leaves the state as it was before the call.
-    leases_ = std::move(saved.leases);
-    retry_ = std::move(saved.retry);
-    stats_ = saved.stats;
-    next_lease_id_ = saved.next_lease_id;
+Status PromptDispenser::commit(Commit* c) {
+  std::unique_lock<std::mutex> lock(commit_mu_);
+  while (!c->done) {
+    if (writing_) {
+      commit_cv_.wait(lock);
+      continue;
+    }
+    // Lead: everything queued by now (c among it) goes in one write.
+    writing_ = true;
+    std::vector<Commit*> batch(queued_.begin(), queued_.end());
+    queued_.clear();
+    lock.unlock();
+    std::vector<RolloutStore::Arrival> groups;
+    for (Commit* b : batch) {
+      if (b->group != nullptr) groups.push_back({b->group, b->trainer_version});
+    }
+    StatusOr<std::vector<uint64_t>> seqs = store_->append_all(groups, &batch.back()->state);
+    if (!seqs.ok()) recover(seqs.status());  // before anyone can queue on the lost state
+    lock.lock();
+    size_t next = 0;
+    for (Commit* b : batch) {
+      b->status = seqs.status();
+      if (seqs.ok() && b->group != nullptr) b->seq = (*seqs)[next++];
+      b->done = true;
+    }
+    writing_ = false;
+    commit_cv_.notify_all();
   }
-  return st;
+  return c->status;
+}
+
+void PromptDispenser::recover(const Status& why) {
+  std::lock_guard<std::mutex> state_lock(mu_);
+  {
+    // Queued after the failed batch, so made on top of its lost changes.
+    std::lock_guard<std::mutex> lock(commit_mu_);
+    for (Commit* q : queued_) {
+      q->status = why;
+      q->done = true;
+    }
+    queued_.clear();
+  }
+  // When the store cannot be read either, the next write fails as well.
+  (void)load_locked();
 }
 
 StatusOr<int64_t> PromptDispenser::expire_leases() {
-  std::lock_guard<std::mutex> lock(mu_);
-  Snapshot saved = snapshot_locked();
-  const int64_t n = expire_locked(now_ms_());
-  if (n == 0) return n;
-  RELAY_RETURN_IF_ERROR(persist_or_restore_locked(std::move(saved)));
+  Commit c;
+  int64_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n = expire_locked(now_ms_());
+    if (n == 0) return n;
+    enqueue_locked(&c);
+  }
+  RELAY_RETURN_IF_ERROR(commit(&c));
   return n;
 }
 
 StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id, int64_t n,
                                                     int64_t version) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Snapshot saved = snapshot_locked();
+  Commit c;
+  std::unique_lock<std::mutex> lock(mu_);
   const int64_t now = now_ms_();
   const int64_t expired = expire_locked(now);
   const int64_t room = room_locked(version);
@@ -186,13 +230,16 @@ StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id
     out.push_back(l);
   }
   if (out.empty() && expired == 0) return out;
-  RELAY_RETURN_IF_ERROR(persist_or_restore_locked(std::move(saved)));
+  enqueue_locked(&c);
+  lock.unlock();
+  RELAY_RETURN_IF_ERROR(commit(&c));
   return out;
 }
 
 StatusOr<uint64_t> PromptDispenser::submit(uint64_t lease_id, const rollout::TrajectoryGroup& group,
                                            int64_t trainer_version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  Commit c;
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     ++stats_.rejected_late;
@@ -214,28 +261,35 @@ StatusOr<uint64_t> PromptDispenser::submit(uint64_t lease_id, const rollout::Tra
                                              "': ", group.trajectories.size(),
                                              " trajectories for a lease of k = ", l.k));
   }
-  std::map<uint64_t, Lease> after = leases_;
-  after.erase(lease_id);
-  const std::string state = encode_state(stats_.next_prompt, next_lease_id_, after, retry_);
-  RELAY_ASSIGN_OR_RETURN(uint64_t seq, store_->append(group, trainer_version, &state));
-  leases_ = std::move(after);
+  // What the store would refuse is refused here, before anything changes.
+  RELAY_RETURN_IF_ERROR(RolloutStore::check_group(group));
+  // Retired in memory now (a second submission on it is refused at once)
+  // and durable with the group; a failed write reloads both.
+  leases_.erase(it);
   ++stats_.accepted;
-  return seq;
+  c.group = &group;
+  c.trainer_version = trainer_version;
+  enqueue_locked(&c);
+  lock.unlock();
+  RELAY_RETURN_IF_ERROR(commit(&c));
+  return c.seq;
 }
 
 Status PromptDispenser::release(uint64_t lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     return NotFoundError(absl::StrCat("lease ", lease_id, ": unknown or no longer held"));
   }
-  Snapshot saved = snapshot_locked();
   Lease again = it->second;
   ++again.attempt;
   leases_.erase(it);
   retry_.push_back(again);
   ++stats_.released;
-  return persist_or_restore_locked(std::move(saved));
+  Commit c;
+  enqueue_locked(&c);
+  lock.unlock();
+  return commit(&c);
 }
 
 std::vector<Lease> PromptDispenser::leases() const {

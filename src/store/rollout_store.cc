@@ -111,50 +111,82 @@ Status RolloutStore::check_writable() const {
       absl::StrCat("rollout store ", options_.path, " is open read-only"));
 }
 
-StatusOr<uint64_t> RolloutStore::append(const rollout::TrajectoryGroup& group,
-                                        int64_t trainer_version, const std::string* side_record) {
-  RELAY_RETURN_IF_ERROR(check_writable());
+Status RolloutStore::check_group(const rollout::TrajectoryGroup& group) {
   if (group.trajectories.empty()) {
     return InvalidArgumentError(
         absl::StrCat("rollout store: group '", group.group_id, "' has no trajectories"));
   }
-  StoredGroup g;
-  g.min_version = INT64_MAX;
-  g.max_version = INT64_MIN;
   for (size_t i = 0; i < group.trajectories.size(); ++i) {
-    const rollout::Trajectory& t = group.trajectories[i];
-    if (Status st = rollout::check_trajectory(t); !st.ok()) {
+    if (Status st = rollout::check_trajectory(group.trajectories[i]); !st.ok()) {
       return InvalidArgumentError(absl::StrCat("rollout store: group '", group.group_id,
                                                "' trajectory ", i, ": ",
                                                std::string(st.message())));
     }
-    for (int64_t v : t.token_versions) {
-      g.min_version = std::min(g.min_version, v);
-      g.max_version = std::max(g.max_version, v);
-    }
   }
-  if (g.min_version > g.max_version) g.min_version = g.max_version = trainer_version;
-  g.arrival_version = trainer_version;
-  g.arrival_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-  g.group = group;
+  return OkStatus();
+}
+
+StatusOr<uint64_t> RolloutStore::append(const rollout::TrajectoryGroup& group,
+                                        int64_t trainer_version, const std::string* side_record) {
+  RELAY_ASSIGN_OR_RETURN(std::vector<uint64_t> seqs,
+                         append_all({Arrival{&group, trainer_version}}, side_record));
+  return seqs.front();
+}
+
+StatusOr<std::vector<uint64_t>> RolloutStore::append_all(const std::vector<Arrival>& groups,
+                                                         const std::string* side_record) {
+  RELAY_RETURN_IF_ERROR(check_writable());
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  std::vector<StoredGroup> stored(groups.size());
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const rollout::TrajectoryGroup& group = *groups[k].group;
+    RELAY_RETURN_IF_ERROR(check_group(group));
+    StoredGroup& g = stored[k];
+    g.min_version = INT64_MAX;
+    g.max_version = INT64_MIN;
+    for (const rollout::Trajectory& t : group.trajectories) {
+      for (int64_t v : t.token_versions) {
+        g.min_version = std::min(g.min_version, v);
+        g.max_version = std::max(g.max_version, v);
+      }
+    }
+    if (g.min_version > g.max_version) g.min_version = g.max_version = groups[k].trainer_version;
+    g.arrival_version = groups[k].trainer_version;
+    g.arrival_unix_ms = now_ms;
+    g.group = group;
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
-  g.seq = next_seq_;
   rocksdb::WriteBatch batch;
-  batch.Put(group_key(g.seq), encode(g));
-  batch.Put(ready_key(g.seq), ready_value(g.min_version));
-  batch.Put(version_key(g.min_version, g.seq), "");
-  std::string next;
-  put_u64(&next, g.seq + 1);
-  batch.Put(kNextSeqKey, next);
+  std::vector<uint64_t> seqs;
+  for (StoredGroup& g : stored) {
+    g.seq = next_seq_ + seqs.size();
+    batch.Put(group_key(g.seq), encode(g));
+    batch.Put(ready_key(g.seq), ready_value(g.min_version));
+    batch.Put(version_key(g.min_version, g.seq), "");
+    seqs.push_back(g.seq);
+  }
+  if (!stored.empty()) {
+    std::string next;
+    put_u64(&next, next_seq_ + seqs.size());
+    batch.Put(kNextSeqKey, next);
+  }
   if (side_record != nullptr) batch.Put(kSideRecordKey, *side_record);
   rocksdb::Status s = db_->Write(write_options(options_), &batch);
-  if (!s.ok()) return rocks_error(absl::StrCat("append group '", group.group_id, "'"), s);
-  ++next_seq_;
-  ready_.add(g.min_version);
-  return g.seq;
+  if (!s.ok()) {
+    return rocks_error(stored.size() == 1
+                           ? absl::StrCat("append group '", stored[0].group.group_id, "'")
+                           : absl::StrCat("append ", stored.size(), " groups"),
+                       s);
+  }
+  next_seq_ += seqs.size();
+  if (!stored.empty()) ++append_writes_;
+  std::map<int64_t, int64_t> added;
+  for (const StoredGroup& g : stored) ++added[g.min_version];
+  if (!added.empty()) ready_.change(added);
+  return seqs;
 }
 
 StatusOr<std::vector<StoredGroup>> RolloutStore::take_ready(int64_t max_groups, int64_t min_version,
@@ -272,6 +304,11 @@ Status RolloutStore::reject(uint64_t seq, const std::string& reason, int64_t tra
 uint64_t RolloutStore::appended() const {
   std::lock_guard<std::mutex> lock(mu_);
   return next_seq_ - 1;
+}
+
+uint64_t RolloutStore::append_writes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return append_writes_;
 }
 Status RolloutStore::put_side_record(const std::string& record) {
   RELAY_RETURN_IF_ERROR(check_writable());

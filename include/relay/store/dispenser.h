@@ -18,8 +18,21 @@
 // store resumes the cursor, the live leases, the retry queue and the count of
 // accepted groups, so the bound holds across a trainer restart.
 //
+// Group commit. Every change (a lease, a release, an expiry, a submitted
+// group) takes the dispenser's lock only to check and apply it in memory and
+// queue its durable write: the group, if any, and the whole state after the
+// change. The first caller to find no write in progress writes everything
+// queued by then in one RocksDB batch (every group and the newest state, one
+// WAL fsync: RolloutStore::append_all) while the others wait for it; each
+// returns once its own change is durable (invariant 7). States are queued
+// under the lock in the order they were made, so the newest one written is
+// the newest one made. When a write fails, that call and every change queued
+// after it fail, and the in-memory state is read back from the store, so it
+// is again exactly what is durable.
+//
 // Thread-safe.
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -119,21 +132,35 @@ class PromptDispenser {
   int64_t expire_locked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Groups the staleness bound still allows at `version`.
   int64_t room_locked(int64_t version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The mutable state, to roll back to when its write fails.
-  struct Snapshot {
-    std::map<uint64_t, Lease> leases;
-    std::deque<Lease> retry;
-    DispenserStats stats;
-    uint64_t next_lease_id = 0;
+  // One durable change waiting for its write (see "Group commit" above).
+  struct Commit {
+    const rollout::TrajectoryGroup* group = nullptr;  // a submission's, else none
+    int64_t trainer_version = 0;
+    std::string state;  // the dispenser's state after the change
+    Status status;
+    uint64_t seq = 0;  // the group's arrival number, once written
+    bool done = false;
   };
-  Snapshot snapshot_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the state to the store; restores `saved` when that fails.
-  Status persist_or_restore_locked(Snapshot saved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `c` with the state as it is now.
+  void enqueue_locked(Commit* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns once `c` is durable (or failed), writing it and whatever else is
+  // queued when no write is in progress. Called without mu_.
+  Status commit(Commit* c);
+  // After a failed write: fails every queued change and reloads the state
+  // from the store.
+  void recover(const Status& why);
+  // Reads the persisted state (open, and after a failed write).
+  Status load_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RolloutStore* store_;
   DispenserOptions options_;
   NowMs now_ms_;
+  // Lock order: mu_, then commit_mu_.
   mutable std::mutex mu_;
+  std::mutex commit_mu_;
+  std::condition_variable commit_cv_;
+  std::deque<Commit*> queued_ ABSL_GUARDED_BY(commit_mu_);
+  bool writing_ ABSL_GUARDED_BY(commit_mu_) = false;
   std::map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   // Expired leases' prompts (attempt already incremented).
   std::deque<Lease> retry_ ABSL_GUARDED_BY(mu_);

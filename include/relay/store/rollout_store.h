@@ -122,9 +122,24 @@ class RolloutStore {
   // durable change.
   StatusOr<uint64_t> append(const rollout::TrajectoryGroup& group, int64_t trainer_version,
                             const std::string* side_record = nullptr);
+  // What append() refuses a group for, checked without writing.
+  static Status check_group(const rollout::TrajectoryGroup& group);
+  // Several groups (each with the trainer version it arrived at) and
+  // optionally the side record in one durable write, all or nothing: their
+  // arrival numbers in order. This is group commit (PromptDispenser): one
+  // WAL fsync for every submission that arrived meanwhile.
+  struct Arrival {
+    const rollout::TrajectoryGroup* group = nullptr;
+    int64_t trainer_version = 0;
+  };
+  StatusOr<std::vector<uint64_t>> append_all(const std::vector<Arrival>& groups,
+                                             const std::string* side_record);
 
   // Groups ever appended (arrival numbers handed out), compaction or not.
   uint64_t appended() const;
+  // Writes that appended groups since this store opened: with group commit
+  // (append_all), fewer than the groups.
+  uint64_t append_writes() const;
   // Groups marked EXPIRED (never trained on), compaction or not; a rewind
   // adds the groups it drops and subtracts those it makes READY again.
   uint64_t expired_total() const;
@@ -217,6 +232,7 @@ class RolloutStore {
   const std::unique_ptr<rocksdb::DB> db_;
   mutable std::mutex mu_;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_);
+  uint64_t append_writes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t expired_total_ ABSL_GUARDED_BY(mu_);
   uint64_t rejected_total_ ABSL_GUARDED_BY(mu_);
   // Changed under mu_ after each durable write that makes groups READY or
