@@ -212,12 +212,7 @@ StatusOr<std::unique_ptr<VersionAssembler>> VersionAssembler::create(
           absl::StrCat(what, spec.num_bytes, " bytes do not fit its shape and dtype"));
     }
   }
-  // Only when nobody else can see it: no other Tensor and no view.
-  a->reused_ = reuse.defined() && reuse.scalar_type() == at::kByte && reuse.dim() == 1 &&
-               reuse.is_cpu() && static_cast<uint64_t>(reuse.numel()) == a->total_bytes_ &&
-               reuse.use_count() == 1 && reuse.storage().use_count() == 1;
-  a->payload_ = a->reused_ ? std::move(reuse)
-                           : torch::empty({static_cast<int64_t>(a->total_bytes_)}, torch::kUInt8);
+  a->payload_ = payload_buffer(std::move(reuse), a->total_bytes_, &a->reused_);
   return a;
 }
 

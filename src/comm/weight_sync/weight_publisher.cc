@@ -72,15 +72,20 @@ at::Tensor WeightPublisher::payload_for(uint64_t total_bytes) {
       snapshots_.pop_front();
     }
   }
+  at::Tensor payload;
   if (oldest) {
-    at::Tensor payload = std::move(oldest->payload);
+    payload = std::move(oldest->payload);
     oldest.reset();  // its tensors are views of the payload
-    if (payload.defined() && static_cast<uint64_t>(payload.numel()) == total_bytes &&
-        payload.use_count() == 1 && payload.storage().use_count() == 1) {
-      return payload;
-    }
   }
-  return torch::empty({static_cast<int64_t>(total_bytes)}, torch::kUInt8);
+  return payload_buffer(std::move(payload), total_bytes);
+}
+
+at::Tensor payload_buffer(at::Tensor reuse, uint64_t bytes, bool* reused) {
+  const bool ok = reuse.defined() && reuse.scalar_type() == at::kByte && reuse.dim() == 1 &&
+                  reuse.is_cpu() && static_cast<uint64_t>(reuse.numel()) == bytes &&
+                  reuse.use_count() == 1 && reuse.storage().use_count() == 1;
+  if (reused != nullptr) *reused = ok;
+  return ok ? std::move(reuse) : torch::empty({static_cast<int64_t>(bytes)}, torch::kUInt8);
 }
 
 int64_t WeightPublisher::latest_locked() const {
@@ -170,12 +175,7 @@ StatusOr<WeightAssembler> WeightAssembler::create(model::WeightManifest manifest
     a.total_ += spec.num_bytes;
   }
   a.manifest_ = std::move(manifest);
-  // Only when nobody else can see it: no other Tensor and no view.
-  const bool reusable = reuse.defined() && reuse.scalar_type() == at::kByte && reuse.dim() == 1 &&
-                        reuse.is_cpu() && static_cast<uint64_t>(reuse.numel()) == a.total_ &&
-                        reuse.use_count() == 1 && reuse.storage().use_count() == 1;
-  a.payload_ =
-      reusable ? std::move(reuse) : torch::empty({static_cast<int64_t>(a.total_)}, torch::kUInt8);
+  a.payload_ = payload_buffer(std::move(reuse), a.total_);
   return a;
 }
 

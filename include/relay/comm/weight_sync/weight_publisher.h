@@ -131,6 +131,12 @@ class WeightPublisher {
   std::deque<std::shared_ptr<WeightSnapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
 };
 
+// A uint8 CPU buffer of `bytes` for a version's payload: `reuse` (an earlier
+// payload) when it has that size and nothing else refers to it (no other
+// Tensor, no view: its version's tensors were dropped), which saves faulting
+// in fresh pages; else a new one. *reused (may be null) says which.
+at::Tensor payload_buffer(at::Tensor reuse, uint64_t bytes, bool* reused = nullptr);
+
 // The manifest's tensors over `payload` (uint8, their bytes in manifest
 // order): views of it, except a tensor whose offset is not a multiple of its
 // element size (mixed dtypes can cause that), which is copied.
