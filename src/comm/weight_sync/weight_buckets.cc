@@ -29,14 +29,6 @@ uint64_t as_u64(int64_t w) {
   return v;
 }
 
-std::vector<uint64_t> tensor_starts(const model::WeightManifest& manifest) {
-  std::vector<uint64_t> starts{0};
-  for (const model::TensorSpec& spec : manifest.tensors) {
-    starts.push_back(starts.back() + spec.num_bytes);
-  }
-  return starts;
-}
-
 }  // namespace
 
 SyncHeader make_header(const WeightSnapshot& snapshot, const std::string& manifest_bytes,
@@ -166,20 +158,16 @@ at::Tensor BucketReader::view(uint64_t index) const {
                                   static_cast<int64_t>(bucket_size(index)));
 }
 
-struct VersionAssembler::DigestState {
-  explicit DigestState(uint64_t block_bytes) : blocks(block_bytes) {}
-  BlockHasher blocks;
-};
-
-VersionAssembler::VersionAssembler(model::WeightManifest manifest, uint64_t bucket_bytes)
+VersionAssembler::VersionAssembler(model::WeightManifest manifest, uint64_t bucket_bytes,
+                                   uint64_t total_bytes, uint64_t block_bytes,
+                                   std::vector<uint64_t> block_checksums)
     : manifest_(std::move(manifest)),
       bucket_bytes_(bucket_bytes),
-      starts_(tensor_starts(manifest_)) {
-  total_bytes_ = starts_.back();
-  count_ = comm::bucket_count(total_bytes_, bucket_bytes_);
-}
-
-VersionAssembler::~VersionAssembler() = default;
+      total_bytes_(total_bytes),
+      count_(comm::bucket_count(total_bytes, bucket_bytes)),
+      block_bytes_(block_bytes),
+      block_checksums_(std::move(block_checksums)),
+      blocks_(block_bytes) {}
 
 StatusOr<std::unique_ptr<VersionAssembler>> VersionAssembler::create(
     model::WeightManifest manifest, uint64_t bucket_bytes, uint64_t block_bytes,
@@ -187,31 +175,15 @@ StatusOr<std::unique_ptr<VersionAssembler>> VersionAssembler::create(
   if (bucket_bytes == 0 || block_bytes == 0) {
     return InvalidArgumentError("VersionAssembler: bucket_bytes and block_bytes must be > 0");
   }
-  std::unique_ptr<VersionAssembler> a(new VersionAssembler(std::move(manifest), bucket_bytes));
-  if (block_checksums.size() != block_count(a->total_bytes_, block_bytes)) {
-    return InvalidArgumentError(absl::StrCat("weights version ", a->manifest_.version, ": ",
-                                             block_checksums.size(), " block checksums for ",
-                                             block_count(a->total_bytes_, block_bytes),
-                                             " blocks of ", block_bytes, " bytes"));
+  StatusOr<uint64_t> total = manifest_payload_bytes(manifest);
+  if (!total.ok()) return InvalidArgumentError(total.status().message());
+  if (block_checksums.size() != block_count(*total, block_bytes)) {
+    return InvalidArgumentError(absl::StrCat(
+        "weights version ", manifest.version, ": ", block_checksums.size(), " block checksums for ",
+        block_count(*total, block_bytes), " blocks of ", block_bytes, " bytes"));
   }
-  a->block_bytes_ = block_bytes;
-  a->block_checksums_ = std::move(block_checksums);
-  a->digest_ = std::make_unique<DigestState>(block_bytes);
-  for (const model::TensorSpec& spec : a->manifest_.tensors) {
-    const std::string what =
-        absl::StrCat("weights version ", a->manifest_.version, ": ", spec.name, ": ");
-    StatusOr<model::DType> dtype = model::parse_dtype(spec.dtype);
-    if (!dtype.ok()) return InvalidArgumentError(what + std::string(dtype.status().message()));
-    uint64_t numel = 1;
-    for (int64_t d : spec.shape) {
-      if (d < 0) return InvalidArgumentError(what + "negative dimension");
-      numel *= static_cast<uint64_t>(d);
-    }
-    if (numel * model::dtype_size(*dtype) != spec.num_bytes) {
-      return InvalidArgumentError(
-          absl::StrCat(what, spec.num_bytes, " bytes do not fit its shape and dtype"));
-    }
-  }
+  std::unique_ptr<VersionAssembler> a(new VersionAssembler(
+      std::move(manifest), bucket_bytes, *total, block_bytes, std::move(block_checksums)));
   a->payload_ = payload_buffer(std::move(reuse), a->total_bytes_, &a->reused_);
   return a;
 }
@@ -239,8 +211,8 @@ Status VersionAssembler::add_bucket(uint64_t index) {
         index, " of ", count_, "): checksum ", sum, " of the received bytes is not the published ",
         block_checksums_[block]));
   };
-  digest_->blocks.update(data, size, check);
-  if (++next_ == count_) digest_->blocks.finish(check);
+  blocks_.update(data, size, check);
+  if (++next_ == count_) blocks_.finish(check);
   return bad_;
 }
 

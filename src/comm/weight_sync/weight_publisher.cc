@@ -157,23 +157,32 @@ void for_each_chunk(const WeightSnapshot& snapshot, uint64_t chunk_bytes,
   }
 }
 
+StatusOr<uint64_t> manifest_payload_bytes(const model::WeightManifest& manifest) {
+  uint64_t total = 0;
+  for (const model::TensorSpec& spec : manifest.tensors) {
+    const std::string what = absl::StrCat("weights version ", manifest.version, ": ", spec.name);
+    StatusOr<model::DType> dtype = model::parse_dtype(spec.dtype);
+    if (!dtype.ok()) {
+      return InvalidArgumentError(absl::StrCat(what, ": ", dtype.status().message()));
+    }
+    uint64_t numel = 1;
+    for (int64_t d : spec.shape) {
+      if (d < 0) return DataLossError(what + ": negative dimension");
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (numel * model::dtype_size(*dtype) != spec.num_bytes) {
+      return DataLossError(
+          absl::StrCat(what, ": ", spec.num_bytes, " bytes do not fit its shape and dtype"));
+    }
+    total += spec.num_bytes;
+  }
+  return total;
+}
+
 StatusOr<WeightAssembler> WeightAssembler::create(model::WeightManifest manifest,
                                                   at::Tensor reuse) {
   WeightAssembler a;
-  for (const model::TensorSpec& spec : manifest.tensors) {
-    RELAY_ASSIGN_OR_RETURN(model::DType dtype, model::parse_dtype(spec.dtype));
-    uint64_t numel = 1;
-    bool negative = false;
-    for (int64_t d : spec.shape) {
-      negative = negative || d < 0;
-      numel *= d < 0 ? 0 : static_cast<uint64_t>(d);
-    }
-    if (negative || numel * model::dtype_size(dtype) != spec.num_bytes) {
-      return DataLossError(absl::StrCat("weights version ", manifest.version, ": ", spec.name, ": ",
-                                        spec.num_bytes, " bytes do not fit shape and dtype"));
-    }
-    a.total_ += spec.num_bytes;
-  }
+  RELAY_ASSIGN_OR_RETURN(a.total_, manifest_payload_bytes(manifest));
   a.manifest_ = std::move(manifest);
   a.payload_ = payload_buffer(std::move(reuse), a.total_);
   return a;

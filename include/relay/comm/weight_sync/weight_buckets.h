@@ -118,7 +118,6 @@ class VersionAssembler {
                                                             uint64_t block_bytes,
                                                             std::vector<uint64_t> block_checksums,
                                                             at::Tensor reuse = {});
-  ~VersionAssembler();
 
   uint64_t bucket_count() const { return count_; }
   // uint8 view of the payload where bucket `index` goes.
@@ -136,21 +135,20 @@ class VersionAssembler {
   bool reused() const { return reused_; }
 
  private:
-  VersionAssembler(model::WeightManifest manifest, uint64_t bucket_bytes);
+  VersionAssembler(model::WeightManifest manifest, uint64_t bucket_bytes, uint64_t total_bytes,
+                   uint64_t block_bytes, std::vector<uint64_t> block_checksums);
 
-  model::WeightManifest manifest_;
+  const model::WeightManifest manifest_;
   const uint64_t bucket_bytes_;
-  uint64_t total_bytes_ = 0;
-  uint64_t count_ = 0;
+  const uint64_t total_bytes_;
+  const uint64_t count_;
   uint64_t next_ = 0;   // next bucket expected
   at::Tensor payload_;  // uint8 [total_bytes]
   bool reused_ = false;
-  std::vector<uint64_t> starts_;  // offset of each tensor in the payload
-  uint64_t block_bytes_ = 0;
-  std::vector<uint64_t> block_checksums_;  // the publisher's
-  Status bad_;                             // the first block that did not match
-  struct DigestState;
-  std::unique_ptr<DigestState> digest_;  // the block being hashed
+  const uint64_t block_bytes_;
+  const std::vector<uint64_t> block_checksums_;  // the publisher's
+  BlockHasher blocks_;                           // hashes the block being received
+  Status bad_;                                   // the first block that did not match
 };
 
 }  // namespace relay::comm

@@ -131,6 +131,12 @@ class WeightPublisher {
   std::deque<std::shared_ptr<WeightSnapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
 };
 
+// The bytes of a (received) manifest's payload, each tensor checked:
+// InvalidArgument for a dtype safetensors cannot name, DataLoss for a negative
+// dimension or a size that does not fit shape and dtype; naming the version
+// and the tensor.
+StatusOr<uint64_t> manifest_payload_bytes(const model::WeightManifest& manifest);
+
 // A uint8 CPU buffer of `bytes` for a version's payload: `reuse` (an earlier
 // payload) when it has that size and nothing else refers to it (no other
 // Tensor, no view: its version's tensors were dropped), which saves faulting
