@@ -11,14 +11,17 @@
 //   python   (baseline) bench/python/relay_ref.py on the same weights: full
 //            forward, log_softmax + gather, relay's PPO clip loss (token-mean,
 //            dual clip), backward, grad-norm clip, AdamW.
-//   core     the same step through relay's own pieces, without the Trainer:
-//            Policy::score (LM head in chunks), gather_response,
-//            ppo_clip_loss, backward, clip_grad_norm_, AdamW.
+//   core     the same loop as python's through relay's own pieces, without
+//            the Trainer: Policy::score (LM head in chunks, every position),
+//            gather_response, ppo_clip_loss, backward, clip_grad_norm_,
+//            torch's AdamW.
 //   trainer  Trainer::step on the trajectory groups, with rollout correction
 //            in bypass mode (the cheapest configuration: no no-grad pass
 //            before the update; the default configuration adds one forward
 //            pass over the batch). Includes batch building, advantages and
-//            every metric.
+//            every metric, and what the Trainer does beyond core: the LM
+//            head on response positions only, its first chunk's logits kept
+//            for backward (trainer.lm_head_keep_mb), AdamW in one pass.
 //   bound    the step at the machine's fp32 GEMM peak (2048^3 matmul measured
 //            in the same run): FLOPs = 3 x forward (backward = 2 x forward),
 //            forward = 2 x matmul parameters (LM head included) per token +

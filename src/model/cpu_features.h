@@ -1,7 +1,8 @@
 #pragma once
 
-// What the CPU offers the hand-written kernels of src/model (row_linear.h,
-// decode_attention.h). Private to src/model.
+// What the CPU offers relay's hand-written kernels (src/model's
+// row_linear.h and decode_attention.h, src/trainer's adamw_kernel.h).
+// Private to src/.
 //
 // The kernels are compiled for AVX2/FMA through per-function target
 // attributes, so the build's flags stay portable and the choice is made at

@@ -32,7 +32,8 @@ class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> 
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden,
                                const at::Tensor& weight, const at::Tensor& targets,
-                               double temperature, int64_t chunk, bool with_entropy) {
+                               double temperature, int64_t chunk, bool with_entropy,
+                               int64_t keep_bytes) {
     const int64_t n = hidden.size(0);
     auto f32 = hidden.options().dtype(torch::kFloat32);
     at::Tensor logp = torch::empty({n}, f32);
@@ -40,8 +41,12 @@ class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> 
     // The dtype the product ran in (autocast may lower it); backward
     // recomputes in the same one.
     c10::ScalarType compute = hidden.scalar_type();
+    // The first chunks' log-softmax, kept for backward while they fit in
+    // keep_bytes: backward then skips their logits' recomputation.
+    variable_list kept;
     {
       torch::NoGradGuard no_grad;
+      int64_t kept_bytes = 0;
       for (int64_t start = 0; start < n; start += chunk) {
         const int64_t len = std::min(chunk, n - start);
         at::Tensor h = hidden.narrow(0, start, len);
@@ -50,9 +55,17 @@ class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> 
         at::Tensor z = raw.to(torch::kFloat32);
         if (temperature != 1.0) z = z / temperature;
         score_chunk(z, targets.narrow(0, start, len), logp, entropy, start);
+        const int64_t bytes = z.numel() * 4;
+        if (static_cast<int64_t>(kept.size()) * chunk == start &&
+            kept_bytes + bytes <= keep_bytes) {
+          kept.push_back(torch::log_softmax(z, -1));
+          kept_bytes += bytes;
+        }
       }
     }
-    ctx->save_for_backward({hidden, weight, targets});
+    variable_list saved = {hidden, weight, targets};
+    saved.insert(saved.end(), kept.begin(), kept.end());
+    ctx->save_for_backward(saved);
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["compute"] = static_cast<int64_t>(compute);
@@ -67,6 +80,7 @@ class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> 
     const double temperature = ctx->saved_data["temperature"].toDouble();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const auto compute = static_cast<c10::ScalarType>(ctx->saved_data["compute"].toInt());
+    const size_t kept = saved.size() - 3;  // chunks whose log-softmax forward kept
     const at::Tensor& g_logp = grads[0];
     const at::Tensor& g_ent = grads[1];
     const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
@@ -89,7 +103,10 @@ class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> 
       const int64_t len = std::min(chunk, n - start);
       at::Tensor h = hidden.narrow(0, start, len).to(compute);
       at::Tensor logp_all;
-      {
+      const size_t index = static_cast<size_t>(start / chunk);
+      if (index < kept) {
+        logp_all = saved[3 + index];
+      } else {
         at::Tensor z = torch::nn::functional::linear(h, w).to(torch::kFloat32);
         if (temperature != 1.0) z = z / temperature;
         logp_all = torch::log_softmax(z, -1);
@@ -103,7 +120,8 @@ class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> 
       if (ent) {
         at::Tensor H = -(p * logp_all).sum(-1, /*keepdim=*/true);
         at::Tensor g_h = g_ent.narrow(0, start, len).to(torch::kFloat32).view({-1, 1});
-        gz = logp_all.add_(H).mul_(p).mul_(-g_h);
+        // A kept chunk's buffer is autograd's saved tensor: not written.
+        gz = (index < kept ? logp_all.add(H) : logp_all.add_(H)).mul_(p).mul_(-g_h);
         if (g_logp.defined()) {
           at::Tensor g = g_logp.narrow(0, start, len).to(torch::kFloat32).view({-1, 1});
           gz.sub_(p.mul_(g));
@@ -141,7 +159,8 @@ class ChunkedTokenScores : public torch::autograd::Function<ChunkedTokenScores> 
         }
       }
     }
-    return {g_hidden, g_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g_hidden,     g_weight,     at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -155,13 +174,14 @@ int64_t lm_head_chunk_tokens(int64_t vocab) {
 
 TokenScores lm_head_token_scores(const at::Tensor& hidden, const at::Tensor& weight,
                                  const at::Tensor& targets, double temperature,
-                                 int64_t chunk_tokens, bool with_entropy) {
+                                 int64_t chunk_tokens, bool with_entropy, int64_t keep_bytes) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "lm_head_token_scores: hidden ", hidden.sizes(), " and weight ", weight.sizes(),
               " do not fit");
   TORCH_CHECK(targets.numel() == hidden.size(0), "lm_head_token_scores: ", targets.numel(),
               " targets for ", hidden.size(0), " positions");
   TORCH_CHECK(chunk_tokens >= 1, "lm_head_token_scores: chunk_tokens must be >= 1");
+  TORCH_CHECK(keep_bytes >= 0, "lm_head_token_scores: keep_bytes must be >= 0");
   at::Tensor t = targets.to(hidden.device(), torch::kInt64).reshape({-1});
   TokenScores out;
   const bool grad =
@@ -178,8 +198,8 @@ TokenScores lm_head_token_scores(const at::Tensor& hidden, const at::Tensor& wei
     }
     return out;
   }
-  variable_list r =
-      ChunkedTokenScores::apply(hidden, weight, t, temperature, chunk_tokens, with_entropy);
+  variable_list r = ChunkedTokenScores::apply(hidden, weight, t, temperature, chunk_tokens,
+                                              with_entropy, keep_bytes);
   out.logprobs = r[0];
   if (with_entropy) out.entropy = r[1];
   return out;

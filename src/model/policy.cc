@@ -20,6 +20,32 @@
 namespace relay::model {
 namespace {
 
+// [B, T - 1] bool: the positions score() runs through the LM head (neither
+// padding, nor a packed sequence's last position, nor left out of
+// options.scored); undefined when nothing restricts them.
+at::Tensor scored_positions(int64_t B, int64_t T, const at::Tensor& lengths,
+                            const ScoreOptions& options, c10::Device device) {
+  at::Tensor keep;
+  auto also = [&](const at::Tensor& m) { keep = keep.defined() ? keep.logical_and(m) : m; };
+  if (options.scored.defined()) {
+    TORCH_CHECK(
+        options.scored.dim() == 2 && options.scored.size(0) == B && options.scored.size(1) == T - 1,
+        "Policy::score: options.scored must be [B, T - 1] = [", B, ", ", T - 1, "], got ",
+        options.scored.sizes());
+    also(options.scored.to(device, torch::kBool));
+  }
+  if (lengths.defined()) {
+    at::Tensor len = lengths.to(device, torch::kInt64).view({B, 1});
+    also(torch::arange(T - 1, len.options()).view({1, T - 1}).lt(len - 1));
+  }
+  if (options.sequence_starts.defined()) {
+    // A sequence's last position would predict the next sequence's first token.
+    at::Tensor starts = options.sequence_starts.to(device, torch::kInt64);
+    also(starts.narrow(1, 1, T - 1).eq(starts.narrow(1, 0, T - 1)));
+  }
+  return keep;
+}
+
 // mask[b, 0, t, s]: query t of row b sits at absolute position past[b] + t and
 // may attend key s when s <= past[b] + t (causal) and s < past[b] + len[b]
 // (no padding keys). Every row sees at least key 0, so softmax never meets an
@@ -267,6 +293,18 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
   at::Tensor h = hidden.narrow(1, 0, T - 1).reshape({n, hidden.size(2)});
   at::Tensor targets =
       input_ids.to(hidden.device(), torch::kInt64).narrow(1, 1, T - 1).reshape({n});
+  // Only the positions that will be read go through the head: padding, a
+  // packed sequence's last position and whatever the caller left out of
+  // options.scored score 0 without it.
+  at::Tensor rows;  // undefined = every position
+  if (at::Tensor keep = scored_positions(B, T, lengths, options, hidden.device()); keep.defined()) {
+    rows = keep.reshape({n}).nonzero().reshape({-1});
+    if (rows.numel() == n) rows = at::Tensor();
+  }
+  if (rows.defined()) {
+    h = h.index_select(0, rows);
+    targets = targets.index_select(0, rows);
+  }
   const at::Tensor head = head_rows(options.vocab_limit);
   // A target outside the support (only a padding id could be) scores -inf.
   const int64_t support = head.size(0);
@@ -274,23 +312,13 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
   const int64_t chunk =
       options.chunk_tokens > 0 ? options.chunk_tokens : lm_head_chunk_tokens(support);
   TokenScores s = lm_head_token_scores(h, head, targets.clamp_max(support - 1), options.temperature,
-                                       chunk, with_entropy);
-  out.logprobs =
-      s.logprobs.masked_fill(outside, -std::numeric_limits<float>::infinity()).view({B, T - 1});
-  if (with_entropy) out.entropy = s.entropy.view({B, T - 1});
-  if (lengths.defined()) {
-    at::Tensor len = lengths.to(out.logprobs.device(), torch::kInt64).view({B, 1});
-    at::Tensor pad = torch::arange(T - 1, len.options()).view({1, T - 1}).ge(len - 1);
-    out.logprobs = out.logprobs.masked_fill(pad, 0.0);
-    if (with_entropy) out.entropy = out.entropy.masked_fill(pad, 0.0);
-  }
-  if (options.sequence_starts.defined()) {
-    // A sequence's last position predicts the next sequence's first token.
-    at::Tensor starts = options.sequence_starts.to(out.logprobs.device(), torch::kInt64);
-    at::Tensor boundary = starts.narrow(1, 1, T - 1).ne(starts.narrow(1, 0, T - 1));
-    out.logprobs = out.logprobs.masked_fill(boundary, 0.0);
-    if (with_entropy) out.entropy = out.entropy.masked_fill(boundary, 0.0);
-  }
+                                       chunk, with_entropy, options.lm_head_keep_bytes);
+  auto place = [&](const at::Tensor& scores) {
+    if (!rows.defined()) return scores.view({B, T - 1});
+    return torch::zeros({n}, scores.options()).index_copy(0, rows, scores).view({B, T - 1});
+  };
+  out.logprobs = place(s.logprobs.masked_fill(outside, -std::numeric_limits<float>::infinity()));
+  if (with_entropy) out.entropy = place(s.entropy);
   return out;
 }
 

@@ -17,9 +17,10 @@
 namespace relay::trainer {
 
 // One AdamW update of `param` by `grad`, with the moments at optimizer step
-// `step` (1 on the first update), op for op as torch::optim::AdamW does it
-// (amsgrad off), so that a tensor updated in slices comes out as the same
-// tensor updated whole.
+// `step` (1 on the first update), as torch::optim::AdamW does it (amsgrad
+// off): in one pass for fp32 CPU tensors (adamw_kernel.h), op for op with
+// torch's tensor operations otherwise. Either way a tensor updated in
+// slices comes out as the same tensor updated whole.
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, int64_t step, const OptimizerOptions& options, double lr);
 

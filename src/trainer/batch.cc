@@ -257,6 +257,21 @@ at::Tensor gather_response(const at::Tensor& per_position, const TrainBatch& bat
   return per_position.gather(1, index).masked_fill(mask.logical_not(), 0.0);
 }
 
+at::Tensor response_positions(const TrainBatch& batch) {
+  const int64_t B = batch.size(), T = batch.input_ids.size(1);
+  const int64_t L = batch.response_mask.size(1);
+  if (T < 2) return torch::zeros({B, 0}, torch::kBool);
+  // gather_response's index, each masked response token adding 1 at its
+  // position (a masked-out one adds 0 at position 0).
+  at::Tensor mask = batch.response_mask.to(torch::kCPU);
+  at::Tensor index = batch.prompt_lengths.to(torch::kCPU, torch::kInt64).view({B, 1}) - 1 +
+                     torch::arange(L, torch::kInt64).view({1, L});
+  index = index.clamp(0, T - 2).masked_fill(mask.logical_not(), 0);
+  return torch::zeros({B, T - 1}, torch::kInt32)
+      .scatter_add_(1, index, mask.to(torch::kInt32))
+      .gt(0);
+}
+
 TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows) {
   at::Tensor index = torch::tensor(rows, torch::kInt64);
   TrainBatch out;
@@ -377,6 +392,24 @@ at::Tensor unpack_positions(const at::Tensor& per_position, const PackedRows& pa
                          .masked_fill(invalid, 0);
   at::Tensor out = per_position.reshape({-1}).index_select(0, index.reshape({-1})).view({B, Tp});
   return out.masked_fill(invalid, 0);
+}
+
+at::Tensor pack_positions(const at::Tensor& per_position, const PackedRows& packed,
+                          const TrainBatch& batch) {
+  const int64_t B = batch.size(), T = batch.input_ids.size(1);
+  const int64_t R = packed.input_ids.size(0), W = packed.input_ids.size(1);
+  const int64_t Tp = per_position.size(1);
+  TORCH_CHECK(per_position.dim() == 2 && per_position.size(0) == B && (Tp == T || Tp == T - 1),
+              "pack_positions: per_position must be [B, T] or [B, T - 1] of the batch, got ",
+              per_position.sizes());
+  const int64_t shift = T - Tp, Wp = W - shift;
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(per_position.device());
+  at::Tensor t = torch::arange(Tp, opts).view({1, Tp});
+  at::Tensor valid = t.lt((batch.lengths.to(opts) - shift).view({B, 1}));
+  at::Tensor index = (packed.packed_row.to(opts) * Wp + packed.offset.to(opts)).view({B, 1}) + t;
+  at::Tensor out = torch::zeros({R * Wp}, per_position.options());
+  out.index_put_({index.masked_select(valid)}, per_position.masked_select(valid));
+  return out.view({R, Wp});
 }
 
 double frac_behavior_logprobs_valid(const TrainBatch& batch) {

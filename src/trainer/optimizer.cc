@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "relay/model/torch_error.h"
 #include "trainer/adamw_internal.h"
+#include "trainer/adamw_kernel.h"
 
 namespace relay::trainer {
 namespace {
@@ -31,6 +32,13 @@ using StateMap = std::remove_reference_t<decltype(std::declval<torch::optim::Ada
 
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, int64_t step, const OptimizerOptions& o, double lr) {
+  if (adamw_fusable(param, grad, exp_avg, exp_avg_sq)) {
+    adamw_fused(param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
+                exp_avg_sq.data_ptr<float>(), param.numel(), adamw_constants(o, step, lr));
+    // Written behind autograd's back: count the writes as in-place ops would.
+    for (at::Tensor* t : {&param, &exp_avg, &exp_avg_sq}) t->unsafeGetTensorImpl()->bump_version();
+    return;
+  }
   if (o.weight_decay != 0) param.mul_(1 - lr * o.weight_decay);
   const double bias_correction1 = 1 - std::pow(o.beta1, static_cast<double>(step));
   const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(step));

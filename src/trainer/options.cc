@@ -173,6 +173,7 @@ void check(const TrainerOptions& o, Problems p) {
   p.at_least("max_staleness", o.max_staleness, -1);
   p.positive("lr", o.optimizer.lr);
   p.at_least("micro_batch_tokens", o.micro_batch_tokens, 1);
+  p.in_range("lm_head_keep_mb", static_cast<double>(o.lm_head_keep_mb), 0, 1 << 24);  // 16 TiB
   p.at_least("ppo_epochs", o.ppo_epochs, 1);
   p.at_least("mini_batches", o.mini_batches, 1);
   p.non_negative("kl_coef", o.kl_coef);

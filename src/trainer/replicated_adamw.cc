@@ -1,5 +1,7 @@
 // trainer.sharding: none. Every rank holds the whole optimizer: torch's
-// AdamW over the parameters or over their fp32 master copies.
+// AdamW's state over the parameters or over their fp32 master copies,
+// stepped by adamw_update (one pass per fp32 tensor, adamw_kernel.h) rather
+// than by AdamW::step's eight.
 
 #include <cmath>
 #include <limits>
@@ -16,7 +18,7 @@ class ReplicatedAdamW final : public Optimizer {
  public:
   ReplicatedAdamW(const std::vector<at::Tensor>& params, const OptimizerOptions& options,
                   const DataParallel& dp)
-      : params_(params), dp_(dp) {
+      : params_(params), options_(options), dp_(dp) {
     for (const at::Tensor& p : params_) {
       if (options.fp32_master_weights && p.scalar_type() != torch::kFloat32) {
         // Mixed fp32 / low-precision parameters: fp32 ones get a master
@@ -64,7 +66,7 @@ class ReplicatedAdamW final : public Optimizer {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     on_apply();
-    adamw_->step();
+    apply_adamw(lr);
     if (!master_.empty()) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(master_[i]);
@@ -119,10 +121,29 @@ class ReplicatedAdamW final : public Optimizer {
   }
 
  private:
+  // AdamW::step's bookkeeping (a first step creates zero moments, tensors
+  // without a gradient are skipped) around adamw_update.
+  void apply_adamw(double lr) {
+    torch::NoGradGuard no_grad;
+    for (at::Tensor& p : stepped_) {
+      if (!p.grad().defined()) continue;
+      torch::optim::AdamWParamState* st = adamw_state(*adamw_, p);
+      if (st == nullptr) {
+        set_adamw_state(*adamw_, p, 0, torch::zeros_like(p, at::MemoryFormat::Preserve),
+                        torch::zeros_like(p, at::MemoryFormat::Preserve));
+        st = adamw_state(*adamw_, p);
+      }
+      st->step(st->step() + 1);
+      at::Tensor exp_avg = st->exp_avg(), exp_avg_sq = st->exp_avg_sq();
+      adamw_update(p, p.grad(), exp_avg, exp_avg_sq, st->step(), options_, lr);
+    }
+  }
+
   std::vector<at::Tensor> params_;   // the policy's
   std::vector<at::Tensor> master_;   // empty unless master weights are in use
   std::vector<at::Tensor> stepped_;  // what AdamW steps: params_ or master_
   std::unique_ptr<torch::optim::AdamW> adamw_;
+  OptimizerOptions options_;
   DataParallel dp_;
 };
 

@@ -359,8 +359,8 @@ Status Trainer::step_exception(const std::string& what, bool out_of_memory) {
   if (out_of_memory || is_out_of_memory(what)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         where, "out of memory (", what,
-        "); lower trainer.micro_batch_tokens, turn on trainer.activation_checkpointing, or "
-        "bound rollout.max_new_tokens"));
+        "); lower trainer.micro_batch_tokens, turn on trainer.activation_checkpointing, "
+        "lower trainer.lm_head_keep_mb, or bound rollout.max_new_tokens"));
   }
   return InternalError(absl::StrCat(where, what));
 }

@@ -34,6 +34,10 @@ model::ScoreOptions Trainer::score_options(const TrainBatch& mb, model::MoeRouti
   model::ScoreOptions so;
   so.temperature = options_.temperature;
   so.vocab_limit = options_.vocab_limit;
+  // Prompt, padding and environment positions are never read: the LM head
+  // skips them.
+  so.scored = response_positions(mb);
+  so.lm_head_keep_bytes = options_.lm_head_keep_mb << 20;
   if (routing != nullptr && mb.routed_experts.defined()) {
     const at::Tensor& r = mb.routed_experts;
     routing->recorded = r.reshape({r.size(0) * r.size(1), r.size(2), r.size(3)});
@@ -58,6 +62,7 @@ model::ScoreOutput Trainer::score_rows(model::PolicyImpl& model, const TrainBatc
     routing->recorded = r.reshape({r.size(0) * r.size(1), r.size(2), r.size(3)});
   }
   so.sequence_starts = packed.sequence_starts;
+  if (so.scored.defined()) so.scored = pack_positions(so.scored, packed, mb);
   model::ScoreOutput out;
   if (with_entropy) {
     out = model.score_with_entropy(packed.input_ids, packed.lengths, so);

@@ -8,8 +8,10 @@
 // Forward, per chunk of positions: z = (h W^T) / tau in fp32, then
 //   logp = z[target] - logsumexp(z),   H = logsumexp(z) - sum_v softmax(z)_v z_v.
 // Backward recomputes each chunk's z from the saved h and W (the same
-// casts as the forward, so under autocast the same low-precision product)
-// and applies, with p = softmax(z):
+// casts as the forward, so under autocast the same low-precision product),
+// unless the forward kept the chunk's fp32 log-softmax (the first chunks,
+// within a byte budget: memory for one GEMM of the head's four), and
+// applies, with p = softmax(z):
 //   dlogp/dz = onehot(target) - p,     dH/dz = -p (log p + H),
 //   dh = (dz / tau) W,                 dW += (dz / tau)^T h.
 // The values equal a plain chunked forward exactly (same operations in the
@@ -36,8 +38,10 @@ struct TokenScores {
 // hidden [n, H]; weight [V, H] (the LM head, or the rows of it that may be
 // scored); targets [n] int64 in [0, V). Differentiable in hidden and
 // weight; when neither requires grad it is a plain chunked forward.
+// keep_bytes: what the kept log-softmax of the first chunks may hold until
+// backward (whole chunks of chunk_tokens x V x 4 bytes; 0 = recompute all).
 TokenScores lm_head_token_scores(const at::Tensor& hidden, const at::Tensor& weight,
                                  const at::Tensor& targets, double temperature,
-                                 int64_t chunk_tokens, bool with_entropy);
+                                 int64_t chunk_tokens, bool with_entropy, int64_t keep_bytes = 0);
 
 }  // namespace relay::model

@@ -81,6 +81,10 @@ struct ScoreOptions {
   // of the softmax, as the rollout engine leaves them out of sampling.
   // 0 = the whole vocab_size.
   int64_t vocab_limit = 0;
+  // Bytes of the first chunks' fp32 log-softmax the LM head may keep from
+  // forward to backward, which then skips recomputing their logits
+  // (lm_head.h). 0 = recompute every chunk.
+  int64_t lm_head_keep_bytes = 0;
   MoeRouting* routing = nullptr;  // MoE record / replay (layers.h); null = neither
   // Sequence packing: rows hold several sequences end to end. [B, T] int64:
   // the position where the sequence holding position t begins (t itself
@@ -89,6 +93,11 @@ struct ScoreOptions {
   // sequence's earlier tokens, so each sequence scores as it would alone.
   // Undefined = one sequence per row.
   at::Tensor sequence_starts;
+  // [B, T - 1] bool: the positions whose scores the caller reads (a
+  // trainer's response tokens). The LM head, the costliest layer of a small
+  // model's backward, runs on these only; every other position scores 0,
+  // as padding does. Undefined = every position.
+  at::Tensor scored;
 };
 
 // Per-position outputs of Policy::score_with_entropy, [B, T - 1] fp32 each.
@@ -135,7 +144,8 @@ class PolicyImpl : public torch::nn::Module {
   // log p(token[t + 1] | tokens[0..t]) for t in [0, T - 1): [B, T - 1], fp32.
   // Positions t >= lengths[b] - 1 (padding) are 0; the caller masks them.
   // Packed rows (options.sequence_starts): so is the last position of each
-  // sequence, whose next token begins the next one.
+  // sequence, whose next token begins the next one; so are positions left
+  // out of options.scored. None of these runs through the LM head.
   // The LM head runs in chunks of options.chunk_tokens positions and its
   // backward recomputes them (lm_head.h), so the full [B, T, V] logits are
   // never held at once, not even for autograd. Differentiable.

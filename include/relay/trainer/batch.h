@@ -97,6 +97,9 @@ StatusOr<TrainBatch> build_batch(const std::vector<rollout::TrajectoryGroup>& gr
 // per_position [B, T - 1] (position t scores token t + 1, as Policy::score
 // returns) -> [B, L] response layout; 0 outside the mask. Differentiable.
 at::Tensor gather_response(const at::Tensor& per_position, const TrainBatch& batch);
+// [B, T - 1] bool: the positions gather_response reads (those that score a
+// response token under the mask), for ScoreOptions::scored.
+at::Tensor response_positions(const TrainBatch& batch);
 
 // Rows `rows` of the batch, trimmed to their own longest sequence and response.
 TrainBatch select_rows(const TrainBatch& batch, const std::vector<int64_t>& rows);
@@ -139,6 +142,11 @@ PackedRows pack_rows(const TrainBatch& batch, int64_t width, int64_t pad_token_i
 // Differentiable.
 at::Tensor unpack_positions(const at::Tensor& per_position, const PackedRows& packed,
                             const TrainBatch& batch);
+// The other way: [B, T] or [B, T - 1] in the batch's rows -> [R, W] or
+// [R, W - 1] of the packed rows, 0 (false) where no row's position lands.
+// Not differentiable (for masks such as ScoreOptions::scored).
+at::Tensor pack_positions(const at::Tensor& per_position, const PackedRows& packed,
+                          const TrainBatch& batch);
 
 // Invariant 5. Fraction of masked tokens with a finite behavior log-prob.
 double frac_behavior_logprobs_valid(const TrainBatch& batch);

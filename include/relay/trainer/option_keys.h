@@ -202,6 +202,7 @@ void visit_fields(V& v, TrainerOptions& o) {
   v.field("collective_timeout_s", o.data_parallel.collective_timeout_s);
   v.field("sharding", o.sharding, kShardingNames);
   v.field("activation_checkpointing", o.activation_checkpointing);
+  v.field("lm_head_keep_mb", o.lm_head_keep_mb);
   v.field("router_replay", o.router_replay, kRouterReplayNames);
   v.section("advantage", o.advantage);
   v.section("ppo", o.loss.ppo);

@@ -289,6 +289,12 @@ struct TrainerOptions {
   OptimizerOptions optimizer;
   // Recompute each decoder layer's activations in backward instead of keeping them.
   bool activation_checkpointing = false;
+  // MiB of the LM head's fp32 log-softmax a forward pass with gradients may
+  // keep for its backward (ScoreOptions::lm_head_keep_bytes), which then
+  // skips recomputing those positions' logits: one GEMM of the head's four.
+  // The head's chunks hold at most 256 MiB each, so the default keeps one.
+  // 0 = recompute every chunk.
+  int64_t lm_head_keep_mb = 256;
   // LoRA adapters (model/lora.h): only they train, the base is the KL
   // reference, and weight versions carry only them. rank 0 = off. A policy
   // given to Trainer::create without adapters gets them (seed 0); the

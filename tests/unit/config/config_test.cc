@@ -280,6 +280,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  collective_timeout_s: 300.0\n"
             "  sharding: none\n"
             "  activation_checkpointing: false\n"
+            "  lm_head_keep_mb: 256\n"
             "  router_replay: off\n"
             "  advantage:\n"
             "    estimator: grpo\n"
@@ -588,7 +589,8 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
        "sft_coef, "
        "loss_scale_factor, reference, max_reuse, max_extra_batches, world_size, rendezvous, "
        "allreduce_bucket_mb, "
-       "collective_timeout_s, sharding, activation_checkpointing, router_replay, advantage, ppo, "
+       "collective_timeout_s, sharding, activation_checkpointing, lm_head_keep_mb, router_replay, "
+       "advantage, ppo, "
        "gspo, gmpo, "
        "cispo, sapo, clip_cov, kl_cov, luffy, entropy, reward_kl, rollout_correction, "
        "optimizer, lora, critic, distill"},

@@ -290,20 +290,37 @@ TEST(LmHeadTest, ChunkedScoresAndGradientsEqualAutogradOverTheFullLogits) {
   auto want = torch::autograd::grad({logp, ent}, {hidden, weight}, {g_logp, g_ent},
                                     /*retain_graph=*/true);
 
-  TokenScores s = lm_head_token_scores(hidden, weight, targets, tau, /*chunk_tokens=*/8, true);
-  EXPECT_TRUE(AllClose(s.logprobs, logp, 1e-5));
-  EXPECT_TRUE(AllClose(s.entropy, ent, 1e-5));
-  auto got = torch::autograd::grad({s.logprobs, s.entropy}, {hidden, weight}, {g_logp, g_ent});
-  EXPECT_TRUE(AllClose(got[0], want[0], 1e-5, 1e-4));
-  EXPECT_TRUE(AllClose(got[1], want[1], 1e-5, 1e-4));
-
-  // Log-probs alone (no entropy term): the other in-place path of backward,
-  // at a chunking that leaves a short last chunk.
   auto want_logp = torch::autograd::grad({logp}, {hidden, weight}, {g_logp});
-  TokenScores only = lm_head_token_scores(hidden, weight, targets, tau, /*chunk_tokens=*/7, false);
-  auto got_logp = torch::autograd::grad({only.logprobs}, {hidden, weight}, {g_logp});
-  EXPECT_TRUE(AllClose(got_logp[0], want_logp[0], 1e-5, 1e-4));
-  EXPECT_TRUE(AllClose(got_logp[1], want_logp[1], 1e-5, 1e-4));
+  // Every chunk recomputed, the first two of five kept (a budget between two
+  // and three chunks), every one kept: the same values and gradients.
+  const int64_t chunk_bytes = 8 * V * 4;
+  for (int64_t keep : {int64_t{0}, 2 * chunk_bytes + 5, int64_t{1} << 20}) {
+    TokenScores s =
+        lm_head_token_scores(hidden, weight, targets, tau, /*chunk_tokens=*/8, true, keep);
+    EXPECT_TRUE(AllClose(s.logprobs, logp, 1e-5)) << keep;
+    EXPECT_TRUE(AllClose(s.entropy, ent, 1e-5)) << keep;
+    TokenScores plain =
+        lm_head_token_scores(hidden, weight, targets, tau, /*chunk_tokens=*/8, true, 0);
+    // Kept or not, the forward values are the same operations.
+    EXPECT_TRUE(torch::equal(s.logprobs, plain.logprobs)) << keep;
+    auto got = torch::autograd::grad({s.logprobs, s.entropy}, {hidden, weight}, {g_logp, g_ent},
+                                     /*retain_graph=*/true);
+    EXPECT_TRUE(AllClose(got[0], want[0], 1e-5, 1e-4)) << keep;
+    EXPECT_TRUE(AllClose(got[1], want[1], 1e-5, 1e-4)) << keep;
+    // The entropy path left the kept buffers as they were: a second
+    // backward through the same graph gives the same gradients.
+    auto again = torch::autograd::grad({s.logprobs, s.entropy}, {hidden, weight}, {g_logp, g_ent});
+    EXPECT_TRUE(torch::equal(again[0], got[0])) << keep;
+
+    // Log-probs alone (no entropy term): the other in-place path of
+    // backward, at a chunking that leaves a short last chunk.
+    TokenScores only =
+        lm_head_token_scores(hidden, weight, targets, tau, /*chunk_tokens=*/7, false, keep);
+    auto got_logp = torch::autograd::grad({only.logprobs}, {hidden, weight}, {g_logp});
+    EXPECT_TRUE(AllClose(got_logp[0], want_logp[0], 1e-5, 1e-4)) << keep;
+    EXPECT_TRUE(AllClose(got_logp[1], want_logp[1], 1e-5, 1e-4)) << keep;
+  }
+  EXPECT_THROW(lm_head_token_scores(hidden, weight, targets, tau, 8, false, -1), c10::Error);
 }
 
 // Chunks sized by the vocabulary: 256 MiB of fp32 logits, within [16, 1024].

@@ -295,6 +295,45 @@ TEST(PolicyTest, ScoreIsDifferentiable) {
   EXPECT_GT(params["lm_head.weight"].grad().abs().sum().item<double>(), 0);
 }
 
+// ScoreOptions::scored: the positions left out score 0 (entropy too) and
+// the rest, and every gradient, are those of scoring everything.
+TEST(PolicyTest, ScoringSomePositionsGivesTheirScoresAndGradientsAlone) {
+  Policy whole = MakePolicy(TinyConfig()), some = MakePolicy(TinyConfig());
+  whole->train();
+  some->train();
+  at::Tensor ids = torch::tensor({{1, 5, 9, 2, 7, 3}, {4, 4, 8, 6, 0, 0}}, torch::kInt64);
+  at::Tensor lengths = torch::tensor({6, 4}, torch::kInt64);
+  ScoreOptions all;
+  all.chunk_tokens = 2;
+  ScoreOptions part = all;
+  // Row 0: positions 2.. (a response after a 3-token prompt); row 1: one
+  // position, and a padding position asked for that still scores 0.
+  part.scored = torch::tensor({{0, 0, 1, 1, 1}, {0, 0, 1, 0, 1}}, torch::kBool);
+  ScoreOutput want = whole->score_with_entropy(ids, lengths, all);
+  ScoreOutput got = some->score_with_entropy(ids, lengths, part);
+  at::Tensor read =
+      part.scored.logical_and(torch::tensor({{1, 1, 1, 1, 1}, {1, 1, 1, 0, 0}}).gt(0));
+  EXPECT_TRUE(AllClose(got.logprobs.masked_select(read), want.logprobs.masked_select(read), 1e-6));
+  EXPECT_TRUE(AllClose(got.entropy.masked_select(read), want.entropy.masked_select(read), 1e-6));
+  EXPECT_TRUE(got.logprobs.masked_select(read.logical_not()).eq(0).all().item<bool>());
+  EXPECT_TRUE(got.entropy.masked_select(read.logical_not()).eq(0).all().item<bool>());
+
+  // A loss that reads only the scored positions has the same gradient.
+  at::Tensor weight = torch::rand({2, 5}) * read;
+  ((want.logprobs + 0.1 * want.entropy) * weight).sum().backward();
+  ((got.logprobs + 0.1 * got.entropy) * weight).sum().backward();
+  auto a = whole->named_parameters(), b = some->named_parameters();
+  for (const auto& item : a) {
+    ASSERT_TRUE(b[item.key()].grad().defined()) << item.key();
+    EXPECT_TRUE(AllClose(b[item.key()].grad(), item.value().grad(), 1e-5)) << item.key();
+  }
+  EXPECT_GT(b["lm_head.weight"].grad().abs().sum().item<double>(), 0);
+
+  ScoreOptions wrong = all;
+  wrong.scored = torch::ones({2, 6}, torch::kBool);
+  EXPECT_THROW(some->score(ids, lengths, wrong), c10::Error);
+}
+
 // Grouped-query attention equals multi-head attention whose k/v heads are
 // repeated (transformers' repeat_kv): query head h reads kv head h / 2.
 TEST(PolicyTest, GqaEqualsMhaWithRepeatedKvHeads) {

@@ -261,6 +261,39 @@ TEST(BatchTest, PackRowsFirstFitLongestFirstAndUnpackRestoresEveryRow) {
             (std::vector<std::vector<int64_t>>{{1, 3}, {0, 4, 2}}));
 }
 
+// The positions the trainer scores (ScoreOptions::scored) are exactly those
+// gather_response reads: masked response tokens, not prompts, padding or
+// environment tokens; and they carry over to packed rows.
+TEST(BatchTest, ResponsePositionsAreWhatGatherResponseReadsPackedOrNot) {
+  auto groups = two_groups();
+  groups[0].trajectories[1].env_mask = {0, 1, 0, 0};
+  groups[0].trajectories[1].behavior_logprobs[1] = NAN;
+  groups[0].trajectories[1].turns = {{1, 2, 0.0}, {4, 4, 1.0}};
+  auto built = build_batch(groups, BatchOptions{});
+  ASSERT_TRUE(built.ok()) << built.status();
+  const TrainBatch& b = *built;  // prompts 3, 3, 1; responses 2, 4, 1; T = 7
+  const at::Tensor scored = response_positions(b);
+  const at::Tensor want = torch::tensor({{0, 0, 1, 1, 0, 0},   // P - 1 = 2, 3
+                                         {0, 0, 1, 0, 1, 1},   // 2, (3 env), 4, 5
+                                         {1, 0, 0, 0, 0, 0}})  // 0
+                              .to(torch::kBool);
+  EXPECT_TRUE(torch::equal(scored, want)) << scored;
+  const at::Tensor per_position = torch::rand({3, 6}) + 1;
+  EXPECT_TRUE(
+      torch::equal(gather_response(per_position * scored, b), gather_response(per_position, b)));
+
+  const PackedRows p = pack_rows(b, b.input_ids.size(1), /*pad_token_id=*/0);
+  ASSERT_LT(p.input_ids.size(0), 3);  // rows 0 (5 tokens) and 2 (2 tokens) share one
+  const at::Tensor packed = pack_positions(scored, p, b);
+  ASSERT_EQ(packed.sizes(), (at::IntArrayRef{p.input_ids.size(0), p.input_ids.size(1) - 1}));
+  EXPECT_EQ(packed.sum().item<int64_t>(), scored.sum().item<int64_t>());
+  EXPECT_TRUE(torch::equal(unpack_positions(packed, p, b), scored));
+  const at::Tensor values = torch::arange(21, torch::kFloat32).view({3, 7}) + 1;
+  const at::Tensor valid = torch::arange(7).view({1, 7}).lt(b.lengths.view({3, 1}));
+  EXPECT_TRUE(torch::equal(unpack_positions(pack_positions(values, p, b), p, b), values * valid));
+  EXPECT_THROW(pack_positions(torch::zeros({3, 4}), p, b), c10::Error);
+}
+
 TEST(BatchTest, MissingBehaviorLogprobsAreCountedAndRefused) {
   auto groups = two_groups();
   auto ok = build_batch(groups, BatchOptions{});
