@@ -3,11 +3,10 @@
 // AdamW's update in one pass over fp32 memory. Private to src/trainer.
 //
 // torch's AdamW runs the update as eight tensor operations, each a full pass
-// over the parameter, its gradient or a moment (and a temporary for the
-// denominator): about 25 bytes moved per 4-byte parameter. Fused, every
-// element is read once and written once: 28 bytes read or written per
-// parameter instead of ~100, which is most of the update's time on a CPU,
-// where it is bound by memory (0.1 s per 100M parameters here).
+// over the parameter, its gradient, a moment or a temporary for the
+// denominator: about 100 bytes read or written per fp32 parameter. Fused,
+// each element is read once and written once: 28 bytes. On a CPU the update
+// is bound by memory, so that is most of its time.
 //
 // The arithmetic is torch's, operation for operation and in fp32:
 //   p = p * (1 - lr wd);  m = m b1 + (1 - b1) g;  v = v b2 + ((1 - b2) g) g

@@ -374,23 +374,44 @@ PackedRows pack_rows(const TrainBatch& batch, int64_t width, int64_t pad_token_i
   return p;
 }
 
+namespace {
+
+// Where position t of batch row b lies in the packed rows, flattened
+// ([R * Wp], Wp = the packed width less `shift`), and whether row b reaches
+// position t: [B, T - shift] each, on `device`.
+struct PackedIndex {
+  at::Tensor index;  // int64
+  at::Tensor valid;  // bool
+};
+
+PackedIndex packed_index(const PackedRows& packed, const TrainBatch& batch, int64_t shift,
+                         c10::Device device) {
+  const int64_t B = batch.size(), Tp = batch.input_ids.size(1) - shift;
+  const int64_t Wp = packed.input_ids.size(1) - shift;
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  at::Tensor t = torch::arange(Tp, opts).view({1, Tp});
+  PackedIndex p;
+  p.valid = t.lt((batch.lengths.to(opts) - shift).view({B, 1}));
+  p.index = (packed.packed_row.to(opts) * Wp + packed.offset.to(opts)).view({B, 1}) + t;
+  return p;
+}
+
+}  // namespace
+
 at::Tensor unpack_positions(const at::Tensor& per_position, const PackedRows& packed,
                             const TrainBatch& batch) {
-  const int64_t B = batch.size();
-  const int64_t W = packed.input_ids.size(1), T = batch.input_ids.size(1);
+  const int64_t W = packed.input_ids.size(1);
   const int64_t Wp = per_position.size(1);
   TORCH_CHECK(per_position.dim() == 2 && per_position.size(0) == packed.input_ids.size(0) &&
                   (Wp == W || Wp == W - 1),
               "unpack_positions: per_position must be [R, W] or [R, W - 1] of the packed rows, "
               "got ",
               per_position.sizes());
-  const int64_t shift = W - Wp, Tp = T - shift;
-  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(per_position.device());
-  at::Tensor t = torch::arange(Tp, opts).view({1, Tp});
-  at::Tensor invalid = t.ge((batch.lengths.to(opts) - shift).view({B, 1}));
-  at::Tensor index = ((packed.packed_row.to(opts) * Wp + packed.offset.to(opts)).view({B, 1}) + t)
-                         .masked_fill(invalid, 0);
-  at::Tensor out = per_position.reshape({-1}).index_select(0, index.reshape({-1})).view({B, Tp});
+  const PackedIndex p = packed_index(packed, batch, W - Wp, per_position.device());
+  const at::Tensor invalid = p.valid.logical_not();
+  const at::Tensor index = p.index.masked_fill(invalid, 0);
+  at::Tensor out =
+      per_position.reshape({-1}).index_select(0, index.reshape({-1})).view(index.sizes());
   return out.masked_fill(invalid, 0);
 }
 
@@ -402,13 +423,10 @@ at::Tensor pack_positions(const at::Tensor& per_position, const PackedRows& pack
   TORCH_CHECK(per_position.dim() == 2 && per_position.size(0) == B && (Tp == T || Tp == T - 1),
               "pack_positions: per_position must be [B, T] or [B, T - 1] of the batch, got ",
               per_position.sizes());
-  const int64_t shift = T - Tp, Wp = W - shift;
-  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(per_position.device());
-  at::Tensor t = torch::arange(Tp, opts).view({1, Tp});
-  at::Tensor valid = t.lt((batch.lengths.to(opts) - shift).view({B, 1}));
-  at::Tensor index = (packed.packed_row.to(opts) * Wp + packed.offset.to(opts)).view({B, 1}) + t;
+  const PackedIndex p = packed_index(packed, batch, T - Tp, per_position.device());
+  const int64_t Wp = W - (T - Tp);
   at::Tensor out = torch::zeros({R * Wp}, per_position.options());
-  out.index_put_({index.masked_select(valid)}, per_position.masked_select(valid));
+  out.index_put_({p.index.masked_select(p.valid)}, per_position.masked_select(p.valid));
   return out.view({R, Wp});
 }
 
