@@ -81,14 +81,24 @@ Status Teacher::score(const std::vector<Trajectory*>& trajectories,
     const auto B = static_cast<int64_t>(end - next);
     at::Tensor ids = torch::zeros({B, width}, torch::kInt64);
     at::Tensor lengths = torch::empty({B}, torch::kInt64);
+    // The positions read below (the model's response tokens): the LM head
+    // skips prompts and environment tokens.
+    at::Tensor read = torch::zeros({B, std::max<int64_t>(0, width - 1)}, torch::kBool);
     auto ids_a = ids.accessor<int64_t, 2>();
+    auto read_a = read.accessor<bool, 2>();
     for (int64_t b = 0; b < B; ++b) {
       const Trajectory& t = *trajectories[order[next + b]];
       int64_t k = 0;
       for (int64_t id : t.prompt_tokens) ids_a[b][k++] = id;
       for (int64_t id : t.response_tokens) ids_a[b][k++] = id;
       lengths[b] = k;
+      const auto P = static_cast<int64_t>(t.prompt_tokens.size());
+      for (size_t j = 0; j < t.response_tokens.size(); ++j) {
+        const int64_t at = P - 1 + static_cast<int64_t>(j);
+        if (at >= 0 && !t.is_env_token(j)) read_a[b][at] = true;
+      }
     }
+    so.scored = read;
     at::Tensor logprobs;
     try {
       torch::NoGradGuard no_grad;
