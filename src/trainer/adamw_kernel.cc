@@ -16,14 +16,14 @@ namespace {
 // Elements per task on the intra-op threads: 1 MiB of each array.
 constexpr int64_t kGrain = int64_t{1} << 18;
 
-// One element, in the order of torch's operations (adamw_kernel.h). The
-// AVX2 loop below must stay this function, eight lanes at a time.
+// One element, rounded as ATen's kernels round torch's AdamW (adamw_kernel.h).
+// The AVX2 loop below must stay this function, eight lanes at a time.
 inline void update_one(float& p, float g, float& m, float& v, const AdamWConstants& c) {
   if (c.decays) p = p * c.decay;
-  m = m * c.beta1 + c.one_minus_beta1 * g;
-  v = v * c.beta2 + (c.one_minus_beta2 * g) * g;
+  m = std::fma(g, c.one_minus_beta1, m * c.beta1);
+  v = std::fma(c.one_minus_beta2 * g, g, v * c.beta2);
   const float denom = std::sqrt(v) / c.sqrt_bias_correction2 + c.eps;
-  p = p - c.step_size * (m / denom);
+  p = p + (c.neg_step_size * m) / denom;
 }
 
 void update_scalar(float* p, const float* g, float* m, float* v, int64_t n,
@@ -32,15 +32,13 @@ void update_scalar(float* p, const float* g, float* m, float* v, int64_t n,
 }
 
 #ifdef RELAY_X86_KERNELS
-// AVX2 without FMA on purpose: a multiply and an add stay two roundings, as
-// in update_one, so both paths give the same bits.
-__attribute__((target("avx2"))) void update_avx2(float* p, const float* g, float* m, float* v,
-                                                 int64_t n, const AdamWConstants& c) {
+__attribute__((target("avx2,fma"))) void update_avx2(float* p, const float* g, float* m, float* v,
+                                                     int64_t n, const AdamWConstants& c) {
   const __m256 decay = _mm256_set1_ps(c.decay);
   const __m256 b1 = _mm256_set1_ps(c.beta1), a1 = _mm256_set1_ps(c.one_minus_beta1);
   const __m256 b2 = _mm256_set1_ps(c.beta2), a2 = _mm256_set1_ps(c.one_minus_beta2);
   const __m256 sc2 = _mm256_set1_ps(c.sqrt_bias_correction2);
-  const __m256 eps = _mm256_set1_ps(c.eps), step = _mm256_set1_ps(c.step_size);
+  const __m256 eps = _mm256_set1_ps(c.eps), step = _mm256_set1_ps(c.neg_step_size);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 pi = _mm256_loadu_ps(p + i);
@@ -48,10 +46,10 @@ __attribute__((target("avx2"))) void update_avx2(float* p, const float* g, float
     __m256 mi = _mm256_loadu_ps(m + i);
     __m256 vi = _mm256_loadu_ps(v + i);
     if (c.decays) pi = _mm256_mul_ps(pi, decay);
-    mi = _mm256_add_ps(_mm256_mul_ps(mi, b1), _mm256_mul_ps(a1, gi));
-    vi = _mm256_add_ps(_mm256_mul_ps(vi, b2), _mm256_mul_ps(_mm256_mul_ps(a2, gi), gi));
+    mi = _mm256_fmadd_ps(gi, a1, _mm256_mul_ps(mi, b1));
+    vi = _mm256_fmadd_ps(_mm256_mul_ps(a2, gi), gi, _mm256_mul_ps(vi, b2));
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), sc2), eps);
-    pi = _mm256_sub_ps(pi, _mm256_mul_ps(step, _mm256_div_ps(mi, denom)));
+    pi = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(step, mi), denom));
     _mm256_storeu_ps(p + i, pi);
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
@@ -74,7 +72,7 @@ AdamWConstants adamw_constants(const OptimizerOptions& o, int64_t step, double l
   c.one_minus_beta2 = static_cast<float>(1 - o.beta2);
   c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(c2));
   c.eps = static_cast<float>(o.eps);
-  c.step_size = static_cast<float>(lr / c1);
+  c.neg_step_size = static_cast<float>(-lr / c1);
   return c;
 }
 

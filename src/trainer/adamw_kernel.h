@@ -8,14 +8,15 @@
 // each element is read once and written once: 28 bytes. On a CPU the update
 // is bound by memory, so that is most of its time.
 //
-// The arithmetic is torch's, operation for operation and in fp32:
-//   p = p * (1 - lr wd);  m = m b1 + (1 - b1) g;  v = v b2 + ((1 - b2) g) g
-//   p = p - (lr / c1) (m / (sqrt(v) / sqrt(c2) + eps)),  c_k = 1 - b_k^step
-// without fused multiply-adds (ATen's vectorized add uses one for m, so
-// the two can differ in the last bit of m). The AVX2 path and the scalar
-// path round identically, so an element's result does not depend on where
-// a slice of the tensor starts: a tensor updated in slices (the sharded
-// optimizers) equals the tensor updated whole.
+// The arithmetic is torch's, rounded as ATen's CPU kernels round it (its
+// vectorized add and addcmul fuse a multiply-add, its addcdiv does not), so
+// the result is bit for bit that of torch::optim::AdamW on fp32 tensors:
+//   p = p (1 - lr wd);  m = fma(g, 1 - b1, m b1);  v = fma((1 - b2) g, g, v b2)
+//   p = p + ((-lr / c1) m) / (sqrt(v) / sqrt(c2) + eps),  c_k = 1 - b_k^step
+// The AVX2 path and the scalar path (std::fma; the file is compiled without
+// floating-point contraction) round identically, so an element's result does
+// not depend on where a slice of the tensor starts either: a tensor updated
+// in slices (the sharded optimizers) equals the tensor updated whole.
 
 #include <cstdint>
 
@@ -33,8 +34,8 @@ struct AdamWConstants {
   float beta2 = 0, one_minus_beta2 = 0;
   float sqrt_bias_correction2 = 1;
   float eps = 0;
-  float step_size = 0;  // lr / bias_correction1
-  bool decays = false;  // weight_decay != 0
+  float neg_step_size = 0;  // -lr / bias_correction1
+  bool decays = false;      // weight_decay != 0
 };
 
 // step: the optimizer step this update makes (1 for the first).

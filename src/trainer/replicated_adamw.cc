@@ -1,7 +1,7 @@
 // trainer.sharding: none. Every rank holds the whole optimizer: torch's
 // AdamW's state over the parameters or over their fp32 master copies,
-// stepped by adamw_update (one pass per fp32 tensor, adamw_kernel.h) rather
-// than by AdamW::step's eight.
+// stepped by adamw_update: one pass per fp32 tensor (adamw_kernel.h) where
+// AdamW::step makes eight, with its result bit for bit.
 
 #include <cmath>
 #include <limits>
