@@ -95,14 +95,17 @@ TEST(ShardedOptimizerTest, ThreeRanksWithClippingMatchOneRank) {
   // the reduce-scatter's buckets differ), and AdamW, which divides by
   // sqrt(v) + eps, magnifies a rounding difference of a small summed
   // gradient up to lr / eps times: the weights agree to 1e-6 of their size,
-  // the updates to 1e-5 of theirs.
+  // the updates to 2e-5 of theirs. How far six updates drift depends on the
+  // trajectory: 4.1e-6 with the LM head scoring every position, 1.4e-5
+  // scoring the response positions only (ScoreOptions::scored), whose
+  // products round otherwise; one update, 6.1e-6 either way.
   const double vs_replicated = relative_difference(sharded[0], replicated[0], flat(initial));
   const double of_weights = relative_difference(sharded[0], replicated[0], at::Tensor());
   std::printf(
       "three ranks, 6 updates: sharded vs replicated %.2e of the update, %.2e of the "
       "weights\n",
       vs_replicated, of_weights);
-  EXPECT_LT(vs_replicated, 1e-5);
+  EXPECT_LT(vs_replicated, 2e-5);
   EXPECT_LT(of_weights, 1e-6);
   // One update alone, likewise.
   TrainerOptions single_update = options;
