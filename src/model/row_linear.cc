@@ -21,36 +21,63 @@ namespace {
 
 #ifdef RELAY_X86_KERNELS
 
-// y[r * out + o] = sum_i w[o * in + i] * x[r * in + i] (+ bias[o]) for o in
-// [o0, o1): R rows at once, so each weight row is read from memory once.
-// Eight lanes of partial sums per row, reduced at the end of the row.
+// Sums an eight-lane vector of partial sums.
+__attribute__((target("avx2,fma"))) inline float lane_sum(__m256 v) {
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s4 = _mm_hadd_ps(s4, s4);
+  s4 = _mm_hadd_ps(s4, s4);
+  return _mm_cvtss_f32(s4);
+}
+
+// y[r * out + o] = sum_i w[o * in + i] * x[r * in + i] (+ bias[o]) for the
+// O weight rows from o and all R input rows: O x R sums of eight lanes each,
+// so every weight vector loaded serves R rows and every input vector O
+// weight rows (3 x 4 accumulators + 3 weight vectors + 1 input vector fill
+// the 16 registers). Each sum adds its lanes in the same order whatever O
+// and R are, so a row's result does not depend on the other rows or on how
+// the outputs were split between threads.
+template <int O, int R>
+__attribute__((target("avx2,fma"))) inline void skinny_tile(const float* w, const float* x,
+                                                            const float* bias, float* y,
+                                                            int64_t out, int64_t in, int64_t o) {
+  __m256 acc[O][R];
+#pragma GCC unroll 4
+  for (int a = 0; a < O; ++a) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[a][r] = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 8 <= in; i += 8) {
+    __m256 wv[O];
+#pragma GCC unroll 4
+    for (int a = 0; a < O; ++a) wv[a] = _mm256_loadu_ps(w + (o + a) * in + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * in + i);
+#pragma GCC unroll 4
+      for (int a = 0; a < O; ++a) acc[a][r] = _mm256_fmadd_ps(wv[a], xv, acc[a][r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int a = 0; a < O; ++a) {
+    const float* wo = w + (o + a) * in;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      float s = lane_sum(acc[a][r]);
+      for (int64_t k = i; k < in; ++k) s += wo[k] * x[r * in + k];
+      y[r * out + o + a] = bias != nullptr ? s + bias[o + a] : s;
+    }
+  }
+}
+
+// Outputs [o0, o1) for R input rows, three weight rows at a time.
 template <int R>
 __attribute__((target("avx2,fma"))) void skinny_block(const float* w, const float* x,
                                                       const float* bias, float* y, int64_t out,
                                                       int64_t in, int64_t o0, int64_t o1) {
-  for (int64_t o = o0; o < o1; ++o) {
-    const float* wo = w + o * in;
-    __m256 acc[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= in; i += 8) {
-      const __m256 wv = _mm256_loadu_ps(wo + i);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * in + i), acc[r]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-      s4 = _mm_hadd_ps(s4, s4);
-      s4 = _mm_hadd_ps(s4, s4);
-      float s = _mm_cvtss_f32(s4);
-      for (int64_t k = i; k < in; ++k) s += wo[k] * x[r * in + k];
-      y[r * out + o] = bias != nullptr ? s + bias[o] : s;
-    }
-  }
+  int64_t o = o0;
+  for (; o + 3 <= o1; o += 3) skinny_tile<3, R>(w, x, bias, y, out, in, o);
+  for (; o < o1; ++o) skinny_tile<1, R>(w, x, bias, y, out, in, o);
 }
 
 void skinny(const float* w, const float* x, const float* bias, float* y, int64_t rows, int64_t out,

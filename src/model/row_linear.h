@@ -17,7 +17,8 @@
 //
 // So up to kMaxSkinnyRows rows run RowKernel::kSkinny where the CPU has
 // AVX2 and FMA: every weight row is read once and dotted with all the input
-// rows. Elsewhere (another architecture, an older x86) one or two rows run
+// rows, three weight rows at a time so that each input vector loaded serves
+// three of them. Elsewhere (another architecture, an older x86) one or two rows run
 // as BLAS matrix-vector products (RowKernel::kMatrixVector), and more rows
 // as linear() itself.
 //
@@ -26,7 +27,8 @@
 // mode is on) and CPU autocast off (autocast runs the GEMM in its lower
 // precision). The sums run in another order than the GEMM's, so results
 // agree with linear() to fp32 rounding (about 1e-6 relative), not bit for
-// bit.
+// bit. They do not depend on the other rows: a row gives the same bits alone
+// as in any batch, on any number of threads.
 
 #include <ATen/core/Tensor.h>
 

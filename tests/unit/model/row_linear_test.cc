@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/Parallel.h>
+
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "relay/model/device.h"
@@ -64,6 +67,34 @@ TEST(RowLinearTest, SkinnyKernelAgreesWithLinearForOneToFourRows) {
                 1e-6);
     }
   }
+}
+
+// The kernel takes the weight rows three at a time: output counts with each
+// remainder, split over threads or not, and every row of a batch gives the
+// same bits as that row alone (the property decoding relies on to record the
+// same log-prob for a sequence whatever else is in the batch).
+TEST(RowLinearTest, SkinnyRowsGiveTheSameBitsInAnyBatch) {
+  if (!has_skinny_kernel()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+  torch::NoGradGuard no_grad;
+  const int threads = at::get_num_threads();
+  for (int64_t out : {1, 2, 3, 4, 5, 3001}) {
+    const Operands o = make_operands(out, 131, 10 + out);
+    const at::Tensor x = torch::randn({kMaxSkinnyRows, 131});
+    for (int t : {1, 2}) {
+      at::set_num_threads(t);
+      SCOPED_TRACE("out " + std::to_string(out) + ", threads " + std::to_string(t));
+      const at::Tensor all = row_linear(x, o.weight, o.bias, RowKernel::kSkinny);
+      EXPECT_LE(relative_error(all, torch::linear(x, o.weight, o.bias)), 1e-6);
+      for (int64_t rows = 1; rows <= kMaxSkinnyRows; ++rows) {
+        const at::Tensor some =
+            row_linear(x.narrow(0, 0, rows), o.weight, o.bias, RowKernel::kSkinny);
+        EXPECT_TRUE(torch::equal(some, all.narrow(0, 0, rows))) << rows << " rows";
+        const at::Tensor last = row_linear(x[rows - 1], o.weight, o.bias, RowKernel::kSkinny);
+        EXPECT_TRUE(torch::equal(last, all[rows - 1])) << "row " << rows - 1 << " alone";
+      }
+    }
+  }
+  at::set_num_threads(threads);
 }
 
 TEST(RowLinearTest, MatrixVectorKernelIsOneAddmvPerRow) {
