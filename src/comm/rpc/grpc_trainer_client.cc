@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "comm/rpc/tls.h"
+#include "comm/rpc/weight_chunk_wire.h"
 #include "relay/comm/rpc/manifest_proto.h"
 #include "relay/comm/weight_sync/weight_publisher.h"
 #include "relay/common/xxh3.h"
@@ -98,6 +99,8 @@ class GrpcTrainerClient::Impl {
  public:
   Impl(ClientOptions o, std::shared_ptr<grpc::Channel> channel)
       : options(std::move(o)),
+        channel(channel),
+        fetch_method(absl::StrCat("/", v1::Worker::service_full_name(), "/FetchWeights")),
         worker(v1::Worker::NewStub(channel)),
         admin(v1::Admin::NewStub(channel)) {}
 
@@ -132,6 +135,8 @@ class GrpcTrainerClient::Impl {
   ClientOptions options;
   std::mutex spare_mu;
   at::Tensor spare;  // take_spare()
+  std::shared_ptr<grpc::Channel> channel;
+  std::string fetch_method;  // "/relay.v1.Worker/FetchWeights", for the raw call
   std::unique_ptr<v1::Worker::Stub> worker;
   std::unique_ptr<v1::Admin::Stub> admin;
 };
@@ -247,18 +252,36 @@ StatusOr<FetchedWeights> GrpcTrainerClient::fetch_weights(const std::string& wor
   auto c = impl_->stream_context();
   const std::chrono::milliseconds idle(impl_->options.timeout_ms);
   StallWatchdog watchdog(c.get(), idle);
-  auto reader = impl_->worker->FetchWeights(c.get(), req);
-  v1::WeightChunk chunk;
+  // The raw method (weight_chunk_wire.h): chunks are read straight from the
+  // slices they arrive in, not parsed into a copy first.
+  const grpc::internal::RpcMethod method(impl_->fetch_method.c_str(),
+                                         grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(impl_->channel.get(), method,
+                                                                    c.get(), req));
+  grpc::ByteBuffer message;
+  std::vector<grpc::Slice> slices;
   FetchedWeights out;
   std::optional<WeightAssembler> assembler;
-  while (reader->Read(&chunk)) {
+  Xxh3Stream digest;  // of one chunk
+  auto fail = [&](Status s) {
+    c->TryCancel();
+    return s;
+  };
+  while (reader->Read(&message)) {
     watchdog.progress();
+    slices.clear();
+    if (!message.Dump(&slices).ok()) {
+      return fail(DataLossError("FetchWeights: a chunk's bytes could not be read"));
+    }
+    StatusOr<WeightChunkView> chunk = read_weight_chunk(slices);
+    if (!chunk.ok())
+      return fail(DataLossError(absl::StrCat("FetchWeights: ", chunk.status().message())));
     if (!assembler) {
-      if (!chunk.has_manifest()) {
-        c->TryCancel();
-        return DataLossError("FetchWeights: the first chunk has no manifest");
+      if (!chunk->manifest) {
+        return fail(DataLossError("FetchWeights: the first chunk has no manifest"));
       }
-      model::WeightManifest m = from_proto(chunk.manifest());
+      model::WeightManifest m = from_proto(*chunk->manifest);
       if (held != nullptr && same_weights(m, *held)) {
         // The worker already holds these bytes (it loaded the same model
         // directory): the rest of the stream is not needed.
@@ -268,21 +291,24 @@ StatusOr<FetchedWeights> GrpcTrainerClient::fetch_weights(const std::string& wor
         return out;
       }
       StatusOr<WeightAssembler> a = WeightAssembler::create(std::move(m), impl_->take_spare());
-      if (!a.ok()) {
-        c->TryCancel();
-        return a.status();
-      }
+      if (!a.ok()) return fail(a.status());
       assembler.emplace(*std::move(a));
     }
-    if (xxh3_64(chunk.data().data(), chunk.data().size()) != chunk.chunk_digest()) {
-      c->TryCancel();
-      return DataLossError(
-          absl::StrCat("FetchWeights: chunk at offset ", chunk.offset(), " fails its digest"));
+    // Copied into the version's payload span by span, hashed on the way;
+    // a chunk that fails its digest fails the whole fetch (the caller
+    // fetches again), so the bytes it left in the payload are never used.
+    digest.reset();
+    uint64_t offset = chunk->offset;
+    for (const auto& [data, size] : chunk->data) {
+      digest.update(data, size);
+      if (Status s = assembler->add(offset, data, size); !s.ok()) {
+        return fail(DataLossError(absl::StrCat("FetchWeights: ", s.message())));
+      }
+      offset += size;
     }
-    if (Status s = assembler->add(chunk.offset(), chunk.data().data(), chunk.data().size());
-        !s.ok()) {
-      c->TryCancel();
-      return DataLossError(absl::StrCat("FetchWeights: ", s.message()));
+    if (digest.digest() != chunk->chunk_digest) {
+      return fail(DataLossError(
+          absl::StrCat("FetchWeights: chunk at offset ", chunk->offset, " fails its digest")));
     }
   }
   const grpc::Status finished = reader->Finish();

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "comm/rpc/weight_chunk_wire.h"
 #include "relay/comm/rpc/manifest_proto.h"
 #include "relay/common/xxh3.h"
 #include "relay/v1/admin.grpc.pb.h"
@@ -54,6 +55,14 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
                  return self->SubmitGroupsRaw(context, stream);
                },
                this));
+    // Method 6 is FetchWeights; every fetch test fails if that changes.
+    MarkMethodStreamed(
+        6,
+        new grpc::internal::SplitServerStreamingHandler<v1::FetchWeightsRequest, grpc::ByteBuffer>(
+            [this](grpc::ServerContext* context,
+                   grpc::ServerSplitStreamer<v1::FetchWeightsRequest, grpc::ByteBuffer>* stream) {
+              return FetchWeightsRaw(context, stream);
+            }));
   }
 
   grpc::Status RegisterWorker(grpc::ServerContext* context, const v1::RegisterWorkerRequest* req,
@@ -128,32 +137,37 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status FetchWeights(grpc::ServerContext* context, const v1::FetchWeightsRequest* req,
-                            grpc::ServerWriter<v1::WeightChunk>* writer) override {
+  // FetchWeights with each chunk's bytes sent from the snapshot itself
+  // (installed in the constructor; weight_chunk_wire.h).
+  grpc::Status FetchWeightsRaw(
+      grpc::ServerContext* context,
+      grpc::ServerSplitStreamer<v1::FetchWeightsRequest, grpc::ByteBuffer>* stream) {
     if (grpc::Status a = authorize(context, token()); !a.ok()) return a;
-    StatusOr<std::shared_ptr<const WeightSnapshot>> snap =
-        h_->publisher()->snapshot(req->version());
+    v1::FetchWeightsRequest req;
+    if (!stream->Read(&req)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "FetchWeights: no request, or one that does not parse as "
+                          "relay.v1.FetchWeightsRequest");
+    }
+    StatusOr<std::shared_ptr<const WeightSnapshot>> snap = h_->publisher()->snapshot(req.version());
     if (!snap.ok()) return to_grpc(snap.status());
     const uint64_t chunk =
-        req->chunk_bytes() > 0 ? req->chunk_bytes() : h_->options().default_chunk_bytes;
+        req.chunk_bytes() > 0 ? req.chunk_bytes() : h_->options().default_chunk_bytes;
+    v1::WeightManifest manifest;
+    to_proto((*snap)->manifest, &manifest);
     bool first = true, ok = true;
     for_each_chunk(**snap, chunk, [&](uint64_t offset, const char* data, uint64_t size) {
       // A worker downloading is alive: a 2 GB version can take longer than
       // services.worker_timeout_s while the trainer is busy stepping.
-      h_->touch(req->worker_id());
-      v1::WeightChunk c;
-      if (first) to_proto((*snap)->manifest, c.mutable_manifest());
+      h_->touch(req.worker_id());
+      const grpc::ByteBuffer message = weight_chunk_message(first ? &manifest : nullptr, offset,
+                                                            xxh3_64(data, size), data, size, *snap);
       first = false;
-      c.set_offset(offset);
-      c.set_data(data, size);
-      c.set_chunk_digest(xxh3_64(data, size));
-      ok = !context->IsCancelled() && writer->Write(c);
+      ok = !context->IsCancelled() && stream->Write(message);
       return ok;
     });
     if (first) {  // no bytes at all: still send the manifest
-      v1::WeightChunk c;
-      to_proto((*snap)->manifest, c.mutable_manifest());
-      writer->Write(c);
+      stream->Write(weight_chunk_message(&manifest, 0, xxh3_64(nullptr, 0), nullptr, 0, nullptr));
     }
     if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled");
     return grpc::Status::OK;
