@@ -27,13 +27,7 @@ at::Tensor scored_positions(int64_t B, int64_t T, const at::Tensor& lengths,
                             const ScoreOptions& options, c10::Device device) {
   at::Tensor keep;
   auto also = [&](const at::Tensor& m) { keep = keep.defined() ? keep.logical_and(m) : m; };
-  if (options.scored.defined()) {
-    TORCH_CHECK(
-        options.scored.dim() == 2 && options.scored.size(0) == B && options.scored.size(1) == T - 1,
-        "Policy::score: options.scored must be [B, T - 1] = [", B, ", ", T - 1, "], got ",
-        options.scored.sizes());
-    also(options.scored.to(device, torch::kBool));
-  }
+  if (options.scored.defined()) also(options.scored.to(device, torch::kBool));
   if (lengths.defined()) {
     at::Tensor len = lengths.to(device, torch::kInt64).view({B, 1});
     also(torch::arange(T - 1, len.options()).view({1, T - 1}).lt(len - 1));
@@ -282,6 +276,12 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
   TORCH_CHECK(options.temperature > 0, "Policy::score: temperature must be > 0");
   TORCH_CHECK(options.chunk_tokens >= 0, "Policy::score: chunk_tokens must be >= 0");
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  // Checked before the forward pass, not after it.
+  TORCH_CHECK(!options.scored.defined() || T < 2 ||
+                  (options.scored.dim() == 2 && options.scored.size(0) == B &&
+                   options.scored.size(1) == T - 1),
+              "Policy::score: options.scored must be [B, T - 1] = [", B, ", ", T - 1, "], got ",
+              options.scored.sizes());
   at::Tensor hidden = hidden_states(input_ids, lengths, options.routing, options.sequence_starts);
   ScoreOutput out;
   if (T < 2) {

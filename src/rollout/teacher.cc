@@ -119,9 +119,11 @@ Status Teacher::score(const std::vector<Trajectory*>& trajectories,
       std::vector<float>& out = scored[i];
       out.resize(t.response_tokens.size());
       for (size_t j = 0; j < out.size(); ++j) {
-        // Response token j is scored at position P - 1 + j (invariant 4).
-        out[j] = t.is_env_token(j) ? std::numeric_limits<float>::quiet_NaN()
-                                   : lp[b][P - 1 + static_cast<int64_t>(j)];
+        // Response token j is scored at position P - 1 + j (invariant 4);
+        // without a prompt the first has no position (nothing predicts it)
+        // and, like environment tokens, no teacher score.
+        const int64_t at = P - 1 + static_cast<int64_t>(j);
+        out[j] = t.is_env_token(j) || at < 0 ? std::numeric_limits<float>::quiet_NaN() : lp[b][at];
       }
     }
     stats_.tokens += ids.size(0) > 0 ? lengths.sum().item<int64_t>() : 0;

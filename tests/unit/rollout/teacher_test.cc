@@ -83,6 +83,26 @@ TEST_F(TeacherTest, ScoresEveryResponseTokenAtItsShiftedPosition) {
   for (const at::Tensor& p : teacher_->parameters()) EXPECT_FALSE(p.requires_grad());
 }
 
+// Without a prompt nothing predicts the first response token: it gets NaN
+// (no teacher score, as an environment token) and the others their scores,
+// also beside a row with a prompt in the same pass.
+TEST_F(TeacherTest, AResponseWithoutAPromptHasNoScoreForItsFirstToken) {
+  std::vector<TrajectoryGroup> groups(1);
+  groups[0].group_id = "g";
+  groups[0].trajectories.push_back(response({3, 7, 1}, {4, 9}));
+  groups[0].trajectories.push_back(response({}, {4, 9, 2}));
+  Teacher teacher(teacher_.ptr(), 1, {});
+  ASSERT_TRUE(teacher.score(groups).ok());
+  const Trajectory& t = groups[0].trajectories[1];
+  ASSERT_EQ(t.teacher_logprobs.size(), 3u);
+  EXPECT_TRUE(std::isnan(t.teacher_logprobs[0]));
+  for (size_t j = 1; j < 3; ++j) EXPECT_NEAR(t.teacher_logprobs[j], expected(t, j), 1e-5) << j;
+  const Trajectory& first = groups[0].trajectories[0];
+  for (size_t j = 0; j < 2; ++j) {
+    EXPECT_NEAR(first.teacher_logprobs[j], expected(first, j), 1e-5) << j;
+  }
+}
+
 // vocab_limit renormalises over the student's ids only, as the student
 // samples them: every log-prob is higher than over the whole vocabulary.
 TEST_F(TeacherTest, VocabLimitIsTheSoftmaxSupport) {
