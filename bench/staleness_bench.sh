@@ -91,11 +91,13 @@ d, kind, s, rep, target = sys.argv[1:]
 rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
 rl = [r for r in rows if r["phase"] == "rl"]
 evals = [r for r in rows if r["phase"] == "eval"]
+# An accuracy run stopped by the eval right after the warm start has no RL
+# step at all (its time to the target is 0).
 out = {"kind": kind, "bound": int(s), "rep": int(rep),
        "samples": sum(r["batch/trajectories"] for r in rl),
-       "rl_s": rl[-1]["time/elapsed_s"],
-       "staleness": sum(r["staleness/mean"] for r in rl) / len(rl),
-       "final_accuracy": evals[-1]["accuracy"],
+       "rl_s": rl[-1]["time/elapsed_s"] if rl else 0.0,
+       "staleness": sum(r["staleness/mean"] for r in rl) / len(rl) if rl else None,
+       "final_accuracy": evals[-1]["accuracy"] if evals else None,
        "steps": len(rl)}
 if kind == "acc":
     elapsed = {r["step"]: r["time/elapsed_s"] for r in rl}

@@ -212,16 +212,52 @@ def main():
                       if sync else "-",
                       f"{ratio(r['tta_vs_sync'])} time ({ratio(r['tta_net_vs_sync'])})"))
 
-    # Programs from another branch: shown as they report themselves.
-    other = []
-    for name in ("decode_python", "trainer"):
-        rows = rows_of(os.path.join(out_dir, name + ".out"))
-        for r in rows[:12]:
-            other.append(f"- {name}: " + ", ".join(
-                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
-        if not rows and ran.get(name, (0, ""))[1] == "ok":
-            text = open(os.path.join(out_dir, name + ".out")).read().strip().splitlines()
-            other += [f"    {line}" for line in text[-15:]]
+    # Against plain PyTorch on the same weights (rollout_bench --only py,
+    # trainer_bench) and against the machine's limits.
+    py = rows_of(os.path.join(out_dir, "decode_python.out"))
+    for r in py:
+        if r.get("bench") != "py" or r.get("mode") != "engine":
+            continue
+        base = pick(py, model=r["model"], bench="py", batch=r["batch"], mode="python")
+        if not base:
+            continue
+        context = base.get("notes", "").split(",")[0]
+        table.append(("decode", f"{r['model']}, batch {r['batch']}, {context}: engine tokens/s",
+                      num(r["tokens_per_s"], ",.1f"),
+                      f"plain-PyTorch generate loop {num(base['tokens_per_s'], ',.1f')}",
+                      ratio(r["ratio"])))
+        for bound in ("roofline", "gemm-only"):
+            b = pick(py, model=r["model"], bench="bound", batch=r["batch"], mode=bound)
+            if b:
+                kind = ("memory-bound" if "memory-bound" in b.get("notes", "")
+                        else "compute-bound") if bound == "roofline" else "weight GEMMs alone"
+                table.append(("decode", f"{r['model']}, batch {r['batch']}: engine tokens/s "
+                              f"as a share of the {bound} bound ({kind})",
+                              num(r["tokens_per_s"], ",.1f"),
+                              f"{bound} {num(b['tokens_per_s'], ',.1f')}",
+                              ratio(b["ratio"])))
+    trainer = rows_of(os.path.join(out_dir, "trainer.out"))
+    for r in trainer:
+        if r.get("mode") not in ("trainer", "core"):
+            continue
+        base = pick(trainer, model=r["model"], shape=r["shape"], mode="python")
+        if not base:
+            continue
+        what = ("Trainer::step" if r["mode"] == "trainer"
+                else "the Python step's loop in C++ (core)")
+        table.append(("trainer", f"{r['model']}, {r['shape']} (rows x tokens): {what}, "
+                      "tokens/s", num(r["tokens_per_s"], ",.0f"),
+                      f"the same step in PyTorch {num(base['tokens_per_s'], ',.0f')}",
+                      ratio(r["ratio"])))
+    for r in trainer:
+        if r.get("mode") == "bound":
+            # notes: "<F> GFLOP/step at peak <P> GFLOP/s; trainer at <T> GFLOP/s"
+            parts = r.get("notes", "").split("; trainer at ")
+            table.append(("trainer", f"{r['model']}, {r['shape']}: Trainer::step GFLOP/s as a "
+                          "share of the fp32 GEMM peak",
+                          parts[1].split(" ")[0] if len(parts) == 2 else "-",
+                          parts[0].split(" at ")[-1] if len(parts) == 2 else "-",
+                          ratio(r["ratio"])))
 
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     print(f"## relay benchmarks ({'quick' if quick else 'full'} pass, {when}, "
@@ -241,10 +277,6 @@ def main():
     print()
     print("Programs: " + "; ".join(f"{n} {s} s {st}" if st == "ok" else f"{n}: {st}"
                                    for n, (s, st) in ran.items()) + ".")
-    if other:
-        print()
-        print("Other benchmarks, as reported:")
-        print("\n".join(other))
 
 
 if __name__ == "__main__":

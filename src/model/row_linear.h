@@ -18,9 +18,12 @@
 // So up to kMaxSkinnyRows rows run RowKernel::kSkinny where the CPU has
 // AVX2 and FMA: every weight row is read once and dotted with all the input
 // rows, three weight rows at a time so that each input vector loaded serves
-// three of them. Elsewhere (another architecture, an older x86) one or two rows run
-// as BLAS matrix-vector products (RowKernel::kMatrixVector), and more rows
-// as linear() itself.
+// three of them (on one thread, 4 rows: 13.9 GFLOP/s against 10.8 taking
+// one weight row at a time, on the Xeon VM of docs/BENCHMARKS.md). Past 4
+// rows a probe of 3 x 4 and AVX-512 tiles on one thread did not beat the
+// two-thread SGEMM by enough to take over. Elsewhere (another architecture, an older x86) one or
+// two rows run as BLAS matrix-vector products (RowKernel::kMatrixVector), and more rows as linear()
+// itself.
 //
 // Only where nothing else depends on the GEMM: fp32 tensors on the CPU, a
 // contiguous weight, no autograd (no operand requires a gradient while grad
