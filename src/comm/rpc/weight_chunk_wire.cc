@@ -159,7 +159,6 @@ StatusOr<WeightChunkView> read_weight_chunk(const std::vector<grpc::Slice>& slic
         }
         if (field == v1::WeightChunk::kDataFieldNumber) {
           view.data = std::move(spans);
-          view.data_size = n;
         } else if (field == v1::WeightChunk::kManifestFieldNumber) {
           std::string bytes;
           bytes.reserve(n);

@@ -7,8 +7,8 @@
 // generated protobuf code each chunk's bytes were copied three times besides
 // the socket's own copies: into the message (set_data), into gRPC's send
 // buffer (serialization) and out of the received buffer into a string
-// (parsing); for a 400 MB version on loopback those copies were most of the
-// transfer's CPU time. Here the sender's message is two slices: a small head
+// (parsing): CPU time on top of the socket's own copies, on both ends. Here
+// the sender's message is two slices: a small head
 // (every other field, then data's tag and length) and the chunk's bytes
 // themselves, a slice that references the weight snapshot instead of copying
 // it. The receiver reads the fields straight out of the slices the message
@@ -49,7 +49,6 @@ struct WeightChunkView {
   uint64_t offset = 0;
   uint64_t chunk_digest = 0;
   std::vector<std::pair<const char*, uint64_t>> data;
-  uint64_t data_size = 0;
 };
 
 // Reads a message from its slices. DataLoss naming the field and byte where
