@@ -34,6 +34,7 @@
 #include <thread>
 
 #include "bench_util.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/threads.h"
 #include "relay/rollout/engine.h"
 
@@ -173,6 +174,7 @@ Result run_episodes(const Workload& w, model::Policy& policy, int latency_ms) {
 }  // namespace relay::bench
 
 int main(int argc, char** argv) {
+  relay::model::choose_blas_kernels(argv);  // first: it may start the program again
   using namespace relay;
   using namespace relay::bench;
   const model::ThreadSettings threads = model::configure_threads(0);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/lora.h"
 #include "relay/model/policy.h"
 #include "relay/rollout/engine.h"
@@ -101,6 +102,7 @@ double decode_seconds(const Policy& policy, int tokens) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  relay::model::choose_blas_kernels(argv);  // first: it may start the program again
   const std::vector<std::string> models = relay::bench::split(
       flag(argc, argv, "--models") ? flag(argc, argv, "--models") : "qwen2-100m,qwen2.5-0.5b");
   relay::model::LoraConfig lora;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/policy.h"
 #include "relay/trainer/batch.h"
 #include "relay/trainer/trainer.h"
@@ -60,6 +61,7 @@ Padding padding_of(const TrainBatch& batch, int64_t budget, bool packed) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  relay::model::choose_blas_kernels(argv);  // first: it may start the program again
   const std::string model =
       flag(argc, argv, "--model") ? flag(argc, argv, "--model") : "qwen2-100m";
   auto number = [&](const char* name, int64_t fallback) {

@@ -53,7 +53,8 @@
 //
 //   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py|attn]
 //                 [--python] [--python-exe PATH] [--python-script PATH] [--quick]
-//                 [--threads N] [--blas-threads T] [--reps R] [--prompt P] [--new N] [--json]
+//                 [--threads N] [--blas-threads T] [--kernel-threads K] [--reps R] [--prompt P]
+//                 [--new N] [--json]
 //                 [--device cpu|cuda[:i]] [--dtype float32|bfloat16] [--model-dir DIR]
 //
 // --model-dir DIR adds the model in DIR (config.json + safetensors, any
@@ -74,7 +75,9 @@
 // Threads default to what relay's binaries use (model::configure_threads with
 // every core: 1 intra-op thread, all cores to OpenBLAS). --threads sets
 // LibTorch's intra-op pool and --blas-threads OpenBLAS's own pthread pool
-// explicitly, to compare settings. Both are printed.
+// explicitly, to compare settings; --kernel-threads sets relay's kernel pool
+// (src/model/kernel_pool.h: the few-row products; configure_threads gives it
+// every core with OpenBLAS). All three are printed.
 // tokens/s counts response tokens only (prompt positions are work, not output).
 
 #include <torch/cuda.h>
@@ -97,7 +100,9 @@
 #include "bench_util.h"
 #include "machine_limits.h"
 #include "model/decode_attention.h"
+#include "model/kernel_pool.h"
 #include "python_ref.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/device.h"
 #include "relay/model/hf_config.h"
@@ -798,11 +803,15 @@ void print_json(const std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: it may start the program again with other BLAS kernels (and the
+  // Python baseline, a child, inherits the choice).
+  relay::model::choose_blas_kernels(argv);
   const char* models_flag = flag(argc, argv, "--models");
   const char* batches_flag = flag(argc, argv, "--batches");
   const char* only = flag(argc, argv, "--only");
   const char* threads_flag = flag(argc, argv, "--threads");
   const char* blas_flag = flag(argc, argv, "--blas-threads");
+  const char* kernel_flag = flag(argc, argv, "--kernel-threads");
   const char* reps_flag = flag(argc, argv, "--reps");
   const char* prompt_flag = flag(argc, argv, "--prompt");
   const char* new_flag = flag(argc, argv, "--new");
@@ -849,6 +858,8 @@ int main(int argc, char** argv) {
   relay::model::configure_threads(0);
   if (threads_flag) at::set_num_threads(std::atoi(threads_flag));
   const int blas = blas_threads(blas_flag ? std::atoi(blas_flag) : 0);
+  if (kernel_flag) relay::model::set_kernel_threads(std::atoi(kernel_flag));
+  const int kernel_threads = relay::model::kernel_pool()->threads();
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const char* blas_env = std::getenv("OPENBLAS_NUM_THREADS");
   // Progress and set-up go to stderr, so --json leaves stdout clean.
@@ -857,6 +868,9 @@ int main(int argc, char** argv) {
                "threads %d (OMP_NUM_THREADS=%s, OPENBLAS_NUM_THREADS=%s)\n",
                TORCH_VERSION, g_device.str().c_str(), c10::toString(g_dtype), at::get_num_threads(),
                blas, omp ? omp : "(unset)", blas_env ? blas_env : "(unset)");
+  const std::string kernels = relay::model::describe(relay::model::blas_kernels());
+  std::fprintf(stderr, "rollout_bench: BLAS %s; %d kernel-pool threads\n", kernels.c_str(),
+               kernel_threads);
 
   std::vector<Row> rows;
   const auto start = Clock::now();
@@ -943,6 +957,7 @@ int main(int argc, char** argv) {
         "%.0f s\n",
         TORCH_VERSION, g_device.str().c_str(), c10::toString(g_dtype), at::get_num_threads(), blas,
         since(start));
+    std::printf("BLAS %s; %d kernel-pool threads\n", kernels.c_str(), kernel_threads);
     if (do_py) {
       std::printf(
           "machine (best of start and end): fp32 GEMM peak %.1f GFLOP/s (2048^3); bandwidth: GEMV "

@@ -52,6 +52,7 @@
 
 #include "bench_util.h"
 #include "relay/comm/dist/trainer_group.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/policy.h"
 #include "relay/trainer/trainer.h"
 #include "testing/ports.h"
@@ -200,6 +201,7 @@ std::vector<TrajectoryGroup> synthetic_batch(const PolicyConfig& config, int64_t
 }  // namespace
 
 int main(int argc, char** argv) {
+  relay::model::choose_blas_kernels(argv);  // first: it may start the program again
   const std::vector<std::string> models = relay::bench::split(
       flag(argc, argv, "--models") ? flag(argc, argv, "--models") : "qwen2-100m,qwen2.5-0.5b");
   std::vector<int> worlds;

@@ -266,7 +266,8 @@ def main():
     print(f"Machine: {machine['cpu']}, {machine['cores']} cores "
           f"({machine['threads_per_core']} thread(s) per core), {machine['memory_gib']} GiB; "
           f"{machine['os']}; {machine['compiler']}; LibTorch {machine['torch']}; "
-          f"BLAS {machine['blas']}. Load average (1/5/15 min) before "
+          f"BLAS {machine['blas']}"
+          f"{'; ' + machine['blas_kernels'] if machine.get('blas_kernels') else ''}. Load average (1/5/15 min) before "
           f"{' '.join(machine['load_before'])}, after {' '.join(load_after)}.")
     print()
     print("| area | figure (median of the program's repetitions) | value | baseline, same run "

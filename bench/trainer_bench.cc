@@ -65,6 +65,7 @@
 #include "bench_util.h"
 #include "machine_limits.h"
 #include "python_ref.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/policy.h"
 #include "relay/model/safetensors.h"
 #include "relay/model/threads.h"
@@ -326,6 +327,9 @@ void print_json(const std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: it may start the program again with other BLAS kernels (and the
+  // Python baseline, a child, inherits the choice).
+  relay::model::choose_blas_kernels(argv);
   using relay::bench::flag;
   using relay::bench::has;
   const char* models_flag = flag(argc, argv, "--models");
@@ -359,6 +363,8 @@ int main(int argc, char** argv) {
   const int blas = relay::bench::blas_threads(blas_flag ? std::atoi(blas_flag) : 0);
   std::fprintf(stderr, "trainer_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads\n",
                TORCH_VERSION, at::get_num_threads(), blas);
+  const std::string kernels = relay::model::describe(relay::model::blas_kernels());
+  std::fprintf(stderr, "trainer_bench: BLAS %s\n", kernels.c_str());
 
   const auto start = Clock::now();
   relay::bench::TempDir scratch;
@@ -430,6 +436,7 @@ int main(int argc, char** argv) {
   } else {
     std::printf("trainer_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, %.0f s\n",
                 TORCH_VERSION, at::get_num_threads(), blas, seconds_since(start));
+    std::printf("BLAS %s\n", kernels.c_str());
     std::printf("machine: fp32 GEMM peak %.1f GFLOP/s (2048^3, best of start and end)%s%s\n",
                 limits.peak_gflops, py ? "; python " : "", py ? py->hello().dump().c_str() : "");
     print_table(rows, stdout);

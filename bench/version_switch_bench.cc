@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/policy.h"
 #include "relay/model/threads.h"
 #include "relay/rollout/engine.h"
@@ -177,6 +178,7 @@ class Switcher {
 }  // namespace
 
 int main(int argc, char** argv) {
+  relay::model::choose_blas_kernels(argv);  // first: it may start the program again
   std::vector<std::string> models = {"tiny", "qwen2-100m"};
   std::vector<std::string> policies = {"recompute", "keep", "restart"};
   int64_t batch = 8;

@@ -92,6 +92,10 @@ pkg = sh(f"dpkg -S {m['blas']} 2>/dev/null | cut -d: -f1") if blas else ""
 if pkg:
     version = sh("dpkg-query -W -f '${Version}' " + pkg)
     m["blas"] += f" ({pkg} {version})"
+# The kernels OpenBLAS runs in relay's processes (model/blas_kernels.h).
+relay_bin = os.path.join(os.path.dirname(os.path.dirname(probe)), "src", "relay")
+if os.access(relay_bin, os.X_OK):
+    m["blas_kernels"] = sh(f"{relay_bin} env | sed -n 's/^blas: //p'")
 m["os"] = sh(". /etc/os-release && echo $PRETTY_NAME")
 m["compiler"] = sh("c++ --version | head -1")
 m["load_before"] = open("/proc/loadavg").read().split()[:3]

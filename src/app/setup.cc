@@ -1,5 +1,6 @@
 #include "relay/app/setup.h"
 
+#include <spdlog/spdlog.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -21,6 +22,7 @@
 #include "relay/env/remote_environment.h"
 #include "relay/env/tool_environment.h"
 #include "relay/env/tool_prompt.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
@@ -274,6 +276,11 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
   model::configure_threads(s.config.run.threads);
   model::return_freed_memory();
+  // Only where choose_blas_kernels() could not help (an OpenBLAS built for
+  // one CPU, or a failed restart): say once why products are slow.
+  if (const model::BlasKernels blas = model::blas_kernels(); blas.below_cpu) {
+    spdlog::warn("BLAS: {}", model::describe(blas));
+  }
   s.model_dir = dir;
   RELAY_RETURN_IF_ERROR(load_or_build_model(dir, s));
   RELAY_RETURN_IF_ERROR(place_on_device(s));

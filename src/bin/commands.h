@@ -41,6 +41,7 @@ Command add_train_local_command(CLI::App& relay);  // train-local: the loop in o
 Command add_report_command(CLI::App& relay);       // report: the dashboard as one HTML file
 Command add_serve_command(CLI::App& relay);        // serve: the OpenAI-compatible endpoint
 Command add_export_command(CLI::App& relay);       // export: an HF directory, LoRA merged
+Command add_env_command(CLI::App& relay);          // env: LibTorch, devices, BLAS kernels, threads
 
 // Prints "relay <command>: <status message>" on stderr; returns 1.
 int fail(const std::string& command, const Status& status);

@@ -16,6 +16,7 @@
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
+#include "relay/model/threads.h"
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/generate.h"
 
@@ -67,6 +68,8 @@ Status render_chat_text(const GenerateArgs& args, const model::Tokenizer& tokeni
 }
 
 int generate(const GenerateArgs& args) {
+  // Every core, split as relay's workers split it (model/threads.h).
+  model::configure_threads(0);
   StatusOr<model::Policy> policy = model::load_policy(args.model_dir);
   if (!policy.ok()) return fail("generate", policy.status());
   // --ids needs no tokenizer (the text line is left out without one); a

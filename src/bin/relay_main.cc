@@ -10,9 +10,12 @@
 #include "bin/commands.h"
 #include "relay/app/setup.h"
 #include "relay/common/logging.h"
+#include "relay/model/blas_kernels.h"
 
 int main(int argc, char** argv) {
   using namespace relay::cli;
+  // First: it may start the program again with other BLAS kernels.
+  relay::model::choose_blas_kernels(argv);
   relay::app::report_uncaught_exceptions("relay");
   CLI::App app{"relay: asynchronous RL post-training for LLMs"};
   app.require_subcommand(1);
@@ -23,7 +26,7 @@ int main(int argc, char** argv) {
       add_tokenize_command(app),    add_generate_command(app), add_rollout_command(app),
       add_run_command(app),         add_eval_command(app),     add_store_command(app),
       add_train_local_command(app), add_report_command(app),   add_serve_command(app),
-      add_export_command(app)};
+      add_export_command(app),      add_env_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -28,6 +28,7 @@
 #include "relay/app/setup.h"
 #include "relay/app/trainer_run.h"
 #include "relay/common/logging.h"
+#include "relay/model/blas_kernels.h"
 
 namespace {
 
@@ -86,6 +87,8 @@ std::optional<int> parse_flags(int argc, char** argv, relay::app::TrainerRunArgs
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: it may start the program again with other BLAS kernels.
+  relay::model::choose_blas_kernels(argv);
   relay::app::report_uncaught_exceptions("relay-trainer");
   relay::app::TrainerRunArgs args;
   if (std::optional<int> code = parse_flags(argc, argv, args)) return *code;

@@ -17,6 +17,7 @@
 #include "bin/commands.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/policy.h"
+#include "relay/model/threads.h"
 
 namespace relay::cli {
 namespace {
@@ -38,6 +39,8 @@ nlohmann::json float_list(const at::Tensor& t) {
 }
 
 int score(const ScoreArgs& args) {
+  // Every core, split as relay's workers split it (model/threads.h).
+  model::configure_threads(0);
   std::vector<int64_t> ids;
   std::string error;
   if (!parse_ids(args.ids, &ids, &error)) return fail("score", InvalidArgumentError(error));

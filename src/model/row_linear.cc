@@ -11,6 +11,7 @@
 #include "relay/model/device.h"
 
 #include "model/cpu_features.h"
+#include "model/kernel_pool.h"
 
 #ifdef RELAY_X86_KERNELS
 #include <immintrin.h>
@@ -84,7 +85,7 @@ void skinny(const float* w, const float* x, const float* bias, float* y, int64_t
             int64_t in) {
   // Enough weight rows per task that a task streams at least ~64 KB.
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1));
-  at::parallel_for(0, out, grain, [&](int64_t o0, int64_t o1) {
+  auto block = [&](int64_t o0, int64_t o1) {
     switch (rows) {
       case 1:
         skinny_block<1>(w, x, bias, y, out, in, o0, o1);
@@ -99,7 +100,15 @@ void skinny(const float* w, const float* x, const float* bias, float* y, int64_t
         skinny_block<4>(w, x, bias, y, out, in, o0, o1);
         break;
     }
-  });
+  };
+  // With OpenBLAS the intra-op pool has one thread (threads.h) and the
+  // kernel pool has the cores; otherwise the intra-op pool has them.
+  const std::shared_ptr<KernelPool> pool = kernel_pool();
+  if (pool->threads() > 1) {
+    pool->parallel_for(out, grain, block);
+  } else {
+    at::parallel_for(0, out, grain, block);
+  }
 }
 
 #endif  // RELAY_X86_KERNELS

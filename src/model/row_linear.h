@@ -15,6 +15,10 @@
 //   addmv per row          25.1   16.3   10.9    6.8   (Python probe)
 //   RowKernel::kSkinny     27.5   22.2   14.9    7.1
 //
+// (On another VM, an Emerald Rapids guest, one thread streamed ~10 GB/s and
+// two 20: the kernel splits its weight rows over relay's kernel pool,
+// src/model/kernel_pool.h, which has the cores OpenBLAS idles on meanwhile.)
+//
 // So up to kMaxSkinnyRows rows run RowKernel::kSkinny where the CPU has
 // AVX2 and FMA: every weight row is read once and dotted with all the input
 // rows, three weight rows at a time so that each input vector loaded serves

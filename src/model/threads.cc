@@ -8,6 +8,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "model/kernel_pool.h"
+
 namespace relay::model {
 
 ThreadSettings configure_threads(int threads) {
@@ -21,9 +23,12 @@ ThreadSettings configure_threads(int threads) {
     set(cores);
     s.blas = cores;
     s.intra_op = 1;
+    s.kernels = cores;
   } else {
     s.intra_op = cores;
+    s.kernels = 1;
   }
+  set_kernel_threads(s.kernels);
   at::set_num_threads(s.intra_op);
   return s;
 }

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "relay/common/tensorboard.h"
+#include "relay/model/blas_kernels.h"
 #include "relay/model/checkpoint.h"
 #include "relay/model/weight_manifest.h"
 #include "relay/store/rollout_store.h"
@@ -35,11 +36,12 @@ struct CliResult {
   std::string err;  // stderr
 };
 
-CliResult RelayCli(const std::string& args) {
+// `env`: a prefix for the shell ("VAR=value ...", "env -u VAR").
+CliResult RelayCli(const std::string& args, const std::string& env = "") {
   // ctest runs each test in its own process, in parallel: keep files apart.
   const std::string err_file =
       ::testing::TempDir() + "/relay_cli_stderr_" + std::to_string(::getpid()) + ".txt";
-  const std::string cmd = std::string(RELAY_CLI_PATH) + " " + args + " 2>" + err_file;
+  const std::string cmd = env + " " + RELAY_CLI_PATH + " " + args + " 2>" + err_file;
   CliResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -1253,6 +1255,51 @@ TEST_F(CliTest, EvalNamesWhatIsMissing) {
   EXPECT_NE(neg.exit_code, 0);
   EXPECT_NE(neg.err.find("eval.n"), std::string::npos) << neg.err;
   fs::remove_all(dir);
+}
+
+// The line of `relay env` that starts with `key: `, without the key.
+std::string EnvLine(const std::string& out, const std::string& key) {
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(key + ": ", 0) == 0) return line.substr(key.size() + 2);
+  }
+  return "";
+}
+
+// Started the way a user starts it (no OPENBLAS_CORETYPE), relay runs
+// OpenBLAS kernels written for this CPU's vector instructions: on a CPU that
+// OpenBLAS does not recognise (here an Emerald Rapids guest, where it falls
+// back to Prescott) it has started itself again with better ones.
+TEST(CliEnvTest, RunsBlasKernelsWrittenForThisCpu) {
+  CliResult r = RelayCli("env", "env -u OPENBLAS_CORETYPE -u RELAY_OPENBLAS_DETECTED");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(EnvLine(r.out, "libtorch").empty()) << r.out;
+  EXPECT_FALSE(EnvLine(r.out, "threads").empty()) << r.out;
+  const std::string blas = EnvLine(r.out, "blas");
+  ASSERT_FALSE(blas.empty()) << r.out;
+  if (blas == "not OpenBLAS") GTEST_SKIP() << "the BLAS is not OpenBLAS";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(blas, m, std::regex(": (\\w+) kernels \\("))) << blas;
+  const model::CpuVectorIsa isa = model::cpu_vector_isa();
+  EXPECT_EQ(model::openblas_core_to_request(m[1].str(), isa), "") << blas;
+  EXPECT_EQ(blas.find("older CPU"), std::string::npos) << blas;
+  std::smatch detected;
+  if (std::regex_search(blas, detected, std::regex("OpenBLAS detected (\\w+)"))) {
+    // relay replaced OpenBLAS's choice only where its rule says so.
+    EXPECT_NE(model::openblas_core_to_request(detected[1].str(), isa), "") << blas;
+  }
+}
+
+// A choice made through OPENBLAS_CORETYPE is the user's, and stays.
+TEST(CliEnvTest, KeepsTheKernelsSetInOpenblasCoretype) {
+  CliResult r = RelayCli("env", "env -u RELAY_OPENBLAS_DETECTED OPENBLAS_CORETYPE=Prescott");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string blas = EnvLine(r.out, "blas");
+  if (blas == "not OpenBLAS") GTEST_SKIP() << "the BLAS is not OpenBLAS";
+  if (blas.find("DYNAMIC_ARCH") == std::string::npos || !model::cpu_vector_isa().avx2_fma) {
+    GTEST_SKIP() << "OpenBLAS without a choice of kernels here: " << blas;
+  }
+  EXPECT_NE(blas.find(": Prescott kernels (OPENBLAS_CORETYPE)"), std::string::npos) << blas;
 }
 
 // relay tokenize with relay's char tokenizer file, and with a Hugging Face

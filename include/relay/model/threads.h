@@ -9,6 +9,10 @@ namespace relay::model {
 struct ThreadSettings {
   int intra_op = 0;  // LibTorch's intra-op pool (at::set_num_threads)
   int blas = -1;     // OpenBLAS's own pthread pool; -1 when the BLAS is not OpenBLAS
+  // relay's kernel pool (src/model/kernel_pool.h: row_linear's few-row
+  // products): the cores with OpenBLAS, whose pool idles while they run;
+  // 1 otherwise, the kernels then using the intra-op pool.
+  int kernels = 1;
 };
 
 // Gives this process `threads` cores (0 = every core it may use).

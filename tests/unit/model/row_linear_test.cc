@@ -4,6 +4,8 @@
 
 #include "model/row_linear.h"
 
+#include "model/kernel_pool.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -77,14 +79,23 @@ TEST(RowLinearTest, SkinnyRowsGiveTheSameBitsInAnyBatch) {
   if (!has_skinny_kernel()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
   torch::NoGradGuard no_grad;
   const int threads = at::get_num_threads();
+  const int kernel_threads = kernel_pool()->threads();
+  // {LibTorch intra-op threads, kernel-pool threads}: the kernel runs on
+  // the intra-op pool when the kernel pool has one thread.
+  const std::vector<std::pair<int, int>> settings = {{1, 1}, {2, 1}, {1, 2}, {1, 3}};
   for (int64_t out : {1, 2, 3, 4, 5, 3001}) {
     const Operands o = make_operands(out, 131, 10 + out);
     const at::Tensor x = torch::randn({kMaxSkinnyRows, 131});
-    for (int t : {1, 2}) {
-      at::set_num_threads(t);
-      SCOPED_TRACE("out " + std::to_string(out) + ", threads " + std::to_string(t));
+    at::Tensor first;
+    for (const auto& [intra_op, pool] : settings) {
+      at::set_num_threads(intra_op);
+      set_kernel_threads(pool);
+      SCOPED_TRACE("out " + std::to_string(out) + ", intra-op threads " + std::to_string(intra_op) +
+                   ", kernel-pool threads " + std::to_string(pool));
       const at::Tensor all = row_linear(x, o.weight, o.bias, RowKernel::kSkinny);
       EXPECT_LE(relative_error(all, torch::linear(x, o.weight, o.bias)), 1e-6);
+      if (!first.defined()) first = all;
+      EXPECT_TRUE(torch::equal(all, first)) << "bits differ between thread settings";
       for (int64_t rows = 1; rows <= kMaxSkinnyRows; ++rows) {
         const at::Tensor some =
             row_linear(x.narrow(0, 0, rows), o.weight, o.bias, RowKernel::kSkinny);
@@ -95,6 +106,7 @@ TEST(RowLinearTest, SkinnyRowsGiveTheSameBitsInAnyBatch) {
     }
   }
   at::set_num_threads(threads);
+  set_kernel_threads(kernel_threads);
 }
 
 TEST(RowLinearTest, MatrixVectorKernelIsOneAddmvPerRow) {
