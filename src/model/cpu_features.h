@@ -4,7 +4,7 @@
 // row_linear.h and decode_attention.h, src/trainer's adamw_kernel.h).
 // Private to src/.
 //
-// The kernels are compiled for AVX2/FMA through per-function target
+// The kernels are compiled for AVX2/FMA (and AVX-512) through per-function target
 // attributes, so the build's flags stay portable and the choice is made at
 // run time, once.
 
@@ -18,6 +18,16 @@ namespace relay::model {
 inline bool cpu_has_avx2_fma() {
 #ifdef RELAY_X86_KERNELS
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// x86-64 with AVX-512F (the foundation: 32 sixteen-lane registers).
+inline bool cpu_has_avx512f() {
+#ifdef RELAY_X86_KERNELS
+  static const bool has = __builtin_cpu_supports("avx512f") && cpu_has_avx2_fma();
   return has;
 #else
   return false;

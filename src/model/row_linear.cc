@@ -81,11 +81,85 @@ __attribute__((target("avx2,fma"))) void skinny_block(const float* w, const floa
   for (; o < o1; ++o) skinny_tile<1, R>(w, x, bias, y, out, in, o);
 }
 
+// Sums a sixteen-lane vector: its halves, then as lane_sum. (The zero-masked
+// extracts because GCC 12's unmasked ones fill with an undefined vector and
+// trip -Wuninitialized.)
+__attribute__((target("avx512f,avx2,fma"))) inline float lane_sum16(__m512 v) {
+  const __m512d d = _mm512_castps_pd(v);
+  const __m256 lo = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, d, 0));
+  const __m256 hi = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, d, 1));
+  return lane_sum(_mm256_add_ps(lo, hi));
+}
+
+// skinny_tile with sixteen lanes and AVX-512's 32 registers, which hold the
+// sums of eight input rows: 3 x 8 accumulators + 3 weight vectors + 1 input
+// vector. The same rule: each sum's order depends on neither O nor R.
+template <int O, int R>
+__attribute__((target("avx512f,avx2,fma"))) inline void wide_tile(const float* w, const float* x,
+                                                                  const float* bias, float* y,
+                                                                  int64_t out, int64_t in,
+                                                                  int64_t o) {
+  __m512 acc[O][R];
+#pragma GCC unroll 8
+  for (int a = 0; a < O; ++a) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[a][r] = _mm512_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 16 <= in; i += 16) {
+    __m512 wv[O];
+#pragma GCC unroll 8
+    for (int a = 0; a < O; ++a) wv[a] = _mm512_loadu_ps(w + (o + a) * in + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * in + i);
+#pragma GCC unroll 8
+      for (int a = 0; a < O; ++a) acc[a][r] = _mm512_fmadd_ps(wv[a], xv, acc[a][r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int a = 0; a < O; ++a) {
+    const float* wo = w + (o + a) * in;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      float s = lane_sum16(acc[a][r]);
+      for (int64_t k = i; k < in; ++k) s += wo[k] * x[r * in + k];
+      y[r * out + o + a] = bias != nullptr ? s + bias[o + a] : s;
+    }
+  }
+}
+
+// Outputs [o0, o1) for R <= 8 input rows: four weight rows at a time up to
+// four input rows, three above (the registers' limit).
+template <int R>
+__attribute__((target("avx512f,avx2,fma"))) void wide_block(const float* w, const float* x,
+                                                            const float* bias, float* y,
+                                                            int64_t out, int64_t in, int64_t o0,
+                                                            int64_t o1) {
+  constexpr int O = R <= 4 ? 4 : 3;
+  int64_t o = o0;
+  for (; o + O <= o1; o += O) wide_tile<O, R>(w, x, bias, y, out, in, o);
+  for (; o < o1; ++o) wide_tile<1, R>(w, x, bias, y, out, in, o);
+}
+
+// One call of block(o0, o1) per range of weight rows, each range streaming
+// at least ~64 KB of weights. With OpenBLAS the intra-op pool has one thread
+// (threads.h) and the kernel pool has the cores; otherwise the intra-op pool
+// has them.
+template <typename Block>
+void split_weight_rows(int64_t out, int64_t in, const Block& block) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1));
+  const std::shared_ptr<KernelPool> pool = kernel_pool();
+  if (pool->threads() > 1) {
+    pool->parallel_for(out, grain, block);
+  } else {
+    at::parallel_for(0, out, grain, block);
+  }
+}
+
 void skinny(const float* w, const float* x, const float* bias, float* y, int64_t rows, int64_t out,
             int64_t in) {
-  // Enough weight rows per task that a task streams at least ~64 KB.
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1));
-  auto block = [&](int64_t o0, int64_t o1) {
+  split_weight_rows(out, in, [&](int64_t o0, int64_t o1) {
     switch (rows) {
       case 1:
         skinny_block<1>(w, x, bias, y, out, in, o0, o1);
@@ -100,32 +174,88 @@ void skinny(const float* w, const float* x, const float* bias, float* y, int64_t
         skinny_block<4>(w, x, bias, y, out, in, o0, o1);
         break;
     }
-  };
-  // With OpenBLAS the intra-op pool has one thread (threads.h) and the
-  // kernel pool has the cores; otherwise the intra-op pool has them.
-  const std::shared_ptr<KernelPool> pool = kernel_pool();
-  if (pool->threads() > 1) {
-    pool->parallel_for(out, grain, block);
-  } else {
-    at::parallel_for(0, out, grain, block);
-  }
+  });
+}
+
+// Eight input rows at a time over one range of weight rows (~64 KB, which
+// the first eight left in cache): the weights stream from memory once.
+void wide(const float* w, const float* x, const float* bias, float* y, int64_t rows, int64_t out,
+          int64_t in) {
+  split_weight_rows(out, in, [&](int64_t o0, int64_t o1) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+      const float* xr = x + r0 * in;
+      float* yr = y + r0 * out;
+      switch (std::min<int64_t>(rows - r0, 8)) {
+        case 1:
+          wide_block<1>(w, xr, bias, yr, out, in, o0, o1);
+          break;
+        case 2:
+          wide_block<2>(w, xr, bias, yr, out, in, o0, o1);
+          break;
+        case 3:
+          wide_block<3>(w, xr, bias, yr, out, in, o0, o1);
+          break;
+        case 4:
+          wide_block<4>(w, xr, bias, yr, out, in, o0, o1);
+          break;
+        case 5:
+          wide_block<5>(w, xr, bias, yr, out, in, o0, o1);
+          break;
+        case 6:
+          wide_block<6>(w, xr, bias, yr, out, in, o0, o1);
+          break;
+        case 7:
+          wide_block<7>(w, xr, bias, yr, out, in, o0, o1);
+          break;
+        default:
+          wide_block<8>(w, xr, bias, yr, out, in, o0, o1);
+          break;
+      }
+    }
+  });
 }
 
 #endif  // RELAY_X86_KERNELS
 
+// The kernel a request runs on this CPU: the request where the CPU has it,
+// else the best it has.
+RowKernel resolve(RowKernel kernel) {
+  if (kernel == RowKernel::kSkinnyAvx512 && cpu_has_avx512f()) return kernel;
+  if (kernel == RowKernel::kSkinnyAvx2 && cpu_has_avx2_fma()) return kernel;
+  if (kernel == RowKernel::kMatrixVector) return kernel;
+  if (cpu_has_avx512f()) return RowKernel::kSkinnyAvx512;
+  if (cpu_has_avx2_fma()) return RowKernel::kSkinnyAvx2;
+  return RowKernel::kMatrixVector;
+}
+
+int64_t max_rows(RowKernel resolved) {
+  switch (resolved) {
+    case RowKernel::kSkinnyAvx512:
+      return kMaxAvx512Rows;
+    case RowKernel::kSkinnyAvx2:
+      return kMaxAvx2Rows;
+    default:
+      return kMaxMatrixVectorRows;
+  }
+}
+
 }  // namespace
 
-bool has_skinny_kernel() { return cpu_has_avx2_fma(); }
+RowKernel best_row_kernel() { return resolve(RowKernel::kBest); }
+
+int64_t max_row_kernel_rows() { return max_rows(best_row_kernel()); }
 
 at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                       RowKernel kernel) {
   const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
                                                       (bias.defined() && bias.requires_grad()));
-  // The row count first: most calls (prefill, scoring) leave here.
+  // The row count and the sequence dimension first: most calls (prefill,
+  // scoring) leave here.
   if (grad || weight.dim() != 2 || weight.size(1) == 0 || x.dim() < 1 ||
-      x.size(-1) != weight.size(1) || x.numel() / weight.size(1) > kMaxSkinnyRows ||
-      !x.device().is_cpu() || x.scalar_type() != torch::kFloat32 ||
-      weight.scalar_type() != torch::kFloat32 || !weight.is_contiguous() ||
+      x.size(-1) != weight.size(1) || x.numel() / weight.size(1) > kMaxAvx512Rows ||
+      (x.dim() >= 3 && x.size(-2) != 1) || !x.device().is_cpu() ||
+      x.scalar_type() != torch::kFloat32 || weight.scalar_type() != torch::kFloat32 ||
+      !weight.is_contiguous() ||
       (bias.defined() && (bias.scalar_type() != torch::kFloat32 || !bias.is_contiguous() ||
                           bias.numel() != weight.size(0))) ||
       current_autocast(c10::DeviceType::CPU).has_value()) {
@@ -133,17 +263,17 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
   }
   const int64_t in = weight.size(1), out = weight.size(0);
   const int64_t rows = x.numel() / in;
-  const bool skinny_ok = kernel != RowKernel::kMatrixVector && has_skinny_kernel();
-  const int64_t most = skinny_ok ? kMaxSkinnyRows : kMaxMatrixVectorRows;
-  if (rows < 1 || rows > most) return torch::linear(x, weight, bias);
+  const RowKernel resolved = resolve(kernel);
+  if (rows < 1 || rows > max_rows(resolved)) return torch::linear(x, weight, bias);
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = out;
   const at::Tensor flat = x.reshape({rows, in}).contiguous();
   at::Tensor y = torch::empty({rows, out}, x.options());
 #ifdef RELAY_X86_KERNELS
-  if (skinny_ok) {
-    skinny(weight.data_ptr<float>(), flat.data_ptr<float>(),
-           bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, out, in);
+  if (resolved != RowKernel::kMatrixVector) {
+    (resolved == RowKernel::kSkinnyAvx512 ? wide : skinny)(
+        weight.data_ptr<float>(), flat.data_ptr<float>(),
+        bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, out, in);
     return y.view(sizes);
   }
 #endif

@@ -19,43 +19,67 @@
 // two 20: the kernel splits its weight rows over relay's kernel pool,
 // src/model/kernel_pool.h, which has the cores OpenBLAS idles on meanwhile.)
 //
-// So up to kMaxSkinnyRows rows run RowKernel::kSkinny where the CPU has
-// AVX2 and FMA: every weight row is read once and dotted with all the input
-// rows, three weight rows at a time so that each input vector loaded serves
-// three of them (on one thread, 4 rows: 13.9 GFLOP/s against 10.8 taking
-// one weight row at a time, on the Xeon VM of docs/BENCHMARKS.md). Past 4
-// rows a probe of 3 x 4 and AVX-512 tiles on one thread did not beat the
-// two-thread SGEMM by enough to take over. Elsewhere (another architecture, an older x86) one or
-// two rows run as BLAS matrix-vector products (RowKernel::kMatrixVector), and more rows as linear()
-// itself.
+// So few-row products read every weight row once and dot it with all the
+// input rows, where the CPU has the vector units for it:
 //
-// Only where nothing else depends on the GEMM: fp32 tensors on the CPU, a
-// contiguous weight, no autograd (no operand requires a gradient while grad
-// mode is on) and CPU autocast off (autocast runs the GEMM in its lower
-// precision). The sums run in another order than the GEMM's, so results
-// agree with linear() to fp32 rounding (about 1e-6 relative), not bit for
-// bit. They do not depend on the other rows: a row gives the same bits alone
-// as in any batch, on any number of threads.
+//   RowKernel::kSkinnyAvx2    AVX2 and FMA, up to 4 input rows: three weight
+//                             rows at a time, so that each input vector
+//                             loaded serves three of them (on one thread, 4
+//                             rows: 13.9 GFLOP/s against 10.8 taking one
+//                             weight row at a time, on the Xeon VM of
+//                             docs/BENCHMARKS.md).
+//   RowKernel::kSkinnyAvx512  AVX-512F, up to 12 input rows: 32 registers
+//                             hold the sums of 3 weight rows x 8 input rows;
+//                             more rows run as passes of 8 over each ~64 KB
+//                             range of weight rows, the later ones from
+//                             cache. qwen2-100m decode, engine tokens/s over
+//                             the AVX2 kernel up to 4 rows and OpenBLAS's
+//                             SkylakeX SGEMM above, 4 interleaved pairs on
+//                             the Emerald Rapids VM: batch 4 1.14-1.59,
+//                             8 1.15-1.72, 12 1.15-1.39, 16 0.91-1.15 (so
+//                             16 rows stay with the SGEMM).
+//   RowKernel::kMatrixVector  elsewhere (another architecture, an older
+//                             x86): one or two rows as BLAS matrix-vector
+//                             products.
+//
+// More rows run as linear() itself.
+//
+// Only decode-shaped inputs take them: [rows, in], or [..., 1, in] (one
+// position per sequence). A longer sequence dimension (prefill, scoring, a
+// recompute) is linear() itself however few its rows, so full-sequence work
+// is the GEMM's whatever its size. And only where nothing else depends on
+// the GEMM: fp32 tensors on the CPU, a contiguous weight, no autograd (no
+// operand requires a gradient while grad mode is on) and CPU autocast off
+// (autocast runs the GEMM in its lower precision). The sums run in another
+// order than the GEMM's, so results agree with linear() to fp32 rounding
+// (about 1e-6 relative), not bit for bit. They do not depend on the other
+// rows: with one kernel, a row gives the same bits alone as in any batch the
+// kernel takes, on any number of threads. (A CPU runs one kernel for every
+// row count up to its limit, so a sequence's log-probs do not change with
+// the batch it was decoded in until the batch is past the limit.)
 
 #include <ATen/core/Tensor.h>
 
 namespace relay::model {
 
-inline constexpr int64_t kMaxSkinnyRows = 4;
+inline constexpr int64_t kMaxAvx2Rows = 4;
+inline constexpr int64_t kMaxAvx512Rows = 12;
 inline constexpr int64_t kMaxMatrixVectorRows = 2;
 
 enum class RowKernel {
-  kBest,          // kSkinny where the CPU has it, else kMatrixVector
-  kSkinny,        // AVX2/FMA: each weight row once for all input rows
-  kMatrixVector,  // BLAS addmv (mv) per input row
+  kBest,          // the first of the three below this CPU has
+  kSkinnyAvx512,  // AVX-512F: each weight row once for up to 12 input rows
+  kSkinnyAvx2,    // AVX2/FMA: each weight row once for up to 4 input rows
+  kMatrixVector,  // BLAS addmv (mv) per input row, up to 2
 };
 
-// Whether this CPU runs RowKernel::kSkinny (x86-64 with AVX2 and FMA).
-bool has_skinny_kernel();
+// What kBest is on this CPU, and the most rows it takes.
+RowKernel best_row_kernel();
+int64_t max_row_kernel_rows();
 
 // y = x W^T + b over x's last dimension, as torch::linear(x, weight, bias);
 // `bias` may be undefined. `kernel` other than kBest is for tests and
-// benchmarks (kSkinny where the CPU lacks it falls back as kBest does).
+// benchmarks (one this CPU lacks falls back to kBest).
 at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
                       RowKernel kernel = RowKernel::kBest);
 

@@ -1,9 +1,10 @@
-// row_linear (src/model/row_linear.h): few-row products take the skinny
-// kernel or BLAS matrix-vector products, everything else is torch::linear,
+// row_linear (src/model/row_linear.h): few-row products take a skinny
+// kernel (AVX2 or AVX-512) or BLAS matrix-vector products, everything else is torch::linear,
 // and all agree.
 
 #include "model/row_linear.h"
 
+#include "model/cpu_features.h"
 #include "model/kernel_pool.h"
 
 #include <gtest/gtest.h>
@@ -46,62 +47,104 @@ double relative_error(const at::Tensor& got, const at::Tensor& want) {
   return (got - want).abs().max().item<double>() / want.abs().max().item<double>();
 }
 
-// 67 inputs: eight-lane blocks and a remainder; 1000 outputs: several
-// parallel_for tasks.
-TEST(RowLinearTest, SkinnyKernelAgreesWithLinearForOneToFourRows) {
+struct SkinnyKernel {
+  RowKernel kernel;
+  int64_t max_rows;
+  const char* name;
+};
+
+// The skinny kernels this CPU runs (a test of one the CPU lacks would test
+// the fallback instead).
+std::vector<SkinnyKernel> skinny_kernels_here() {
+  std::vector<SkinnyKernel> kernels;
+  if (cpu_has_avx2_fma()) kernels.push_back({RowKernel::kSkinnyAvx2, kMaxAvx2Rows, "avx2"});
+  if (cpu_has_avx512f()) kernels.push_back({RowKernel::kSkinnyAvx512, kMaxAvx512Rows, "avx512"});
+  std::printf("skinny kernels on this CPU: %zu; kBest takes up to %lld rows\n", kernels.size(),
+              static_cast<long long>(max_row_kernel_rows()));
+  return kernels;
+}
+
+TEST(RowLinearTest, BestKernelIsTheWidestThisCpuHas) {
+  const RowKernel best = best_row_kernel();
+  if (cpu_has_avx512f()) {
+    EXPECT_EQ(best, RowKernel::kSkinnyAvx512);
+    EXPECT_EQ(max_row_kernel_rows(), kMaxAvx512Rows);
+  } else if (cpu_has_avx2_fma()) {
+    EXPECT_EQ(best, RowKernel::kSkinnyAvx2);
+    EXPECT_EQ(max_row_kernel_rows(), kMaxAvx2Rows);
+  } else {
+    EXPECT_EQ(best, RowKernel::kMatrixVector);
+    EXPECT_EQ(max_row_kernel_rows(), kMaxMatrixVectorRows);
+  }
+}
+
+// 131 inputs: sixteen- and eight-lane blocks and a remainder; 1000 outputs:
+// several tasks. Every row count each kernel takes, in several shapes.
+TEST(RowLinearTest, SkinnyKernelsAgreeWithLinearForEveryRowCountTheyTake) {
   torch::NoGradGuard no_grad;
-  std::printf("skinny kernel on this CPU: %s\n", has_skinny_kernel() ? "yes" : "no");
-  const Operands o = make_operands(1000, 67, 1);
-  for (bool with_bias : {true, false}) {
-    const at::Tensor bias = with_bias ? o.bias : at::Tensor();
-    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
-             {67}, {1, 67}, {1, 1, 67}, {2, 67}, {3, 1, 67}, {4, 67}, {2, 2, 67}}) {
-      SCOPED_TRACE(::testing::PrintToString(shape) + (with_bias ? " bias" : " no bias"));
-      const at::Tensor x = torch::randn(shape);
-      const at::Tensor want = torch::linear(x, o.weight, bias);
-      const at::Tensor y = row_linear(x, o.weight, bias, RowKernel::kSkinny);
-      ASSERT_EQ(y.sizes(), want.sizes());
-      EXPECT_LE(relative_error(y, want), 1e-6);
-      // A non-contiguous input (every other row of a wider tensor) too.
-      const at::Tensor wide = torch::randn({x.numel() / 67, 134}).narrow(1, 0, 67);
-      EXPECT_LE(relative_error(row_linear(wide, o.weight, bias, RowKernel::kSkinny),
-                               torch::linear(wide, o.weight, bias)),
-                1e-6);
+  const Operands o = make_operands(1000, 131, 1);
+  for (const SkinnyKernel& k : skinny_kernels_here()) {
+    for (bool with_bias : {true, false}) {
+      const at::Tensor bias = with_bias ? o.bias : at::Tensor();
+      std::vector<std::vector<int64_t>> shapes = {{131}, {1, 1, 131}, {3, 1, 131}, {2, 1, 1, 131}};
+      for (int64_t rows = 1; rows <= k.max_rows; ++rows) shapes.push_back({rows, 131});
+      for (const std::vector<int64_t>& shape : shapes) {
+        SCOPED_TRACE(std::string(k.name) + " " + ::testing::PrintToString(shape) +
+                     (with_bias ? " bias" : " no bias"));
+        const at::Tensor x = torch::randn(shape);
+        const at::Tensor want = torch::linear(x, o.weight, bias);
+        const at::Tensor y = row_linear(x, o.weight, bias, k.kernel);
+        ASSERT_EQ(y.sizes(), want.sizes());
+        EXPECT_LE(relative_error(y, want), 1e-6);
+        // A non-contiguous input (every other row of a wider tensor) too.
+        const at::Tensor wide = torch::randn({x.numel() / 131, 262}).narrow(1, 0, 131);
+        EXPECT_LE(relative_error(row_linear(wide, o.weight, bias, k.kernel),
+                                 torch::linear(wide, o.weight, bias)),
+                  1e-6);
+      }
     }
   }
 }
 
-// The kernel takes the weight rows three at a time: output counts with each
-// remainder, split over threads or not, and every row of a batch gives the
-// same bits as that row alone (the property decoding relies on to record the
-// same log-prob for a sequence whatever else is in the batch).
+// The kernels take the weight rows three or four at a time and the AVX-512
+// one the input rows eight at a time: output counts with each remainder,
+// split over threads or not, and every row of a batch gives the same bits
+// as that row alone (the property decoding relies on to record the same
+// log-prob for a sequence whatever else is in the batch).
 TEST(RowLinearTest, SkinnyRowsGiveTheSameBitsInAnyBatch) {
-  if (!has_skinny_kernel()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+  const std::vector<SkinnyKernel> kernels = skinny_kernels_here();
+  if (kernels.empty()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
   torch::NoGradGuard no_grad;
   const int threads = at::get_num_threads();
   const int kernel_threads = kernel_pool()->threads();
   // {LibTorch intra-op threads, kernel-pool threads}: the kernel runs on
   // the intra-op pool when the kernel pool has one thread.
   const std::vector<std::pair<int, int>> settings = {{1, 1}, {2, 1}, {1, 2}, {1, 3}};
-  for (int64_t out : {1, 2, 3, 4, 5, 3001}) {
-    const Operands o = make_operands(out, 131, 10 + out);
-    const at::Tensor x = torch::randn({kMaxSkinnyRows, 131});
-    at::Tensor first;
-    for (const auto& [intra_op, pool] : settings) {
-      at::set_num_threads(intra_op);
-      set_kernel_threads(pool);
-      SCOPED_TRACE("out " + std::to_string(out) + ", intra-op threads " + std::to_string(intra_op) +
-                   ", kernel-pool threads " + std::to_string(pool));
-      const at::Tensor all = row_linear(x, o.weight, o.bias, RowKernel::kSkinny);
-      EXPECT_LE(relative_error(all, torch::linear(x, o.weight, o.bias)), 1e-6);
-      if (!first.defined()) first = all;
-      EXPECT_TRUE(torch::equal(all, first)) << "bits differ between thread settings";
-      for (int64_t rows = 1; rows <= kMaxSkinnyRows; ++rows) {
-        const at::Tensor some =
-            row_linear(x.narrow(0, 0, rows), o.weight, o.bias, RowKernel::kSkinny);
-        EXPECT_TRUE(torch::equal(some, all.narrow(0, 0, rows))) << rows << " rows";
-        const at::Tensor last = row_linear(x[rows - 1], o.weight, o.bias, RowKernel::kSkinny);
-        EXPECT_TRUE(torch::equal(last, all[rows - 1])) << "row " << rows - 1 << " alone";
+  for (const SkinnyKernel& k : kernels) {
+    for (int64_t out : {1, 2, 3, 4, 5, 7, 3001}) {
+      const Operands o = make_operands(out, 131, 10 + out);
+      const at::Tensor x = torch::randn({k.max_rows, 131});
+      at::Tensor first;
+      for (const auto& [intra_op, pool] : settings) {
+        at::set_num_threads(intra_op);
+        set_kernel_threads(pool);
+        SCOPED_TRACE(std::string(k.name) + ", out " + std::to_string(out) + ", intra-op threads " +
+                     std::to_string(intra_op) + ", kernel-pool threads " + std::to_string(pool));
+        const at::Tensor all = row_linear(x, o.weight, o.bias, k.kernel);
+        EXPECT_LE(relative_error(all, torch::linear(x, o.weight, o.bias)), 1e-6);
+        if (!first.defined()) first = all;
+        EXPECT_TRUE(torch::equal(all, first)) << "bits differ between thread settings";
+        for (int64_t rows = 1; rows <= k.max_rows; ++rows) {
+          const at::Tensor some = row_linear(x.narrow(0, 0, rows), o.weight, o.bias, k.kernel);
+          EXPECT_TRUE(torch::equal(some, all.narrow(0, 0, rows))) << rows << " rows";
+          // The last rows alone, as a batch that starts past row 0.
+          const at::Tensor tail =
+              row_linear(x.narrow(0, rows - 1, k.max_rows - rows + 1), o.weight, o.bias, k.kernel);
+          EXPECT_TRUE(torch::equal(tail, all.narrow(0, rows - 1, k.max_rows - rows + 1)))
+              << "rows from " << rows - 1;
+          const at::Tensor last = row_linear(x[rows - 1], o.weight, o.bias, k.kernel);
+          EXPECT_TRUE(torch::equal(last, all[rows - 1])) << "row " << rows - 1 << " alone";
+        }
       }
     }
   }
@@ -132,8 +175,16 @@ TEST(RowLinearTest, MoreRowsGradientsAndAutocastAreLinearItself) {
   const Operands o = make_operands(96, 64, 3);
   {
     torch::NoGradGuard no_grad;
-    const at::Tensor x = torch::randn({kMaxSkinnyRows + 1, 64});
+    const at::Tensor x = torch::randn({max_row_kernel_rows() + 1, 64});
     EXPECT_TRUE(torch::equal(row_linear(x, o.weight, o.bias), torch::linear(x, o.weight, o.bias)));
+    // So are sequences of more than one position, however few the rows.
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{1, 2, 64}, {2, 3, 64}, {1, 1, 2, 64}}) {
+      const at::Tensor seq = torch::randn(shape);
+      EXPECT_TRUE(
+          torch::equal(row_linear(seq, o.weight, o.bias), torch::linear(seq, o.weight, o.bias)))
+          << ::testing::PrintToString(shape);
+    }
   }
   // With autograd: linear's own graph, so its gradients are linear's.
   const at::Tensor x = torch::randn({1, 64}).requires_grad_(true);
