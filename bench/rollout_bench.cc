@@ -27,6 +27,11 @@
 //                     of the paged cache every layer and step;
 //          in-place   the decode-attention kernel reading the cache where it
 //                     lies (src/model/decode_attention.h).
+// sampler (--only sampler) rollout::sample() on random logits, no model:
+//          batched    (baseline) the batched ops (log-softmax, cumulative
+//                     sum, sorted search over [B, V]);
+//          fused      the fused CPU path (relay/rollout/sampler.h);
+//        at vocabularies of 32,000 (qwen2-100m) and 151,936 (Qwen2.5).
 // py     (with --python) the kv workload (same B, P, N) three ways:
 //          python     (baseline) bench/python/relay_ref.py: an HF-style
 //                     generate loop in plain PyTorch on the same LibTorch and
@@ -51,7 +56,7 @@
 //                     weight matrix of the model applied to [B, in], weights
 //                     streamed from memory as in decoding).
 //
-//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py|attn]
+//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py|attn|sampler]
 //                 [--python] [--python-exe PATH] [--python-script PATH] [--quick]
 //                 [--threads N] [--blas-threads T] [--kernel-threads K] [--reps R] [--prompt P]
 //                 [--new N] [--json]
@@ -409,6 +414,57 @@ void bench_kv(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   row("engine", median(tg),
       "same as extend: " + std::to_string(identical(b, c)) + "/" + std::to_string(B) + ", steps " +
           std::to_string(steps));
+}
+
+// ---------------------------------------------------------------------------
+// sampler (--only sampler): one sample() call on [B, V] random logits
+// (temperature 1, no truncation, raw log-probs recorded as the trainer's
+// config asks), the batched ops (baseline) against the fused CPU path, for
+// qwen2-100m's vocabulary (32,000) and Qwen's (151,936). Calls alternate,
+// 20 per repetition; tokens are draws (rows).
+
+std::string ms_note(const char* format, double ms) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), format, ms);
+  return buf;
+}
+
+void bench_sampler(int64_t V, int64_t B, int reps, std::vector<Row>* rows) {
+  torch::manual_seed(static_cast<uint64_t>(V + B));
+  const at::Tensor logits = 3 * torch::randn({B, V});
+  relay::rollout::SequenceRng rng(5);
+  std::vector<double> u(static_cast<size_t>(B));
+  for (double& x : u) x = rng.uniform();
+  const at::Tensor uniforms = torch::tensor(u, torch::kFloat64);
+  relay::rollout::SamplingOptions o;
+  o.record_raw_logprobs = true;
+  constexpr int kCalls = 20;
+  auto time = [&](bool fused) {
+    relay::rollout::set_fused_sampler(fused);
+    relay::rollout::sample(logits, uniforms, o);  // warm
+    const auto start = Clock::now();
+    for (int i = 0; i < kCalls; ++i) relay::rollout::sample(logits, uniforms, o);
+    relay::rollout::set_fused_sampler(true);
+    return since(start);
+  };
+  std::vector<double> tb, tf;
+  for (int r = 0; r < reps; ++r) {
+    tb.push_back(time(false));
+    tf.push_back(time(true));
+  }
+  relay::rollout::set_fused_sampler(false);
+  const at::Tensor want = relay::rollout::sample(logits, uniforms, o).tokens;
+  relay::rollout::set_fused_sampler(true);
+  const at::Tensor got = relay::rollout::sample(logits, uniforms, o).tokens;
+  const std::string name = "vocab-" + std::to_string(V);
+  const double base = median(tb);
+  const double per_call_ms = 1e3 / kCalls;
+  rows->push_back({name, "sampler", "batched", B, B * kCalls, base, 1.0,
+                   ms_note("%.2f ms a call", base * per_call_ms)});
+  rows->push_back({name, "sampler", "fused", B, B * kCalls, median(tf), base / median(tf),
+                   ms_note("%.2f ms a call", median(tf) * per_call_ms) +
+                       ", same tokens: " + std::to_string(got.eq(want).sum().item<int64_t>()) +
+                       "/" + std::to_string(B)});
 }
 
 // ---------------------------------------------------------------------------
@@ -830,6 +886,7 @@ int main(int argc, char** argv) {
   const bool do_kv = !only || std::strcmp(only, "kv") == 0;
   const bool do_mixed = !only || std::strcmp(only, "mixed") == 0;
   const bool do_attn = only && std::strcmp(only, "attn") == 0;
+  const bool do_sampler = only && std::strcmp(only, "sampler") == 0;
   const bool do_py =
       (!only && has(argc, argv, "--python")) || (only && std::strcmp(only, "py") == 0);
 
@@ -893,9 +950,19 @@ int main(int argc, char** argv) {
                  "copy %.1f GB/s\n",
                  limits.peak_gflops, limits.gemv_gbs, limits.copy_gbs);
   }
+  if (do_sampler) {
+    const int reps = reps_flag ? std::atoi(reps_flag) : (quick ? 1 : 5);
+    for (int64_t V : {int64_t{32000}, int64_t{151936}}) {
+      const size_t first = rows.size();
+      for (int64_t B : batches) bench_sampler(V, B, reps, &rows);
+      print_table({rows.begin() + first, rows.end()}, stderr);
+    }
+  }
   std::vector<Workload> runs;
   for (Workload& w : workloads()) {
-    if (std::find(models.begin(), models.end(), w.name) != models.end()) runs.push_back(w);
+    if (!do_sampler && std::find(models.begin(), models.end(), w.name) != models.end()) {
+      runs.push_back(w);
+    }
   }
   if (model_dir != nullptr) runs.push_back(directory_workload(model_dir));
   std::vector<MemRow> mem;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/cpu_features.h"
+#include "model/kernel_pool.h"
 
 #ifdef RELAY_X86_KERNELS
 #include <immintrin.h>
@@ -124,8 +125,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& cache_k
   const int64_t* rp = rows.data_ptr<int64_t>();
   const bool* mp = seen.data_ptr<bool>();
   float* op = out.data_ptr<float>();
-  // Heads h = g * rep + r share kv head g: each task is one (row, g).
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+  // Heads h = g * rep + r share kv head g: each task is one (row, g). Each
+  // task's sums are its own, so the split does not change the bits.
+  auto tasks = [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(static_cast<size_t>(s.rep * (s.S + 2)));
     float* scores = scratch.data();
     float* top = scores + s.rep * s.S;
@@ -135,7 +137,15 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& cache_k
       const int64_t head = (b * H + g * s.rep) * D;
       attend(qp + head, kp, vp, rp + b * s.S, mp + b * s.S, g, s, scores, top, inv, op + head);
     }
-  });
+  };
+  // The kernel pool where it has the cores (with OpenBLAS, threads.h),
+  // else the intra-op pool; as row_linear's products.
+  const std::shared_ptr<KernelPool> pool = kernel_pool();
+  if (pool->threads() > 1) {
+    pool->parallel_for(B * KVH, 1, tasks);
+  } else {
+    at::parallel_for(0, B * KVH, 1, tasks);
+  }
   return out;
 #else
   (void)q, (void)cache_k, (void)cache_v, (void)read_index, (void)mask;

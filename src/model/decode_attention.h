@@ -15,7 +15,10 @@
 //
 // Same math as grouped_attention (scores scaled by 1/sqrt(D), masked
 // positions excluded, softmax with its maximum subtracted), summed in
-// another order: agreement to fp32 rounding, not bit for bit.
+// another order: agreement to fp32 rounding, not bit for bit. The (row, kv
+// head) tasks run on relay's kernel pool (kernel_pool.h) where it has the
+// cores, as row_linear's products do; each task's sums are its own, so the
+// bits do not depend on the number of threads.
 //
 // Applies to fp32 on the CPU, without autograd, D a multiple of 8, on x86-64
 // with AVX2 and FMA (checked at run time); paged_decode_attention returns an

@@ -1,7 +1,7 @@
 #pragma once
 
 // Threads for relay's own memory-bound kernels (row_linear's few-row
-// products). Private to src/.
+// products, decode_attention's reads of the paged cache). Private to src/.
 //
 // With OpenBLAS, model::configure_threads gives LibTorch's intra-op pool one
 // thread and the cores to OpenBLAS's pool (two pools spinning on the same

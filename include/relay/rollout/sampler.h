@@ -3,8 +3,9 @@
 // Next-token sampling that records the behavior log-prob (DESIGN.md
 // invariant 1): the token is drawn from exp(logp), where logp is the
 // temperature-scaled, top-k/top-p-truncated and renormalised log-softmax, and
-// the recorded value is logp[token] read from that same tensor. There is no
-// second softmax that could disagree with the one sampled from.
+// the recorded value is logp[token] read from that same tensor (the fused
+// CPU path below: from the same maximum and sum it samples with). There is
+// no second softmax that could disagree with the one sampled from.
 //
 // What is recorded when truncation is on: the log-prob under the truncated,
 // renormalised distribution (the one actually sampled from). Trainers that
@@ -36,8 +37,20 @@ struct SampleResult {
 // logits [B, V] (any float dtype); uniforms [B] fp64 in (0, 1), one per row.
 // Sampling is by inverse CDF on the truncated distribution; a token of zero
 // probability is never chosen.
+//
+// On the CPU without truncation each row is sampled by a fused pass (the
+// maximum, exp(z - max) with sums by block, the walk to u * total) on the
+// kernel pool, with no [B, V] temporaries; the recorded log-prob is
+// z - max - log(total) from the same sums. It agrees with the batched ops
+// (sampling_logprobs, a cumulative sum, a sorted search) to fp32 rounding:
+// a uniform within ~1e-7 of a bucket's edge may pick the neighbouring token.
+// Truncation, greedy decoding and other devices take the batched ops.
 SampleResult sample(const at::Tensor& logits, const at::Tensor& uniforms,
                     const SamplingOptions& options);
+
+// Off: sample() always takes the batched ops (tests and benchmarks compare
+// the two). On by default; process-wide.
+void set_fused_sampler(bool on);
 
 // The sampling distribution itself: log-softmax of the temperature-scaled,
 // truncated logits, [B, V] fp32 with -inf for removed tokens. sample() reads

@@ -4,8 +4,14 @@
 
 #include "model/decode_attention.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <utility>
+#include <vector>
+
+#include "model/kernel_pool.h"
 
 #include "relay/model/layers.h"
 
@@ -64,6 +70,33 @@ TEST(DecodeAttentionTest, ReadsTheCacheInPlaceAsTheGatheredPathComputes) {
     ASSERT_EQ(got.sizes(), want.sizes());
     EXPECT_LE((got - want).abs().max().item<double>(), 1e-5 * want.abs().max().item<double>());
   }
+}
+
+// Tasks split over the kernel pool or the intra-op pool, or run on one
+// thread: the same bits, and each row's as when it is alone.
+TEST(DecodeAttentionTest, GivesTheSameBitsOnAnyNumberOfThreads) {
+  if (!has_decode_attention_kernel()) GTEST_SKIP() << "no AVX2/FMA on this CPU: the kernel is off";
+  torch::NoGradGuard no_grad;
+  const int threads = at::get_num_threads();
+  const int kernel_threads = kernel_pool()->threads();
+  const Case c = make_case(5, 12, 4, 64, 40, 7);
+  at::Tensor first;
+  for (const auto& [intra_op, pool] :
+       std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}, {1, 3}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "intra-op threads " << intra_op << ", kernel-pool threads " << pool);
+    at::set_num_threads(intra_op);
+    set_kernel_threads(pool);
+    const at::Tensor got = paged_decode_attention(c.q, c.keys, c.values, c.read, c.mask);
+    ASSERT_TRUE(got.defined());
+    if (!first.defined()) first = got;
+    EXPECT_TRUE(torch::equal(got, first));
+    const at::Tensor alone = paged_decode_attention(c.q.narrow(0, 3, 1), c.keys, c.values,
+                                                    c.read.narrow(0, 3, 1), c.mask.narrow(0, 3, 1));
+    EXPECT_TRUE(torch::equal(alone, first.narrow(0, 3, 1)));
+  }
+  at::set_num_threads(threads);
+  set_kernel_threads(kernel_threads);
 }
 
 TEST(DecodeAttentionTest, DeclinesWhatItDoesNotCover) {

@@ -109,6 +109,95 @@ TEST(SamplerTest, FrequenciesMatchTheRecordedDistribution) {
   }
 }
 
+// The batched ops, as sample() runs them with the fused CPU path off.
+SampleResult batched(const at::Tensor& logits, const at::Tensor& uniforms,
+                     const SamplingOptions& o) {
+  set_fused_sampler(false);
+  SampleResult r = sample(logits, uniforms, o);
+  set_fused_sampler(true);
+  return r;
+}
+
+std::vector<double> draws(int n, uint64_t seed) {
+  SequenceRng rng(seed);
+  std::vector<double> u(static_cast<size_t>(n));
+  for (double& x : u) x = rng.uniform();
+  return u;
+}
+
+// The fused CPU path (no truncation) picks the batched path's tokens and
+// records its log-probs to fp32 rounding, raw ones included, and its
+// log-probs are what the trainer's tempered_logprobs computes. Vocabularies
+// with a remainder past the eight-lane and 64-token blocks, and Qwen's.
+TEST(SamplerTest, FusedPathAgreesWithTheBatchedOps) {
+  for (int64_t V : {int64_t{5}, int64_t{1003}, int64_t{151936}}) {
+    for (double temperature : {1.0, 0.7, 1.3}) {
+      SCOPED_TRACE(::testing::Message() << "V " << V << " temperature " << temperature);
+      torch::manual_seed(static_cast<uint64_t>(V));
+      const int64_t B = V > 10000 ? 4 : 32;
+      const at::Tensor logits = 3 * torch::randn({B, V});
+      const at::Tensor u = Uniforms(draws(static_cast<int>(B), 7));
+      SamplingOptions o;
+      o.temperature = temperature;
+      o.record_raw_logprobs = true;
+      const SampleResult fused = sample(logits, u, o);
+      const SampleResult want = batched(logits, u, o);
+      EXPECT_TRUE(torch::equal(fused.tokens, want.tokens));
+      // Against log-softmax in fp64: the fused sums (fp32 within a block of
+      // 64, fp64 across blocks) stay within 1e-6; the batched log_softmax
+      // sums V values in fp32 and drifts to ~4e-5 at Qwen's vocabulary.
+      const at::Tensor index = fused.tokens.unsqueeze(1);
+      const at::Tensor exact =
+          torch::log_softmax(logits.to(torch::kFloat64) / temperature, -1).gather(1, index);
+      const at::Tensor exact_raw =
+          torch::log_softmax(logits.to(torch::kFloat64), -1).gather(1, index);
+      EXPECT_TRUE(AllClose(fused.logprobs.to(torch::kFloat64), exact.squeeze(1), 1e-6));
+      EXPECT_TRUE(AllClose(fused.raw_logprobs.to(torch::kFloat64), exact_raw.squeeze(1), 1e-6));
+      EXPECT_TRUE(AllClose(fused.logprobs, want.logprobs, V > 10000 ? 1e-4 : 1e-6));
+      EXPECT_TRUE(
+          AllClose(fused.logprobs, tempered_logprobs(logits, fused.tokens, temperature), 1e-6));
+    }
+  }
+}
+
+// Tokens of zero probability (-inf logits) are never drawn, even by a
+// uniform near 0 or 1, and a row with one finite logit always draws it.
+TEST(SamplerTest, FusedPathNeverDrawsAMaskedToken) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  at::Tensor logits = torch::randn({4, 40});
+  logits.narrow(1, 0, 10).fill_(-kInf);   // the first tokens
+  logits.narrow(1, 30, 10).fill_(-kInf);  // the last tokens
+  logits[3].fill_(-kInf);
+  logits[3][17] = 0.5f;
+  for (double u : {1e-12, 0.5, 1 - 1e-12}) {
+    const SampleResult r = sample(logits, Uniforms({u, u, u, u}), SamplingOptions{});
+    for (int64_t b = 0; b < 4; ++b) {
+      const int64_t token = r.tokens[b].item<int64_t>();
+      EXPECT_GE(token, 10) << "u " << u;
+      EXPECT_LT(token, 30) << "u " << u;
+    }
+    EXPECT_EQ(r.tokens[3].item<int64_t>(), 17);
+    EXPECT_FLOAT_EQ(r.logprobs[3].item<float>(), 0.0f);
+    EXPECT_TRUE(torch::isfinite(r.logprobs).all().item<bool>());
+  }
+}
+
+// A row the fused passes cannot decide (all logits -inf, or a NaN) goes to
+// the batched ops, whose answer sample() returns as before.
+TEST(SamplerTest, FusedPathLeavesNonFiniteRowsToTheBatchedOps) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  at::Tensor logits = torch::randn({2, 16});
+  logits[1][3] = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor u = Uniforms({0.3, 0.6});
+  const SampleResult r = sample(logits, u, SamplingOptions{});
+  const SampleResult want = batched(logits, u, SamplingOptions{});
+  EXPECT_TRUE(torch::equal(r.tokens, want.tokens));
+  EXPECT_TRUE(torch::isnan(r.logprobs[1]).item<bool>());
+  logits[1].fill_(-kInf);
+  const SampleResult all_masked = sample(logits, u, SamplingOptions{});
+  EXPECT_TRUE(torch::equal(all_masked.tokens, batched(logits, u, SamplingOptions{}).tokens));
+}
+
 TEST(SamplerTest, GreedyTakesArgmaxAndRecordsTheModelLogProb) {
   SamplingOptions o;
   o.greedy = true;
