@@ -96,6 +96,19 @@ def main():
                       f"gathered {num(base['tokens_per_s'])}" if base else "-",
                       ratio(r["ratio"])))
 
+    # One sample() call: the fused CPU path against the batched ops
+    # (rollout_bench --only sampler).
+    sampler = rows_of(os.path.join(out_dir, "sampler.out"))
+    for r in sampler:
+        if r.get("bench") != "sampler" or r.get("mode") != "fused":
+            continue
+        base = pick(sampler, model=r["model"], bench="sampler", batch=r["batch"], mode="batched")
+        table.append(("decode", f"sampler, {r['model'].replace('vocab-', 'vocabulary ')}, "
+                      f"batch {r['batch']}: draws/s, fused CPU path",
+                      num(r["tokens_per_s"]),
+                      f"batched ops {num(base['tokens_per_s'])}" if base else "-",
+                      ratio(r["ratio"])))
+
     # Trainer memory and work: optimizer sharding, sequence packing.
     sharding = rows_of(os.path.join(out_dir, "sharding.out"))
     for r in sharding:
