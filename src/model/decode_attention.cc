@@ -138,14 +138,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& cache_k
       attend(qp + head, kp, vp, rp + b * s.S, mp + b * s.S, g, s, scores, top, inv, op + head);
     }
   };
-  // The kernel pool where it has the cores (with OpenBLAS, threads.h),
-  // else the intra-op pool; as row_linear's products.
-  const std::shared_ptr<KernelPool> pool = kernel_pool();
-  if (pool->threads() > 1) {
-    pool->parallel_for(B * KVH, 1, tasks);
-  } else {
-    at::parallel_for(0, B * KVH, 1, tasks);
-  }
+  kernel_parallel_for(B * KVH, 1, tasks);
   return out;
 #else
   (void)q, (void)cache_k, (void)cache_v, (void)read_index, (void)mask;

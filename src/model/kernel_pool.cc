@@ -1,5 +1,7 @@
 #include "model/kernel_pool.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -121,6 +123,17 @@ void set_kernel_threads(int threads) {
   if (kernel_pool()->threads() == threads) return;
   // Callers of the old pool hold it until their job ends.
   std::atomic_store(&pool_slot(), std::make_shared<KernelPool>(threads));
+}
+
+void run_on_kernel_threads(int64_t n, int64_t grain,
+                           void (*call)(const void* fn, int64_t begin, int64_t end),
+                           const void* fn) {
+  const std::shared_ptr<KernelPool> pool = kernel_pool();
+  if (pool->threads() > 1) {
+    pool->parallel_for(n, grain, [&](int64_t begin, int64_t end) { call(fn, begin, end); });
+  } else {
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { call(fn, begin, end); });
+  }
 }
 
 }  // namespace relay::model

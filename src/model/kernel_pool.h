@@ -86,4 +86,19 @@ class KernelPool {
 std::shared_ptr<KernelPool> kernel_pool();
 void set_kernel_threads(int threads);
 
+// fn(begin, end) over [0, n) in ranges of at least `grain` on the kernel
+// pool where it has more than one thread (with OpenBLAS: threads.h), else
+// on LibTorch's intra-op pool, which then has the cores. What relay's
+// kernels call.
+void run_on_kernel_threads(int64_t n, int64_t grain,
+                           void (*call)(const void* fn, int64_t begin, int64_t end),
+                           const void* fn);
+template <typename Fn>
+void kernel_parallel_for(int64_t n, int64_t grain, const Fn& fn) {
+  run_on_kernel_threads(
+      n, grain,
+      [](const void* f, int64_t begin, int64_t end) { (*static_cast<const Fn*>(f))(begin, end); },
+      &fn);
+}
+
 }  // namespace relay::model

@@ -143,18 +143,10 @@ __attribute__((target("avx512f,avx2,fma"))) void wide_block(const float* w, cons
 }
 
 // One call of block(o0, o1) per range of weight rows, each range streaming
-// at least ~64 KB of weights. With OpenBLAS the intra-op pool has one thread
-// (threads.h) and the kernel pool has the cores; otherwise the intra-op pool
-// has them.
+// at least ~64 KB of weights.
 template <typename Block>
 void split_weight_rows(int64_t out, int64_t in, const Block& block) {
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1));
-  const std::shared_ptr<KernelPool> pool = kernel_pool();
-  if (pool->threads() > 1) {
-    pool->parallel_for(out, grain, block);
-  } else {
-    at::parallel_for(0, out, grain, block);
-  }
+  kernel_parallel_for(out, std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1)), block);
 }
 
 void skinny(const float* w, const float* x, const float* bias, float* y, int64_t rows, int64_t out,

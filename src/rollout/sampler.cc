@@ -263,12 +263,7 @@ bool sample_fused(const at::Tensor& logits, const at::Tensor& uniforms, const Sa
       draws[b] = draw_row(xp + b * V, V, t, raw, up[b], e.data(), blocks.data());
     }
   };
-  const std::shared_ptr<model::KernelPool> pool = model::kernel_pool();
-  if (pool->threads() > 1) {
-    pool->parallel_for(B, 1, rows);
-  } else {
-    at::parallel_for(0, B, 1, rows);
-  }
+  model::kernel_parallel_for(B, 1, rows);
   r.tokens = torch::empty({B}, torch::kInt64);
   r.logprobs = torch::empty({B}, torch::kFloat32);
   if (raw) r.raw_logprobs = torch::empty({B}, torch::kFloat32);
