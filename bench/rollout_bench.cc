@@ -46,15 +46,24 @@
 //        repetitions of its run against the python run of the same one.
 //        and the machine's limit for the same tokens, measured in the same
 //        run (rows "bound"; their ratio is the engine's fraction of it):
-//          roofline   B / max(B F / peak, W / bw): F = decode FLOPs per token
-//                     (2 x matmul parameters, LM head included, + attention
-//                     at the mean context), peak = fp32 GEMM GFLOP/s of a
-//                     2048^3 matmul, W = bytes of the weight matrices read
-//                     once per step, bw = streaming bandwidth (the larger of
-//                     a 256 MB GEMV and a 256 MB copy);
-//          gemm-only  B / the time of one step's weight GEMMs alone (every
-//                     weight matrix of the model applied to [B, in], weights
-//                     streamed from memory as in decoding).
+//        Both bounds cover the work the timed runs do: the prefill (every
+//        weight matrix but the LM head over the B x P prompt positions, the
+//        head over the last one of each sequence) and N - 1 decode steps of
+//        B rows (the prefill's logits give the first token):
+//          roofline   max(prefill FLOPs / peak, W / bw) + (N - 1) max(B F /
+//                     peak, W / bw): F = decode FLOPs per token (2 x matmul
+//                     parameters, LM head included, + attention at the mean
+//                     context), peak = fp32 GEMM GFLOP/s of a 2048^3 matmul,
+//                     W = bytes of the weight matrices, read once per
+//                     forward, bw = streaming bandwidth (the larger of a
+//                     256 MB GEMV and a 256 MB copy);
+//          gemm-only  the weight GEMMs alone: the prefill's products on
+//                     [B P, in] ([B, in] for the head) plus N - 1 steps' on
+//                     [B, in], weights streamed from memory as in decoding.
+//                     (Until 2026-11-29 both bounds counted N decode steps
+//                     and no prefill, which overstated them by up to 2x at
+//                     batch 64, where the prefill's GEMMs are as many
+//                     FLOPs as the decode's.)
 //
 //   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py|attn|sampler]
 //                 [--python] [--python-exe PATH] [--python-script PATH] [--quick]
@@ -612,26 +621,27 @@ void bench_mixed(const Workload& w, Policy& p, int64_t B, int reps, std::vector<
 // ---------------------------------------------------------------------------
 // py: relay against the plain-PyTorch loop, and the machine's limit.
 
-// The weight matrices one decode step multiplies by: every 2-D parameter but
-// an untied input embedding (a lookup); a tied embedding is the LM head.
-std::vector<at::Tensor> step_matrices(Policy& p) {
-  std::vector<at::Tensor> out;
-  for (const auto& item : p->named_parameters()) {
-    if (item.value().dim() != 2) continue;
-    if (!p->config().tie_word_embeddings && item.key() == "model.embed_tokens.weight") continue;
-    out.push_back(item.value());
-  }
-  return out;
+// The LM head: lm_head.weight, or the tied embedding (an untied one is a
+// lookup, no product).
+bool is_lm_head(Policy& p, const std::string& name) {
+  return name == "lm_head.weight" ||
+         (p->config().tie_word_embeddings && name == "model.embed_tokens.weight");
 }
 
-// Seconds for one step's weight GEMMs at batch B: linear([B, in], W) for
-// every matrix in turn (the model's own, so they come from memory); best of
-// `reps` calls.
-double step_gemm_seconds(Policy& p, int64_t B, int reps) {
+// Seconds for one forward's weight GEMMs: linear([rows, in], W) for every
+// matrix in turn (the model's own, so they come from memory), the LM head on
+// `head_rows` rows; best of `reps` calls. A decode step at batch B is
+// (B, B); the prefill of B prompts of P tokens is (B P, B).
+double step_gemm_seconds(Policy& p, int64_t rows, int64_t head_rows, int reps) {
   torch::NoGradGuard no_grad;
-  const std::vector<at::Tensor> ws = step_matrices(p);
-  std::vector<at::Tensor> xs;
-  for (const at::Tensor& w : ws) xs.push_back(torch::randn({B, w.size(1)}));
+  std::vector<at::Tensor> ws, xs;
+  for (const auto& item : p->named_parameters()) {
+    if (item.value().dim() != 2) continue;
+    const bool head = is_lm_head(p, item.key());
+    if (!head && item.key() == "model.embed_tokens.weight") continue;  // a lookup
+    ws.push_back(item.value());
+    xs.push_back(torch::randn({head ? head_rows : rows, item.value().size(1)}));
+  }
   return time_best(reps, [&] {
     for (size_t i = 0; i < ws.size(); ++i) torch::nn::functional::linear(xs[i], ws[i]);
   });
@@ -680,8 +690,10 @@ struct PendingBound {
   std::string model;
   int64_t batch = 0, tokens = 0, steps = 0;
   double flops_per_token = 0;  // 2 x matmul parameters + attention at the mean context
-  double weight_bytes = 0;     // read once per decode step
-  double gemm_step_s = 0;      // one step's weight GEMMs, best of several
+  double prefill_flops = 0;    // the B x P prompt positions, the head on B of them
+  double weight_bytes = 0;     // read once per forward
+  double gemm_step_s = 0;      // one decode step's weight GEMMs, best of several
+  double gemm_prefill_s = 0;   // the prefill's
   double engine_s = 0;
 };
 
@@ -740,13 +752,23 @@ void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   pb.tokens = tokens;
   pb.steps = N;
   const PolicyConfig& cfg = w.config;
-  double matmul_params = 0;
-  for (const at::Tensor& m : step_matrices(p)) matmul_params += m.numel();
-  const double ctx = P + N / 2.0;
-  pb.flops_per_token = 2.0 * matmul_params + 4.0 * cfg.num_hidden_layers * ctx *
-                                                 cfg.num_attention_heads * cfg.resolved_head_dim();
-  pb.weight_bytes = 4.0 * matmul_params;
-  pb.gemm_step_s = step_gemm_seconds(p, B, 5);
+  double matmul_params = 0, head_params = 0;
+  for (const auto& item : p->named_parameters()) {
+    if (item.value().dim() != 2) continue;
+    if (is_lm_head(p, item.key())) {
+      head_params += item.value().numel();
+    } else if (item.key() != "model.embed_tokens.weight") {
+      matmul_params += item.value().numel();
+    }
+  }
+  // Attention FLOPs per token at a context of c: 4 x layers x heads x head_dim x c.
+  const double attention = 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads *
+                           static_cast<double>(cfg.resolved_head_dim());
+  pb.flops_per_token = 2.0 * (matmul_params + head_params) + attention * (P + N / 2.0);
+  pb.prefill_flops = B * (P * (2.0 * matmul_params + attention * P / 2.0) + 2.0 * head_params);
+  pb.weight_bytes = 4.0 * (matmul_params + head_params);
+  pb.gemm_step_s = step_gemm_seconds(p, B, B, 5);
+  pb.gemm_prefill_s = step_gemm_seconds(p, B * P, B, 3);
   pb.engine_s = engine;
   bounds->push_back(pb);
 }
@@ -758,8 +780,9 @@ void bound_rows(const std::vector<PendingBound>& bounds, const MachineLimits& li
   for (const PendingBound& b : bounds) {
     const double compute_s = b.batch * b.flops_per_token / (lim.peak_gflops * 1e9);
     const double memory_s = b.weight_bytes / (lim.bandwidth() * 1e9);
-    const double roofline_s = std::max(compute_s, memory_s) * b.steps;
-    const double gemm_s = b.gemm_step_s * b.steps;
+    const double prefill_s = std::max(b.prefill_flops / (lim.peak_gflops * 1e9), memory_s);
+    const double roofline_s = prefill_s + std::max(compute_s, memory_s) * (b.steps - 1);
+    const double gemm_s = b.gemm_prefill_s + b.gemm_step_s * (b.steps - 1);
     auto row = [&](const char* mode, double secs, std::string notes) {
       rows->push_back(
           {b.model, "bound", mode, b.batch, b.tokens, secs, secs / b.engine_s, std::move(notes)});
@@ -769,7 +792,8 @@ void bound_rows(const std::vector<PendingBound>& bounds, const MachineLimits& li
             lim.peak_gflops, b.weight_bytes / 1e6, lim.bandwidth()) +
             (compute_s >= memory_s ? "compute-bound" : "memory-bound"));
     row("gemm-only", gemm_s,
-        fmt("one step's weight GEMMs %.2f ms = %.1f GFLOP/s", 1e3 * b.gemm_step_s,
+        fmt("prefill's weight GEMMs %.1f ms, one step's %.2f ms = %.1f GFLOP/s",
+            1e3 * b.gemm_prefill_s, 1e3 * b.gemm_step_s,
             b.batch * b.weight_bytes / 2.0 / b.gemm_step_s / 1e9));
   }
 }

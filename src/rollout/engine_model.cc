@@ -262,8 +262,10 @@ void draw(const std::vector<at::Tensor>& logits_rows, const std::vector<double>&
   if (logits_rows.empty()) return;
   const at::Tensor logits = as_matrix(logits_rows);
   SampleResult s = sample(logits, torch::tensor(uniforms, torch::kFloat64), o);
-  const bool truncated = o.greedy || (o.top_k > 0 && o.top_k < logits.size(1)) || o.top_p < 1.0;
-  at::Tensor own = truncated ? tempered_logprobs(logits, s.tokens, o.temperature) : s.logprobs;
+  // sample() records truncated log-probs, or under greedy the log-prob at
+  // temperature 1: then the temperature's own is computed here.
+  const bool own_differs = o.greedy || truncates(o, logits.size(1));
+  at::Tensor own = own_differs ? tempered_logprobs(logits, s.tokens, o.temperature) : s.logprobs;
   out.tokens.push_back(s.tokens.to(torch::kInt64));
   out.logprobs.push_back(s.logprobs.to(torch::kFloat32));
   out.own.push_back(own.to(torch::kFloat32));

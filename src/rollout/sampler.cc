@@ -282,6 +282,10 @@ bool sample_fused(const at::Tensor& logits, const at::Tensor& uniforms, const Sa
 
 void set_fused_sampler(bool on) { g_fused_sampler.store(on); }
 
+bool truncates(const SamplingOptions& o, int64_t vocab) {
+  return (o.top_k > 0 && o.top_k < vocab) || o.top_p < 1.0;
+}
+
 at::Tensor sampling_logprobs(const at::Tensor& logits, const SamplingOptions& o) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   at::Tensor z = logits.to(torch::kFloat32);
@@ -310,8 +314,7 @@ SampleResult sample(const at::Tensor& logits, const at::Tensor& uniforms,
   TORCH_CHECK(logits.dim() == 2, "sample: logits must be [B, V], got ", logits.sizes());
   TORCH_CHECK(uniforms.numel() == logits.size(0), "sample: need one uniform per row");
   SampleResult r;
-  const bool truncated = (o.top_k > 0 && o.top_k < logits.size(1)) || o.top_p < 1.0;
-  if (!o.greedy && !truncated && logits.device().is_cpu() &&
+  if (!o.greedy && !truncates(o, logits.size(1)) && logits.device().is_cpu() &&
       g_fused_sampler.load(std::memory_order_relaxed)) {
     if (sample_fused(logits, uniforms, o, r)) return r;
     r = SampleResult{};

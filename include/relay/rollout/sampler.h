@@ -48,6 +48,12 @@ struct SampleResult {
 SampleResult sample(const at::Tensor& logits, const at::Tensor& uniforms,
                     const SamplingOptions& options);
 
+// Whether `options` change the distribution beyond the temperature over a
+// vocabulary of `vocab` tokens: top-k below the vocabulary, or top-p below 1.
+// Then the recorded log-prob is the truncated distribution's, not the
+// model's own at the temperature.
+bool truncates(const SamplingOptions& options, int64_t vocab);
+
 // Off: sample() always takes the batched ops (tests and benchmarks compare
 // the two). On by default; process-wide.
 void set_fused_sampler(bool on);
