@@ -26,6 +26,8 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 
 // `param`'s state in a torch AdamW that steps it; null before its first step.
 torch::optim::AdamWParamState* adamw_state(torch::optim::AdamW& optimizer, const at::Tensor& param);
+// Drops `param`'s state: as before its first step.
+void clear_adamw_state(torch::optim::AdamW& optimizer, const at::Tensor& param);
 // Sets `param`'s state (its step count and both moments).
 void set_adamw_state(torch::optim::AdamW& optimizer, const at::Tensor& param, int64_t step,
                      const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);

@@ -106,7 +106,8 @@ Status Critic::save(torch::serialize::OutputArchive& archive) const {
   return optimizer_->save(archive);
 }
 
-Status Critic::load(torch::serialize::InputArchive& archive, const std::string& path) {
+StatusOr<std::function<void()>> Critic::read_state(torch::serialize::InputArchive& archive,
+                                                   const std::string& path) {
   int64_t steps = 0, rl_steps = 0;
   try {
     at::Tensor t;
@@ -117,10 +118,12 @@ Status Critic::load(torch::serialize::InputArchive& archive, const std::string& 
   } catch (const std::exception& e) {
     return DataLossError(absl::StrCat(path, ": no critic step counts: ", e.what()));
   }
-  RELAY_RETURN_IF_ERROR(optimizer_->load(archive, path));
-  optimizer_steps_ = steps;
-  rl_steps_ = rl_steps;
-  return OkStatus();
+  RELAY_ASSIGN_OR_RETURN(std::function<void()> install, optimizer_->read_state(archive, path));
+  return std::function<void()>([this, install = std::move(install), steps, rl_steps] {
+    install();
+    optimizer_steps_ = steps;
+    rl_steps_ = rl_steps;
+  });
 }
 
 int64_t Critic::weight_bytes() const {

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -80,11 +81,14 @@ class Critic {
   double last_lr() const;
 
   // "optimizer_steps", "rl_steps" and the optimizer's state (Optimizer::save) into
-  // `archive`; load() checks before it changes anything. Under sharding:
-  // full a collective that also gathers the weights into whole_model().
+  // `archive`. Under sharding: full a collective that also gathers the
+  // weights into whole_model().
   Status save(torch::serialize::OutputArchive& archive) const;
   bool save_is_collective() const { return optimizer_->save_is_collective(); }
-  Status load(torch::serialize::InputArchive& archive, const std::string& path);
+  // Reads what save() wrote, changing nothing (Optimizer::read_state): the
+  // function returned installs it and cannot fail.
+  StatusOr<std::function<void()>> read_state(torch::serialize::InputArchive& archive,
+                                             const std::string& path);
   OptimizerMemory memory() const { return optimizer_->memory(); }
   // The weights this rank holds between passes (its shards, when sharded).
   int64_t weight_bytes() const;

@@ -32,8 +32,6 @@ at::ScalarType wire_dtype(const FullyShardedModel::Unit& u) {
   return u.dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
-
 void throw_if_error(const Status& s) {
   TORCH_CHECK(s.ok(), "trainer.sharding: full: ", std::string(s.message()));
 }

@@ -21,8 +21,6 @@
 namespace relay::trainer {
 namespace {
 
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
-
 class FullyShardedAdamW final : public Optimizer {
  public:
   FullyShardedAdamW(FullyShardedModel& model, const OptimizerOptions& options)
@@ -137,15 +135,18 @@ class FullyShardedAdamW final : public Optimizer {
 
   bool save_is_collective() const override { return true; }
 
-  Status load(torch::serialize::InputArchive& archive, const std::string& path) override {
+  StatusOr<std::function<void()>> read_state(torch::serialize::InputArchive& archive,
+                                             const std::string& path) override {
     RELAY_ASSIGN_OR_RETURN(WholeAdamWState whole,
                            read_whole_adamw(archive, path, shapes_, dtypes_, use_master_));
-    // Everything fits: this rank's slices of it.
-    steps_ = whole.steps;
-    for (Segment& s : segments_) {
-      take_state_slice(whole, s.param, s.param_offset, s.length, s.exp_avg, s.exp_avg_sq, s.master);
-    }
-    return OkStatus();
+    // Everything fits: installing is taking this rank's slices of it.
+    return std::function<void()>([this, whole = std::move(whole)] {
+      steps_ = whole.steps;
+      for (Segment& s : segments_) {
+        take_state_slice(whole, s.param, s.param_offset, s.length, s.exp_avg, s.exp_avg_sq,
+                         s.master);
+      }
+    });
   }
 
   OptimizerMemory memory() const override {

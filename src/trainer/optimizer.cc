@@ -55,6 +55,10 @@ torch::optim::AdamWParamState* adamw_state(torch::optim::AdamW& optimizer,
   return static_cast<torch::optim::AdamWParamState*>(it->second.get());
 }
 
+void clear_adamw_state(torch::optim::AdamW& optimizer, const at::Tensor& param) {
+  optimizer.state().erase(state_key<StateMap>(param));
+}
+
 void set_adamw_state(torch::optim::AdamW& optimizer, const at::Tensor& param, int64_t step,
                      const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
   auto state = std::make_unique<torch::optim::AdamWParamState>();

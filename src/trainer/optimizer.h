@@ -45,6 +45,11 @@ struct OptimizerMemory {
   int64_t gradients = 0;  // what backward and the update allocate at their peak
 };
 
+// A tensor's bytes; 0 for an undefined one (a state not yet created).
+inline int64_t bytes_of(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -70,10 +75,13 @@ class Optimizer {
   // True when save() is a collective.
   virtual bool save_is_collective() const = 0;
 
-  // Restores what save() wrote, all or nothing: a mismatch (another model,
-  // master copies on or off) is an error naming `path`, and leaves this
-  // optimizer as it was.
-  virtual Status load(torch::serialize::InputArchive& archive, const std::string& path) = 0;
+  // Reads what save() wrote and checks it against this optimizer, changing
+  // nothing: a mismatch (another model, master copies on or off) is an error
+  // naming `path`. The function returned installs the state read and cannot
+  // fail, so a caller restoring several optimizers (the policy's and the
+  // critic's) reads them all before it changes any.
+  virtual StatusOr<std::function<void()>> read_state(torch::serialize::InputArchive& archive,
+                                                     const std::string& path) = 0;
 
   virtual OptimizerMemory memory() const = 0;
 };

@@ -252,6 +252,14 @@ void check(const TrainerOptions& o, Problems p) {
              "none gives every token advantage 0: it is for pure distillation and "
              "needs trainer.distill.coef > 0");
   }
+  if (o.drop_equal_reward_groups && o.distill.enabled()) {
+    // The filter reads rewards alone. Under distillation a group whose
+    // rewards are all equal still carries the teacher's per-token term (all
+    // of the signal with advantage.estimator none), which dropping it loses.
+    p.add("drop_equal_reward_groups",
+          "must be false with trainer.distill (coef > 0): a group of equal rewards still "
+          "carries the teacher's per-token signal");
+  }
   {
     Problems distill = p.at("distill");
     distill.non_negative("coef", o.distill.coef);

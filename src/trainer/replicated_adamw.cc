@@ -12,8 +12,6 @@
 namespace relay::trainer {
 namespace {
 
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
-
 class ReplicatedAdamW final : public Optimizer {
  public:
   ReplicatedAdamW(const std::vector<at::Tensor>& params, const OptimizerOptions& options,
@@ -88,21 +86,30 @@ class ReplicatedAdamW final : public Optimizer {
 
   bool save_is_collective() const override { return false; }
 
-  Status load(torch::serialize::InputArchive& archive, const std::string& path) override {
-    std::vector<at::IntArrayRef> shapes;
-    for (const at::Tensor& m : master_) shapes.push_back(m.sizes());
-    RELAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> master, read_master(archive, path, shapes));
-    // Into a scratch optimizer first (its parameters only key the state),
-    // so that a mismatch leaves this one untouched.
-    std::vector<at::Tensor> keys;
-    for (const at::Tensor& p : stepped_)
-      keys.push_back(torch::zeros({}, p.options()).expand(p.sizes()));
-    torch::optim::AdamW probe(keys, torch::optim::AdamWOptions(1));
-    RELAY_RETURN_IF_ERROR(read_adamw(archive, path, probe));
-    RELAY_RETURN_IF_ERROR(read_adamw(archive, path, *adamw_));
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < master.size(); ++i) master_[i].copy_(master[i]);
-    return OkStatus();
+  StatusOr<std::function<void()>> read_state(torch::serialize::InputArchive& archive,
+                                             const std::string& path) override {
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<at::ScalarType> dtypes;
+    for (const at::Tensor& p : stepped_) {
+      shapes.push_back(p.sizes().vec());
+      dtypes.push_back(p.scalar_type());
+    }
+    RELAY_ASSIGN_OR_RETURN(WholeAdamWState whole,
+                           read_whole_adamw(archive, path, shapes, dtypes, !master_.empty()));
+    return std::function<void()>([this, whole = std::move(whole)] {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < stepped_.size(); ++i) {
+        const at::Tensor& p = stepped_[i];
+        if (whole.steps[i] == 0) {
+          clear_adamw_state(*adamw_, p);
+        } else {
+          set_adamw_state(*adamw_, p, whole.steps[i],
+                          whole.exp_avg[i].to(p.device(), p.scalar_type()),
+                          whole.exp_avg_sq[i].to(p.device(), p.scalar_type()));
+        }
+      }
+      for (size_t i = 0; i < master_.size(); ++i) master_[i].copy_(whole.master[i]);
+    });
   }
 
   OptimizerMemory memory() const override {

@@ -31,8 +31,6 @@
 namespace relay::trainer {
 namespace {
 
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
-
 // The part of parameter `param` that lies in a flat range.
 struct Piece {
   size_t param = 0;
@@ -168,16 +166,18 @@ class ShardedAdamW final : public Optimizer {
 
   bool save_is_collective() const override { return true; }
 
-  Status load(torch::serialize::InputArchive& archive, const std::string& path) override {
+  StatusOr<std::function<void()>> read_state(torch::serialize::InputArchive& archive,
+                                             const std::string& path) override {
     RELAY_ASSIGN_OR_RETURN(WholeAdamWState whole, read_whole_adamw(archive, path, shapes(),
                                                                    stepped_dtypes(), use_master_));
-    // Everything fits: this rank's slices of it.
-    steps_ = whole.steps;
-    for (Segment& s : segments_) {
-      take_state_slice(whole, s.piece.param, s.piece.param_offset, s.piece.length, s.exp_avg,
-                       s.exp_avg_sq, s.master);
-    }
-    return OkStatus();
+    // Everything fits: installing is taking this rank's slices of it.
+    return std::function<void()>([this, whole = std::move(whole)] {
+      steps_ = whole.steps;
+      for (Segment& s : segments_) {
+        take_state_slice(whole, s.piece.param, s.piece.param_offset, s.piece.length, s.exp_avg,
+                         s.exp_avg_sq, s.master);
+      }
+    });
   }
 
   OptimizerMemory memory() const override {

@@ -223,8 +223,16 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
           "gae): it was written by a run without one"));
     }
   }
-  RELAY_RETURN_IF_ERROR(optimizer_->load(archive, path));
-  if (critic_) RELAY_RETURN_IF_ERROR(critic_->load(critic, path + " (critic)"));
+  // Both optimizers read before either changes: a critic state that does not
+  // fit leaves the policy's optimizer as it was too.
+  RELAY_ASSIGN_OR_RETURN(std::function<void()> install_policy,
+                         optimizer_->read_state(archive, path));
+  std::function<void()> install_critic;
+  if (critic_) {
+    RELAY_ASSIGN_OR_RETURN(install_critic, critic_->read_state(critic, path + " (critic)"));
+  }
+  install_policy();
+  if (install_critic) install_critic();
   version_ = version;
   optimizer_steps_ = steps;
   reward_kl_->set_value(kl_coef);

@@ -93,6 +93,12 @@ TEST(TrainerOptionsTest, EachRuleNamesItsKey) {
       {[](TrainerOptions& o) { o.advantage.estimator = AdvantageEstimator::kNone; },
        "trainer.advantage.estimator: none gives every token advantage 0: it is for pure "
        "distillation and needs trainer.distill.coef > 0"},
+      {[](TrainerOptions& o) {
+         o.distill.coef = 1;
+         o.drop_equal_reward_groups = true;
+       },
+       "trainer.drop_equal_reward_groups: must be false with trainer.distill (coef > 0): a "
+       "group of equal rewards still carries the teacher's per-token signal"},
       {[](TrainerOptions& o) { o.entropy.coef = -0.1; },
        "trainer.entropy.coef: must be >= 0, got -0.1"},
       {[](TrainerOptions& o) {

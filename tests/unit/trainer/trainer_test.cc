@@ -634,6 +634,38 @@ TEST(TrainerTest, CriticStateResumesAndAStateWithoutOneIsRefused) {
       << refused;
 }
 
+// A state whose policy part fits and whose critic part does not (a critic
+// of another depth: the hidden size matches, the parameters do not) is
+// refused, and neither optimizer changes: the next step is a fresh
+// trainer's, bit for bit.
+TEST(TrainerTest, ACriticStateThatDoesNotFitLeavesThePolicysOptimizerAsItWas) {
+  model::Policy policy = make_policy(25);
+  auto groups = sample_groups(policy, 1.0);
+  auto a = Trainer::create(model::clone_policy(*policy), gae_options()).value();
+  ASSERT_TRUE(a->step(groups).ok());
+  const std::string state = a->save_state().value();
+
+  model::PolicyConfig deeper = TinyConfig();
+  deeper.num_hidden_layers += 1;
+  model::Policy other(deeper);
+  auto make = [&] {
+    model::Policy p = model::clone_policy(*policy);
+    return Trainer::create(p, gae_options(), 0, nullptr, {},
+                           model::value_model_from_policy(*other, 0))
+        .value();
+  };
+  auto b = make();
+  auto fresh = make();
+  const Status refused = b->restore_state(state, "state");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.message()).find("state (critic)"), std::string::npos) << refused;
+  EXPECT_EQ(b->version(), 0);
+  ASSERT_TRUE(b->step(groups).ok());
+  ASSERT_TRUE(fresh->step(groups).ok());
+  EXPECT_TRUE(torch::equal(flat_params(*b->policy()), flat_params(*fresh->policy())));
+  EXPECT_TRUE(torch::equal(flat_params(*b->critic()), flat_params(*fresh->critic())));
+}
+
 // trainer.critic.warmup_steps (verl's critic_warmup): the first steps train
 // the critic alone and leave the policy as it was; the count is part of the
 // trainer state.
