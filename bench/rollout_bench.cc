@@ -621,11 +621,23 @@ void bench_mixed(const Workload& w, Policy& p, int64_t B, int reps, std::vector<
 // ---------------------------------------------------------------------------
 // py: relay against the plain-PyTorch loop, and the machine's limit.
 
-// The LM head: lm_head.weight, or the tied embedding (an untied one is a
-// lookup, no product).
-bool is_lm_head(Policy& p, const std::string& name) {
-  return name == "lm_head.weight" ||
-         (p->config().tie_word_embeddings && name == "model.embed_tokens.weight");
+// The weight matrices of a forward: every 2-D parameter but an untied input
+// embedding (a lookup), each marked whether it is the LM head
+// (lm_head.weight, or the tied embedding).
+struct ForwardMatrix {
+  at::Tensor weight;
+  bool head = false;
+};
+std::vector<ForwardMatrix> forward_matrices(Policy& p) {
+  const bool tied = p->config().tie_word_embeddings;
+  std::vector<ForwardMatrix> out;
+  for (const auto& item : p->named_parameters()) {
+    if (item.value().dim() != 2) continue;
+    const bool embedding = item.key() == "model.embed_tokens.weight";
+    if (embedding && !tied) continue;
+    out.push_back({item.value(), item.key() == "lm_head.weight" || embedding});
+  }
+  return out;
 }
 
 // Seconds for one forward's weight GEMMs: linear([rows, in], W) for every
@@ -635,12 +647,9 @@ bool is_lm_head(Policy& p, const std::string& name) {
 double step_gemm_seconds(Policy& p, int64_t rows, int64_t head_rows, int reps) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> ws, xs;
-  for (const auto& item : p->named_parameters()) {
-    if (item.value().dim() != 2) continue;
-    const bool head = is_lm_head(p, item.key());
-    if (!head && item.key() == "model.embed_tokens.weight") continue;  // a lookup
-    ws.push_back(item.value());
-    xs.push_back(torch::randn({head ? head_rows : rows, item.value().size(1)}));
+  for (const ForwardMatrix& m : forward_matrices(p)) {
+    ws.push_back(m.weight);
+    xs.push_back(torch::randn({m.head ? head_rows : rows, m.weight.size(1)}));
   }
   return time_best(reps, [&] {
     for (size_t i = 0; i < ws.size(); ++i) torch::nn::functional::linear(xs[i], ws[i]);
@@ -752,14 +761,9 @@ void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   pb.tokens = tokens;
   pb.steps = N;
   const PolicyConfig& cfg = w.config;
-  double matmul_params = 0, head_params = 0;
-  for (const auto& item : p->named_parameters()) {
-    if (item.value().dim() != 2) continue;
-    if (is_lm_head(p, item.key())) {
-      head_params += item.value().numel();
-    } else if (item.key() != "model.embed_tokens.weight") {
-      matmul_params += item.value().numel();
-    }
+  double matmul_params = 0, head_params = 0;  // the head's apart: the prefill runs it on B rows
+  for (const ForwardMatrix& m : forward_matrices(p)) {
+    (m.head ? head_params : matmul_params) += static_cast<double>(m.weight.numel());
   }
   // Attention FLOPs per token at a context of c: 4 x layers x heads x head_dim x c.
   const double attention = 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads *
