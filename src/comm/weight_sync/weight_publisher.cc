@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "relay/model/safetensors.h"
 
@@ -32,6 +33,15 @@ Status WeightPublisher::publish(int64_t version,
   RELAY_ASSIGN_OR_RETURN(snap->manifest, model::weight_manifest_without_digest(tensors, version));
   for (const model::TensorSpec& spec : snap->manifest.tensors) snap->total_bytes += spec.num_bytes;
   snap->payload = payload_for(snap->total_bytes);
+  // However this ends, readers waiting on a rebuild are let go (after an
+  // exception with nothing kept: the replaced version's payload is gone).
+  absl::Cleanup end_rebuild = [this] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      rebuilding_ = false;
+    }
+    cv_.notify_all();
+  };
   snap->block_bytes = block_bytes_;
   Xxh3Stream digest;
   BlockHasher blocks(block_bytes_);
@@ -56,9 +66,9 @@ Status WeightPublisher::publish(int64_t version,
     std::lock_guard<std::mutex> lock(mu_);
     snapshots_.push_back(std::move(snap));
     while (static_cast<int>(snapshots_.size()) > keep_) snapshots_.pop_front();
+    rebuilding_ = false;
   }
-  cv_.notify_all();
-  return OkStatus();
+  return OkStatus();  // end_rebuild wakes the waiters
 }
 
 at::Tensor WeightPublisher::payload_for(uint64_t total_bytes) {
@@ -70,6 +80,10 @@ at::Tensor WeightPublisher::payload_for(uint64_t total_bytes) {
     if (static_cast<int>(snapshots_.size()) >= keep_ && snapshots_.front().use_count() == 1) {
       oldest = std::move(snapshots_.front());
       snapshots_.pop_front();
+      if (snapshots_.empty()) {
+        rebuilding_ = true;
+        replaced_version_ = oldest->manifest.version;
+      }
     }
   }
   at::Tensor payload;
@@ -89,7 +103,8 @@ at::Tensor payload_buffer(at::Tensor reuse, uint64_t bytes, bool* reused) {
 }
 
 int64_t WeightPublisher::latest_locked() const {
-  return snapshots_.empty() ? -1 : snapshots_.back()->manifest.version;
+  if (snapshots_.empty()) return rebuilding_ ? replaced_version_ : -1;
+  return snapshots_.back()->manifest.version;
 }
 
 int64_t WeightPublisher::latest_version() const {
@@ -98,7 +113,8 @@ int64_t WeightPublisher::latest_version() const {
 }
 
 StatusOr<std::shared_ptr<const WeightSnapshot>> WeightPublisher::snapshot(int64_t version) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !rebuilding_; });
   if (snapshots_.empty()) return NotFoundError("weights: nothing published yet");
   if (version < 0) return snapshots_.back();
   for (const auto& s : snapshots_) {

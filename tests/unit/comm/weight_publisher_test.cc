@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <thread>
 
 namespace relay::comm {
 namespace {
@@ -63,6 +64,37 @@ TEST(WeightPublisherTest, AnEvictedVersionsPayloadIsReusedOnlyWhenNobodyHoldsIt)
   v3.reset();
   ASSERT_TRUE(p.publish(4, weights(4)).ok());
   EXPECT_TRUE(torch::equal(view, torch::full({3}, 3.0f)));
+}
+
+// With one version kept, publishing writes the next version into the
+// current one's payload when nobody holds it. A reader in that window (a
+// worker leasing or fetching) still finds a version: it waits for the new
+// one, and the latest version never goes back to -1 ("nothing published").
+TEST(WeightPublisherTest, ReadersFindAVersionWhileTheOnlyOneIsRebuilt) {
+  WeightPublisher p(/*keep=*/1);
+  auto big = [](float base) {
+    return std::unordered_map<std::string, at::Tensor>{{"w", torch::full({1 << 20}, base)}};
+  };
+  ASSERT_TRUE(p.publish(1, big(1)).ok());
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> reads{0}, missing{0}, unpublished{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      if (p.latest_version() < 1) ++unpublished;
+      // Dropped at once, so that the publisher may reuse the payload.
+      if (!p.snapshot(-1).ok()) ++missing;
+      ++reads;
+    }
+  });
+  for (int64_t v = 2; v <= 40; ++v) ASSERT_TRUE(p.publish(v, big(static_cast<float>(v))).ok());
+  done = true;
+  reader.join();
+  EXPECT_GT(reads.load(), 0);
+  EXPECT_EQ(missing.load(), 0) << "of " << reads.load() << " reads";
+  EXPECT_EQ(unpublished.load(), 0) << "of " << reads.load() << " reads";
+  auto last = p.snapshot(-1).value();
+  EXPECT_EQ(last->manifest.version, 40);
+  EXPECT_TRUE(torch::equal(last->tensors[0], torch::full({1 << 20}, 40.0f)));
 }
 
 // Chunks cut across tensor boundaries, in order, and reassemble exactly.

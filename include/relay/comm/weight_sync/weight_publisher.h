@@ -104,7 +104,8 @@ class WeightPublisher {
   // -1 before the first publish.
   int64_t latest_version() const;
   // The snapshot of `version` (-1 = latest); NotFound when it is not (or no
-  // longer) kept.
+  // longer) kept. While a publish reuses the only kept version's payload
+  // (keep 1, nobody reading it), it waits for the new version.
   StatusOr<std::shared_ptr<const WeightSnapshot>> snapshot(int64_t version) const;
   // Blocks until a version above `after` is published, `timeout` passes or
   // `stop` (may be null) returns true; the latest version either way. `stop`
@@ -129,6 +130,11 @@ class WeightPublisher {
   mutable std::condition_variable cv_;
   // Oldest first.
   std::deque<std::shared_ptr<WeightSnapshot>> snapshots_ ABSL_GUARDED_BY(mu_);
+  // Set while publish() writes the next version into the payload of the
+  // only kept one (keep 1): snapshot() waits for the new version instead of
+  // finding nothing, and the replaced version still counts as the latest.
+  bool rebuilding_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t replaced_version_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 // The bytes of a (received) manifest's payload, each tensor checked:
