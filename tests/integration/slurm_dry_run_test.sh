@@ -257,9 +257,15 @@ while [[ $1 == -* ]]; do
   shift
 done
 export SLURM_PROCID=0 SLURM_LOCALID=0
+# The trap goes in before the task starts, as the real srun handles signals
+# from its start: a SIGTERM that came between the fork and a later trap
+# killed this stand-in and orphaned its task without forwarding.
+child=""
+pending=0
+trap 'if [[ -n $child ]]; then kill -TERM $child; else pending=1; fi' TERM
 "$@" &
 child=$!
-trap 'kill -TERM $child' TERM
+((pending == 0)) || kill -TERM $child
 while :; do
   rc=0
   wait $child || rc=$?
