@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
@@ -136,6 +137,38 @@ inline bool has(int argc, char** argv, const char* name) {
     if (std::strcmp(argv[i], name) == 0) return true;
   }
   return false;
+}
+
+// Refuses any argument that is not one of the bench's flags, naming it (a
+// mistyped flag would otherwise run the default suite for many minutes):
+// `with_value` flags take the next argument, `switches` stand alone. --help
+// lists them and exits 0.
+inline void expect_flags(int argc, char** argv, std::initializer_list<const char*> with_value,
+                         std::initializer_list<const char*> switches) {
+  auto in = [](std::initializer_list<const char*> names, const char* a) {
+    for (const char* n : names) {
+      if (std::strcmp(n, a) == 0) return true;
+    }
+    return false;
+  };
+  auto listing = [&] {
+    std::string s;
+    for (const char* n : with_value) s += std::string(" [") + n + " VALUE]";
+    for (const char* n : switches) s += std::string(" [") + n + "]";
+    return s;
+  };
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf("usage: %s%s\n", argv[0], listing().c_str());
+      std::exit(0);
+    }
+    if (in(with_value, argv[i])) {
+      if (i + 1 >= argc) fail(std::string(argv[i]) + " needs a value");
+      ++i;
+    } else if (!in(switches, argv[i])) {
+      fail(std::string("unknown argument '") + argv[i] + "'; usage: " + argv[0] + listing());
+    }
+  }
 }
 
 // "a,b,,c" -> {"a", "b", "c"}

@@ -175,6 +175,10 @@ Result run_episodes(const Workload& w, model::Policy& policy, int latency_ms) {
 
 int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);  // first: it may start the program again
+  relay::bench::expect_flags(
+      argc, argv,
+      {"--episodes", "--latency-ms", "--model", "--new", "--obs", "--reps", "--slots", "--turns"},
+      {});
   using namespace relay;
   using namespace relay::bench;
   const model::ThreadSettings threads = model::configure_threads(0);

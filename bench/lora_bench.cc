@@ -103,6 +103,9 @@ double decode_seconds(const Policy& policy, int tokens) {
 
 int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);  // first: it may start the program again
+  relay::bench::expect_flags(
+      argc, argv, {"--decode-tokens", "--models", "--rank", "--reps", "--shape", "--targets"},
+      {"--json"});
   const std::vector<std::string> models = relay::bench::split(
       flag(argc, argv, "--models") ? flag(argc, argv, "--models") : "qwen2-100m,qwen2.5-0.5b");
   relay::model::LoraConfig lora;

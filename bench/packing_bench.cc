@@ -62,6 +62,8 @@ Padding padding_of(const TrainBatch& batch, int64_t budget, bool packed) {
 
 int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);  // first: it may start the program again
+  relay::bench::expect_flags(
+      argc, argv, {"--model", "--rows", "--median", "--max-new", "--budget", "--reps"}, {"--json"});
   const std::string model =
       flag(argc, argv, "--model") ? flag(argc, argv, "--model") : "qwen2-100m";
   auto number = [&](const char* name, int64_t fallback) {

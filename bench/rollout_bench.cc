@@ -890,6 +890,11 @@ int main(int argc, char** argv) {
   // First: it may start the program again with other BLAS kernels (and the
   // Python baseline, a child, inherits the choice).
   relay::model::choose_blas_kernels(argv);
+  relay::bench::expect_flags(argc, argv,
+                             {"--batches", "--blas-threads", "--device", "--dtype",
+                              "--kernel-threads", "--model-dir", "--models", "--new", "--only",
+                              "--prompt", "--python-exe", "--python-script", "--reps", "--threads"},
+                             {"--json", "--python", "--quick"});
   const char* models_flag = flag(argc, argv, "--models");
   const char* batches_flag = flag(argc, argv, "--batches");
   const char* only = flag(argc, argv, "--only");

@@ -202,6 +202,9 @@ std::vector<TrajectoryGroup> synthetic_batch(const PolicyConfig& config, int64_t
 
 int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);  // first: it may start the program again
+  relay::bench::expect_flags(
+      argc, argv, {"--dtype", "--models", "--reps", "--shape", "--shardings", "--worlds"},
+      {"--checkpointing", "--critic", "--json"});
   const std::vector<std::string> models = relay::bench::split(
       flag(argc, argv, "--models") ? flag(argc, argv, "--models") : "qwen2-100m,qwen2.5-0.5b");
   std::vector<int> worlds;

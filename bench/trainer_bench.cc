@@ -330,6 +330,10 @@ int main(int argc, char** argv) {
   // First: it may start the program again with other BLAS kernels (and the
   // Python baseline, a child, inherits the choice).
   relay::model::choose_blas_kernels(argv);
+  relay::bench::expect_flags(argc, argv,
+                             {"--blas-threads", "--models", "--prompt", "--python-exe",
+                              "--python-script", "--reps", "--shapes", "--threads"},
+                             {"--json", "--no-python", "--quick"});
   using relay::bench::flag;
   using relay::bench::has;
   const char* models_flag = flag(argc, argv, "--models");

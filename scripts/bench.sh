@@ -125,8 +125,8 @@ skip() {
   echo "bench.sh: $1 skipped: $2" >&2
 }
 # Whether a program understands a flag, read from its binary without running
-# it (rollout_bench, for one, ignores flags it does not know and would run the
-# whole benchmark on --help).
+# it (a bench built before 2026-11-29 ignored flags it did not know, and
+# would run the whole benchmark on --help; newer ones refuse them).
 knows() { grep -qa -- "$2" "$1"; }
 
 if [ "$quick" = 1 ]; then
