@@ -1048,7 +1048,11 @@ TEST_F(CliTest, LoraConfigLearnsOnTheWarmStartedBase) {
 // call the calculator tool in its warm start (whole episodes demonstrated:
 // the call, the tool's answer, the result) and keeps using it through RL.
 // Three seeds on this machine: greedy accuracy 0.75-0.84 after the warm
-// start, 0.83-0.84 at the end, every greedy episode calling the tool.
+// start, 0.83-0.84 at the end, every greedy episode calling the tool. The
+// run is asynchronous, so seed 0 varies too: eight runs in a row on
+// 2026-11-29 ended at accuracy 0.81-0.83 and tool use 0.98-1.0, with evals
+// along the way as low as 0.92 tool use (0.42 accuracy once), and one CI run
+// ended at 0.875 tool use; hence 0.8 below, against 0 for a fresh model.
 TEST_F(CliTest, AgentConfigLearnsToUseTheCalculator) {
   const std::string base = ::testing::TempDir() + "/agent_job_" + std::to_string(::getpid());
   fs::remove_all(base);
@@ -1078,7 +1082,7 @@ TEST_F(CliTest, AgentConfigLearnsToUseTheCalculator) {
   EXPECT_EQ(accuracy.front(), 0.0) << "a fresh model";
   EXPECT_GE(accuracy[1], 0.5) << "after the warm start";
   EXPECT_GE(accuracy.back(), 0.7) << r.out;
-  EXPECT_GE(tool_use.back(), 0.9) << r.out;
+  EXPECT_GE(tool_use.back(), 0.8) << r.out;
   // The checkpoint carries the tokenizer the run was configured with.
   EXPECT_TRUE(fs::exists(base + "/agent_calc/checkpoints/step_000060/tokenizer.json"));
   fs::remove_all(base);
