@@ -313,10 +313,15 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(model::Policy policy, Trainer
         "Trainer: a critic was given, and trainer.advantage.estimator is not gae (the only "
         "estimator that reads values)");
   }
-  if (critic && critic->config().hidden_size != policy->config().hidden_size) {
-    return InvalidArgumentError(
-        "trainer.critic: the value model's hidden size differs from the "
-        "policy's; a critic has the policy's architecture");
+  // The critic reads the policy's token ids, so it needs an embedding for
+  // every one of them; its width and depth are its own (verl's critic may be
+  // another size of the same family).
+  if (critic && critic->config().vocab_size < policy->config().vocab_size) {
+    return InvalidArgumentError(absl::StrCat(
+        "trainer.critic: the value model's vocabulary has ", critic->config().vocab_size,
+        " entries and the policy's ", policy->config().vocab_size,
+        "; a critic embeds every token id the policy can produce (use a critic with the "
+        "policy's tokenizer)"));
   }
   std::unique_ptr<Trainer> t(new Trainer(std::move(policy), std::move(options), version,
                                          std::move(reference), std::move(data_parallel)));

@@ -601,6 +601,45 @@ TEST(TrainerTest, GaeTrainsACriticBesideThePolicyOnItsValues) {
   EXPECT_FALSE(torch::equal(policy_before, flat_params(*policy)));
 }
 
+// A critic need not be the policy's size (verl's critic may be another
+// model of the family): a narrower one trains beside the policy. One whose
+// vocabulary misses some of the policy's token ids is refused, naming both.
+TEST(TrainerTest, ACriticOfAnotherWidthTrainsAndOneWithFewerTokensIsRefused) {
+  model::Policy policy = make_policy(23);
+  auto groups = sample_groups(policy, 1.0);
+  model::PolicyConfig narrow = TinyConfig();
+  narrow.hidden_size /= 2;
+  narrow.intermediate_size /= 2;
+  model::Policy small(narrow);
+  model::init_weights(*small, 3, 0.3);
+  auto trainer = Trainer::create(model::clone_policy(*policy), gae_options(), 0, nullptr, {},
+                                 model::value_model_from_policy(*small, 0));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_EQ((*trainer)->critic()->config().hidden_size, narrow.hidden_size);
+  std::vector<StepMetrics> m;
+  for (int i = 0; i < 12; ++i) {
+    auto step = (*trainer)->step(groups);
+    ASSERT_TRUE(step.ok()) << step.status();
+    m.push_back(*step);
+  }
+  EXPECT_LT(m.back().at("critic/vf_loss"), 0.5 * m.front().at("critic/vf_loss"));
+  EXPECT_GT(m.back().at("critic/vf_explained_var"), 0.3);
+
+  model::PolicyConfig fewer = TinyConfig();
+  fewer.vocab_size -= 1;
+  model::Policy short_vocab(fewer);
+  auto refused = Trainer::create(model::clone_policy(*policy), gae_options(), 0, nullptr, {},
+                                 model::value_model_from_policy(*short_vocab, 0));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(refused.status().message());
+  EXPECT_NE(message.find("trainer.critic"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::to_string(fewer.vocab_size) + " entries and the policy's " +
+                         std::to_string(TinyConfig().vocab_size)),
+            std::string::npos)
+      << message;
+}
+
 // The critic's optimizer state is part of the trainer state: a trainer
 // restored from it over the same weights takes the same next step.
 TEST(TrainerTest, CriticStateResumesAndAStateWithoutOneIsRefused) {
