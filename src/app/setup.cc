@@ -22,6 +22,7 @@
 #include "relay/env/remote_environment.h"
 #include "relay/env/tool_environment.h"
 #include "relay/env/tool_prompt.h"
+#include "relay/model/attention_implementation.h"
 #include "relay/model/blas_kernels.h"
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/chat_template.h"
@@ -275,6 +276,7 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   }
   const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
   model::configure_threads(s.config.run.threads);
+  RELAY_RETURN_IF_ERROR(model::apply_attention_choice(s.config.model.attn_implementation));
   model::return_freed_memory();
   // Only where choose_blas_kernels() could not help (an OpenBLAS built for
   // one CPU, or a failed restart): say once why products are slow.

@@ -1,8 +1,8 @@
 // relay env: what this machine gives relay's processes, one "key: value" line
 // each: the LibTorch it runs, its devices, the BLAS and the kernels it chose
-// (model/blas_kernels.h), the CPU's vector instructions and the threads a
-// process gets with run.threads 0. The first thing to attach to a report of
-// slow training or decoding.
+// (model/blas_kernels.h), the attention kernels (model/layers.h), the CPU's vector instructions and
+// the threads a process gets with run.threads 0. The first thing to attach to a report of slow
+// training or decoding.
 
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -15,6 +15,7 @@
 #include "bin/commands.h"
 #include "relay/model/blas_kernels.h"
 #include "relay/model/device.h"
+#include "relay/model/layers.h"
 #include "relay/model/threads.h"
 
 namespace relay::cli {
@@ -29,6 +30,11 @@ int print_env() {
   } else {
     std::printf("cuda: none (this build or this machine has no GPU)\n");
   }
+  std::printf("attention: %s (%s)\n",
+              model::attention_implementation_name(model::attention_implementation()),
+              model::sdpa_available() ? "at::scaled_dot_product_attention"
+                                      : "explicit products; this LibTorch has no "
+                                        "scaled_dot_product_attention (2.0+)");
   std::printf("blas: %s\n", model::describe(model::blas_kernels()).c_str());
   const model::CpuVectorIsa isa = model::cpu_vector_isa();
   std::printf("cpu: %u cores, AVX2+FMA %s, AVX-512 %s\n", std::thread::hardware_concurrency(),

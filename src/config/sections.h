@@ -96,6 +96,7 @@ void visit_fields(V& v, ModelConfig& c) {
   v.field("tokenizer", c.tokenizer);
   v.field("chat_template", c.chat_template, model::kChatTemplateChoiceNames);
   v.field("system_prompt", c.system_prompt);
+  v.field("attn_implementation", c.attn_implementation, model::kAttentionChoiceNames);
   v.section("init", c.init);
 }
 

@@ -1,19 +1,108 @@
 #include "relay/model/layers.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include <torch/nn/init.h>
 #include <torch/types.h>
 #include <torch/utils.h>
+#include <torch/version.h>
 
+#include "absl/strings/str_cat.h"
 #include "model/decode_attention.h"
 #include "model/row_linear.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/rope.h"
 
+// at::scaled_dot_product_attention arrived in LibTorch 2.0, its enable_gqa
+// argument (query heads sharing key/value heads without repeating them) in 2.5.
+#if TORCH_VERSION_MAJOR >= 2
+#define RELAY_HAS_SDPA 1
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+#define RELAY_SDPA_HAS_GQA 1
+#endif
+
 namespace relay::model {
+namespace {
+
+#ifdef RELAY_HAS_SDPA
+constexpr AttentionImplementation kDefaultAttention = AttentionImplementation::kSdpa;
+#else
+constexpr AttentionImplementation kDefaultAttention = AttentionImplementation::kEager;
+#endif
+std::atomic<AttentionImplementation> g_attention{kDefaultAttention};
+
+at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& mask) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t KVH = k.size(1), S = k.size(2);
+  const int64_t rep = H / KVH;
+  // Heads h = g * rep + r share kv head g: fold r into the query axis.
+  at::Tensor qg = q.reshape({B, KVH, rep * T, D});
+  at::Tensor scores = torch::matmul(qg, k.transpose(-1, -2)).to(torch::kFloat32);
+  scores = scores.mul(1.0 / std::sqrt(static_cast<double>(D))).view({B, KVH, rep, T, S});
+  scores = scores.masked_fill(mask.view({B, 1, 1, T, S}).logical_not(),
+                              -std::numeric_limits<float>::infinity());
+  at::Tensor probs = torch::softmax(scores, -1).to(v.scalar_type()).view({B, KVH, rep * T, S});
+  return torch::matmul(probs, v).view({B, H, T, D});
+}
+
+#ifdef RELAY_HAS_SDPA
+at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& mask) {
+  const int64_t B = q.size(0), T = q.size(2), S = k.size(2);
+  // A bool mask (true = attend); a float one would be added to the scores.
+  const at::Tensor m = mask.to(torch::kBool).view({B, 1, T, S});
+#ifdef RELAY_SDPA_HAS_GQA
+  return at::scaled_dot_product_attention(q, k, v, m, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                          /*scale=*/std::nullopt, /*enable_gqa=*/true);
+#else
+  // transformers' repeat_kv: query head h reads the copy of kv head h / rep.
+  const int64_t rep = q.size(1) / k.size(1);
+  if (rep == 1) return at::scaled_dot_product_attention(q, k, v, m);
+  return at::scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
+                                          v.repeat_interleave(rep, 1), m);
+#endif
+}
+#endif
+
+}  // namespace
+
+bool sdpa_available() {
+#ifdef RELAY_HAS_SDPA
+  return true;
+#else
+  return false;
+#endif
+}
+
+AttentionImplementation attention_implementation() { return g_attention.load(); }
+
+bool set_attention_implementation(AttentionImplementation implementation) {
+  if (implementation == AttentionImplementation::kSdpa && !sdpa_available()) return false;
+  g_attention.store(implementation);
+  return true;
+}
+
+const char* attention_implementation_name(AttentionImplementation implementation) {
+  return implementation == AttentionImplementation::kSdpa ? "sdpa" : "eager";
+}
+
+Status apply_attention_choice(AttentionChoice choice) {
+  if (choice == AttentionChoice::kEager) {
+    set_attention_implementation(AttentionImplementation::kEager);
+  } else if (!set_attention_implementation(AttentionImplementation::kSdpa) &&
+             choice == AttentionChoice::kSdpa) {
+    return InvalidArgumentError(absl::StrCat(
+        "model.attn_implementation: sdpa needs at::scaled_dot_product_attention, which LibTorch ",
+        TORCH_VERSION, " does not have (2.0+); use auto or eager"));
+  }
+  return OkStatus();
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
@@ -60,17 +149,12 @@ at::Tensor ProjectionImpl::forward(const at::Tensor& x) {
 
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& mask) {
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
-  const int64_t KVH = k.size(1), S = k.size(2);
-  const int64_t rep = H / KVH;
-  // Heads h = g * rep + r share kv head g: fold r into the query axis.
-  at::Tensor qg = q.reshape({B, KVH, rep * T, D});
-  at::Tensor scores = torch::matmul(qg, k.transpose(-1, -2)).to(torch::kFloat32);
-  scores = scores.mul(1.0 / std::sqrt(static_cast<double>(D))).view({B, KVH, rep, T, S});
-  scores = scores.masked_fill(mask.view({B, 1, 1, T, S}).logical_not(),
-                              -std::numeric_limits<float>::infinity());
-  at::Tensor probs = torch::softmax(scores, -1).to(v.scalar_type()).view({B, KVH, rep * T, S});
-  return torch::matmul(probs, v).view({B, H, T, D});
+#ifdef RELAY_HAS_SDPA
+  if (g_attention.load(std::memory_order_relaxed) == AttentionImplementation::kSdpa) {
+    return sdpa_attention(q, k, v, mask);
+  }
+#endif
+  return eager_attention(q, k, v, mask);
 }
 
 AttentionImpl::AttentionImpl(const PolicyConfig& config, int64_t layer_index)

@@ -21,6 +21,7 @@
 #include "relay/common/tensorboard.h"
 #include "relay/model/blas_kernels.h"
 #include "relay/model/checkpoint.h"
+#include "relay/model/layers.h"
 #include "relay/model/weight_manifest.h"
 #include "relay/store/rollout_store.h"
 #include "testing/byte_tokenizer_json.h"
@@ -1279,6 +1280,8 @@ TEST(CliEnvTest, RunsBlasKernelsWrittenForThisCpu) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(EnvLine(r.out, "libtorch").empty()) << r.out;
   EXPECT_FALSE(EnvLine(r.out, "threads").empty()) << r.out;
+  EXPECT_EQ(EnvLine(r.out, "attention").rfind(model::sdpa_available() ? "sdpa (" : "eager (", 0), 0)
+      << r.out;
   const std::string blas = EnvLine(r.out, "blas");
   ASSERT_FALSE(blas.empty()) << r.out;
   if (blas == "not OpenBLAS") GTEST_SKIP() << "the BLAS is not OpenBLAS";

@@ -23,6 +23,7 @@
 #include "relay/common/logging.h"
 #include "relay/common/name_table.h"
 #include "relay/common/status.h"
+#include "relay/model/attention_implementation.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/precision.h"
 #include "relay/rollout/options.h"
@@ -92,6 +93,9 @@ struct ModelConfig {
   // With a chat template: a system message put before every prompt that has
   // none of its own. "" = no system message (relay adds no default one).
   std::string system_prompt;
+  // How attention is computed (model/attention_implementation.h), by
+  // transformers' names: auto (sdpa where LibTorch has it, 2.0+) | eager | sdpa.
+  model::AttentionChoice attn_implementation = model::AttentionChoice::kAuto;
   ModelInitConfig init;
 };
 

@@ -23,6 +23,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "relay/model/attention_implementation.h"
 #include "relay/model/policy_config.h"
 
 namespace relay::model {
@@ -121,8 +122,9 @@ class RMSNormImpl : public torch::nn::Module {
 TORCH_MODULE(RMSNorm);
 
 // softmax(q k^T / sqrt(D) + mask) v with grouped-query attention: query head h
-// reads key/value head h / (H / KVH), as transformers' repeat_kv does, without
-// materialising the repeated keys. q [B, H, T, D]; k, v [B, KVH, S, D].
+// reads key/value head h / (H / KVH), as transformers' repeat_kv does. q [B,
+// H, T, D]; k, v [B, KVH, S, D]; mask [B, 1, T, S] bool, true = attend. Runs
+// the process's attention_implementation() (attention_implementation.h).
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& mask);
 

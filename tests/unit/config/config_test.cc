@@ -186,6 +186,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  tokenizer: char\n"
             "  chat_template: none\n"
             "  system_prompt: \"\"\n"
+            "  attn_implementation: auto\n"
             "  init:\n"
             "    arch: llama\n"
             "    layers: 2\n"

@@ -29,6 +29,7 @@
 #include "relay/comm/dist/trainer_group.h"
 #include "relay/comm/weight_sync/weight_publisher.h"
 #include "relay/comm/weight_sync/weight_sync.h"
+#include "relay/model/attention_implementation.h"
 #include "relay/model/device.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/lora.h"
@@ -37,6 +38,7 @@
 #include "relay/rollout/engine.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/trainer.h"
+#include "testing/attention_agreement.h"
 #include "testing/ports.h"
 #include "testing/tensor_testing.h"
 
@@ -235,6 +237,18 @@ double decode_vs_score(model::Policy& p, c10::ScalarType cache_dtype,
     }
   }
   return worst;
+}
+
+// model.attn_implementation sdpa on the GPU (LibTorch's memory-efficient
+// kernel with relay's bool masks) against the explicit products, values and
+// gradients, in fp32 and bf16.
+TEST(CudaAttentionTest, SdpaAgreesWithEagerInFp32AndBf16) {
+  RELAY_NEED_GPUS(1);
+  if (!model::sdpa_available()) {
+    GTEST_SKIP() << "this LibTorch has no scaled_dot_product_attention (2.0+)";
+  }
+  relay::testing::expect_sdpa_agrees_with_eager(device(), torch::kFloat32, 1e-4);
+  relay::testing::expect_sdpa_agrees_with_eager(device(), torch::kBFloat16, 5e-2);
 }
 
 TEST(CudaPolicyTest, IncrementalDecodeMatchesScoringInFp32) {
