@@ -1,8 +1,9 @@
 // relay env: what this machine gives relay's processes, one "key: value" line
-// each: the LibTorch it runs, its devices, the BLAS and the kernels it chose
-// (model/blas_kernels.h), the attention kernels (model/layers.h), the CPU's vector instructions and
-// the threads a process gets with run.threads 0. The first thing to attach to a report of slow
-// training or decoding.
+// each: the LibTorch it runs, its devices, the attention implementation
+// (model/attention_implementation.h), the BLAS and the kernels it chose
+// (model/blas_kernels.h), the CPU's vector instructions and the threads a
+// process gets with run.threads 0. The first thing to attach to a report of
+// slow training or decoding.
 
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -13,9 +14,9 @@
 #include <thread>
 
 #include "bin/commands.h"
+#include "relay/model/attention_implementation.h"
 #include "relay/model/blas_kernels.h"
 #include "relay/model/device.h"
-#include "relay/model/layers.h"
 #include "relay/model/threads.h"
 
 namespace relay::cli {
