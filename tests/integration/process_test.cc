@@ -869,14 +869,18 @@ TEST_F(ProcessTest, APoisonGroupReadyAtACheckpointDoesNotStopTheResumedRun) {
   // that had arrived when step 2's checkpoint was written (seq below its
   // store_next_seq) and was trained on later or never. Whether the worker
   // was that far ahead is timing (under load it may not have been), so the
-  // first run is repeated, in a fresh directory, until it was.
+  // first run is repeated, in a fresh directory, until it was. The worker
+  // keeps 8 groups in flight (two steps' worth) to be ahead more often: with
+  // 4, one CI run under load saw no such group in four attempts.
   uint64_t victim = 0;
   std::string victim_id;
-  for (int attempt = 0; attempt < 4 && victim == 0; ++attempt) {
+  for (int attempt = 0; attempt < 8 && victim == 0; ++attempt) {
     fs::remove_all(run_dir());
     const int port = free_port();
     auto trainer = start(trainer_args(port, 3), base_ + "/trainer1.log");
-    auto worker = start(worker_args(port, "w"), base_ + "/w1.log");
+    std::vector<std::string> ahead = worker_args(port, "w");
+    ahead.push_back("rollout.groups_in_flight=8");
+    auto worker = start(ahead, base_ + "/w1.log");
     ASSERT_EQ(trainer->wait(180s), 0) << trainer->output();
     EXPECT_EQ(worker->wait(60s), 0) << worker->output();
     // Resume from step 2 (drop step 3's checkpoint).
@@ -900,7 +904,7 @@ TEST_F(ProcessTest, APoisonGroupReadyAtACheckpointDoesNotStopTheResumedRun) {
       }
     }
   }
-  ASSERT_GT(victim, 0u) << "in four runs, no group had arrived by step 2's checkpoint";
+  ASSERT_GT(victim, 0u) << "in eight runs, no group had arrived by step 2's checkpoint";
   poison_stored_group(run_dir() + "/store", victim);
 
   auto resume = [&](int steps, const std::string& log) {
