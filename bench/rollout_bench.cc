@@ -27,6 +27,12 @@
 //                     of the paged cache every layer and step;
 //          in-place   the decode-attention kernel reading the cache where it
 //                     lies (src/model/decode_attention.h).
+// dtype  (--only dtype) the kv workload's engine with rollout.dtype:
+//          fp32       (baseline) the engine on the fp32 weights;
+//          bf16       an engine whose options say bfloat16: Engine::create
+//                     converts its own copy of the same weights;
+//        interleaved, sampled with the same seeds (the bf16 model's tokens
+//        differ after a while: counted).
 // sampler (--only sampler) rollout::sample() on random logits, no model:
 //          batched    (baseline) the batched ops (log-softmax, cumulative
 //                     sum, sorted search over [B, V]);
@@ -65,7 +71,8 @@
 //                     batch 64, where the prefill's GEMMs are as many
 //                     FLOPs as the decode's.)
 //
-//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only kv|mixed|py|attn|sampler]
+//   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only
+//   kv|mixed|py|attn|sampler|dtype]
 //                 [--python] [--python-exe PATH] [--python-script PATH] [--quick]
 //                 [--threads N] [--blas-threads T] [--kernel-threads K] [--reps R] [--prompt P]
 //                 [--new N] [--json]
@@ -299,9 +306,12 @@ void die_if(const relay::Status& s, const char* what) {
   }
 }
 
-std::unique_ptr<Engine> make_engine(Policy policy, int64_t slots, int64_t max_seq_len,
-                                    int64_t max_new, std::vector<int64_t> stop_tokens) {
+std::unique_ptr<Engine> make_engine(
+    Policy policy, int64_t slots, int64_t max_seq_len, int64_t max_new,
+    std::vector<int64_t> stop_tokens,
+    relay::rollout::EngineDtype dtype = relay::rollout::EngineDtype::kModel) {
   EngineOptions o;
+  o.dtype = dtype;
   o.num_slots = slots;
   o.max_seq_len = max_seq_len;
   o.max_new_tokens = max_new;
@@ -379,10 +389,11 @@ double kv_extend(Policy& p, const Tokens& prompts, int64_t N, Tokens* out) {
 }
 
 double kv_engine(Policy& p, const Tokens& prompts, int64_t N, Tokens* out, int64_t* steps,
-                 relay::rollout::EngineStats* stats = nullptr) {
+                 relay::rollout::EngineStats* stats = nullptr,
+                 relay::rollout::EngineDtype dtype = relay::rollout::EngineDtype::kModel) {
   const int64_t B = static_cast<int64_t>(prompts.size());
   const int64_t P = static_cast<int64_t>(prompts[0].size());
-  auto engine = make_engine(p, B, P + N, N, {});
+  auto engine = make_engine(p, B, P + N, N, {}, dtype);
   out->assign(B, {});
   const auto start = Clock::now();
   submit(*engine, prompts, 0, B);
@@ -391,6 +402,33 @@ double kv_engine(Policy& p, const Tokens& prompts, int64_t N, Tokens* out, int64
   *steps = engine->stats().steps;
   if (stats != nullptr) *stats = engine->stats();
   return t;
+}
+
+// rollout.dtype bfloat16 against the fp32 engine on the same weights. The
+// bf16 engine converts a clone (Engine::create converts the policy it is
+// given), created before the clock starts.
+void bench_dtype(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
+                 std::vector<Row>* rows) {
+  using relay::rollout::EngineDtype;
+  const int64_t P = w.prompt_len;
+  const Tokens prompts = random_prompts(B, P, w.config.vocab_size, 1000 + B);
+  Policy low = relay::model::clone_policy(*p);
+  Tokens warm;
+  int64_t steps = 0;
+  kv_engine(p, prompts, 2, &warm, &steps);
+  kv_engine(low, prompts, 2, &warm, &steps, nullptr, EngineDtype::kBFloat16);
+  std::vector<double> t32, t16;
+  Tokens a, b;
+  for (int r = 0; r < reps; ++r) {
+    t32.push_back(kv_engine(p, prompts, N, &a, &steps));
+    t16.push_back(kv_engine(low, prompts, N, &b, &steps, nullptr, EngineDtype::kBFloat16));
+  }
+  const double base = median(t32);
+  const std::string shape = "P=" + std::to_string(P) + " N=" + std::to_string(N);
+  rows->push_back({w.name, "dtype", "fp32", B, B * N, base, 1.0, shape});
+  rows->push_back(
+      {w.name, "dtype", "bf16", B, B * N, median(t16), base / median(t16),
+       "same tokens as fp32: " + std::to_string(identical(a, b)) + "/" + std::to_string(B)});
 }
 
 void bench_kv(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
@@ -920,6 +958,7 @@ int main(int argc, char** argv) {
   const bool do_mixed = !only || std::strcmp(only, "mixed") == 0;
   const bool do_attn = only && std::strcmp(only, "attn") == 0;
   const bool do_sampler = only && std::strcmp(only, "sampler") == 0;
+  const bool do_dtype = only && std::strcmp(only, "dtype") == 0;
   const bool do_py =
       (!only && has(argc, argv, "--python")) || (only && std::strcmp(only, "py") == 0);
 
@@ -943,6 +982,12 @@ int main(int argc, char** argv) {
   }
   if (do_py && (!g_device.is_cpu() || g_dtype != c10::ScalarType::Float)) {
     relay::bench::fail("the Python comparison runs on the CPU in float32 only");
+  }
+  if (do_dtype && g_dtype != c10::ScalarType::Float) {
+    relay::bench::fail("--only dtype compares bfloat16 with float32 weights: drop --dtype");
+  }
+  if (only && !do_kv && !do_mixed && !do_attn && !do_sampler && !do_dtype && !do_py) {
+    relay::bench::fail(std::string("--only ") + only + ": kv, mixed, py, attn, sampler or dtype");
   }
 
   relay::model::configure_threads(0);
@@ -1032,6 +1077,7 @@ int main(int argc, char** argv) {
       if (do_kv) bench_kv(w, policy, B, reps, w.new_tokens, &rows);
       if (do_mixed) bench_mixed(w, policy, B, reps, &rows);
       if (do_attn) bench_attn(w, policy, B, reps, w.new_tokens, &rows);
+      if (do_dtype) bench_dtype(w, policy, B, reps, w.new_tokens, &rows);
       if (do_py) {
         // At least 5 repetitions each (9 for tiny, whose runs take ms) (a median), unless asked
         // otherwise.

@@ -109,6 +109,19 @@ def main():
                       f"batched ops {num(base['tokens_per_s'])}" if base else "-",
                       ratio(r["ratio"])))
 
+    # The engine in bf16 (rollout.dtype) against fp32 on the same weights
+    # (rollout_bench --only dtype).
+    dtype = rows_of(os.path.join(out_dir, "decode_dtype.out"))
+    for r in dtype:
+        if r.get("bench") != "dtype" or r.get("mode") != "bf16":
+            continue
+        base = pick(dtype, model=r["model"], bench="dtype", batch=r["batch"], mode="fp32")
+        table.append(("decode", f"{r['model']}, batch {r['batch']}: engine tokens/s, "
+                      "rollout.dtype bfloat16",
+                      num(r["tokens_per_s"]),
+                      f"float32 {num(base['tokens_per_s'])}" if base else "-",
+                      ratio(r["ratio"])))
+
     # Trainer memory and work: optimizer sharding, sequence packing.
     sharding = rows_of(os.path.join(out_dir, "sharding.out"))
     for r in sharding:

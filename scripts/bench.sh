@@ -134,6 +134,7 @@ if [ "$quick" = 1 ]; then
   decode_args=(--models tiny,qwen2-100m --batches 8 --reps 1 --only kv)
   attention_args=(--models qwen2-100m --batches 8 --reps 1 --prompt 256 --new 8)
   sampler_args=(--batches 8,64 --reps 1)
+  dtype_args=(--models qwen2-100m --batches 1,8 --reps 1)
   e2e=(1 0 2)  # repetitions, then staleness bounds
   sharding_args=(--models qwen2-100m --worlds 1,2 --reps 1)
   packing_args=(--model tiny --rows 16 --reps 3)
@@ -145,6 +146,8 @@ else
   attention_args=(--models qwen2-100m --batches 8,32 --reps 3 --prompt 1024 --new 16)
   # One sample() call on random logits, batched ops vs the fused CPU path.
   sampler_args=(--batches 1,8,64 --reps 5)
+  # The engine with rollout.dtype bfloat16 against fp32, same weights.
+  dtype_args=(--models qwen2-100m --batches 1,8,64 --reps 3)
   e2e=(5 0 1 2 4)
   sharding_args=(--models qwen2-100m --worlds 1,2,4 --reps 3)
   packing_args=(--model qwen2-100m --rows 16 --reps 3)
@@ -165,6 +168,11 @@ if knows "$bin/rollout_bench" "vocab-"; then
   step sampler "$bin/rollout_bench" --only sampler "${sampler_args[@]}" --json
 else
   skip sampler "$bin/rollout_bench has no --only sampler in this build"
+fi
+if knows "$bin/rollout_bench" "same tokens as fp32"; then
+  step decode_dtype "$bin/rollout_bench" --only dtype "${dtype_args[@]}" --json
+else
+  skip decode_dtype "$bin/rollout_bench has no --only dtype in this build"
 fi
 step sharding "$bin/sharding_bench" "${sharding_args[@]}" --json
 step packing "$bin/packing_bench" "${packing_args[@]}" --json

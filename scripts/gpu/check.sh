@@ -17,7 +17,8 @@
 #   cuda   ctest -L cuda: the CUDA tests (tests/unit/cuda/cuda_test.cc)
 #   unit   every unit test on the CUDA build (CPU tests too)
 #   run    relay run configs/arith.yaml on the GPU: run.autocast=bfloat16,
-#          then also model.dtype=bfloat16, both fetching weights over gRPC
+#          then also model.dtype=bfloat16, both fetching weights over gRPC;
+#          then an fp32 trainer with workers in bf16 (rollout.dtype)
 #          (relay run puts every process on cuda:0)
 #   sync   weight sync over NCCL (services.weight_sync=broadcast) needs the
 #          worker on another GPU than the trainer: with 2 GPUs a
@@ -198,6 +199,8 @@ if want run; then
   note "  on cuda:0 (workers have no LOCAL_RANK): its runs fetch over gRPC (docs/gpu.md)"
   relay_run autocast-bf16 1 run.autocast=bfloat16
   relay_run bf16-weights 1 run.autocast=bfloat16 model.dtype=bfloat16
+  # The usual RL split: an fp32 trainer, workers decoding a bf16 copy.
+  relay_run bf16-rollout 1 rollout.dtype=bfloat16
 fi
 if want sync; then
   if [ "$gpus" -ge 2 ] || [ "$dev" = cpu ]; then
@@ -225,6 +228,12 @@ if want bench; then
            printf "  %s %s B=%s: %s tokens/s (%s re-encode)\n", $1, dtype, $3, $7, $8 }' \
       "$out/rollout-bench-$dtype.log" | awk '!seen[$0]++' | tee -a "$summary" >/dev/null
   done
+  # The engine with rollout.dtype bfloat16 against fp32 on the same weights.
+  run_step rollout-bench-engine-dtype 0 timeout 420 "$build_dir/bench/rollout_bench" --quick \
+    --device "$dev" --only dtype --models "$models" --batches 1,8,64
+  awk '$2 == "dtype" && $4 == "bf16" {
+         printf "  %s rollout.dtype bfloat16 B=%s: %s tokens/s (%s fp32)\n", $1, $3, $7, $8 }' \
+    "$out/rollout-bench-engine-dtype.log" | awk '!seen[$0]++' | tee -a "$summary" >/dev/null
 fi
 
 finish

@@ -34,4 +34,15 @@ inline bool cpu_has_avx512f() {
 #endif
 }
 
+// x86-64 with F16C (fp16 <-> fp32 conversions; every AVX2 CPU has it, a VM
+// may hide it).
+inline bool cpu_has_f16c() {
+#ifdef RELAY_X86_KERNELS
+  static const bool has = __builtin_cpu_supports("f16c");
+  return has;
+#else
+  return false;
+#endif
+}
+
 }  // namespace relay::model

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "relay/model/device.h"
@@ -22,6 +23,50 @@ namespace {
 
 #ifdef RELAY_X86_KERNELS
 
+// How the kernels read weights: fp32 as they are, bf16 and fp16 widened to
+// fp32 as they are loaded (a bf16 value is the top half of an fp32 one), so
+// the products and the sums are fp32 whatever the storage, as a GEMM's are.
+struct F32W {
+  using T = float;
+};
+struct BF16W {
+  using T = uint16_t;
+};
+struct F16W {
+  using T = uint16_t;
+};
+
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(F32W, const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(BF16W, const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(F16W, const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(F32W, const float* p) {
+  return _mm512_loadu_ps(p);
+}
+// (The zero-masked forms: GCC 12's unmasked ones fill with an undefined
+// vector, which trips -Wmaybe-uninitialized.)
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(BF16W, const uint16_t* p) {
+  const __m512i wide =
+      _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, wide, 16));
+}
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(F16W, const uint16_t* p) {
+  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline float widen(F32W, float v) { return v; }
+inline float widen(BF16W, uint16_t v) {
+  return static_cast<float>(c10::BFloat16(v, c10::BFloat16::from_bits()));
+}
+inline float widen(F16W, uint16_t v) {
+  return static_cast<float>(c10::Half(v, c10::Half::from_bits()));
+}
+
 // Sums an eight-lane vector of partial sums.
 __attribute__((target("avx2,fma"))) inline float lane_sum(__m256 v) {
   __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -37,10 +82,11 @@ __attribute__((target("avx2,fma"))) inline float lane_sum(__m256 v) {
 // the 16 registers). Each sum adds its lanes in the same order whatever O
 // and R are, so a row's result does not depend on the other rows or on how
 // the outputs were split between threads.
-template <int O, int R>
-__attribute__((target("avx2,fma"))) inline void skinny_tile(const float* w, const float* x,
-                                                            const float* bias, float* y,
-                                                            int64_t out, int64_t in, int64_t o) {
+template <class W, int O, int R>
+__attribute__((target("avx2,fma,f16c"))) inline void skinny_tile(const typename W::T* w,
+                                                                 const float* x, const float* bias,
+                                                                 float* y, int64_t out, int64_t in,
+                                                                 int64_t o) {
   __m256 acc[O][R];
 #pragma GCC unroll 4
   for (int a = 0; a < O; ++a) {
@@ -51,7 +97,7 @@ __attribute__((target("avx2,fma"))) inline void skinny_tile(const float* w, cons
   for (; i + 8 <= in; i += 8) {
     __m256 wv[O];
 #pragma GCC unroll 4
-    for (int a = 0; a < O; ++a) wv[a] = _mm256_loadu_ps(w + (o + a) * in + i);
+    for (int a = 0; a < O; ++a) wv[a] = load8(W{}, w + (o + a) * in + i);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_loadu_ps(x + r * in + i);
@@ -61,24 +107,38 @@ __attribute__((target("avx2,fma"))) inline void skinny_tile(const float* w, cons
   }
 #pragma GCC unroll 4
   for (int a = 0; a < O; ++a) {
-    const float* wo = w + (o + a) * in;
+    const typename W::T* wo = w + (o + a) * in;
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       float s = lane_sum(acc[a][r]);
-      for (int64_t k = i; k < in; ++k) s += wo[k] * x[r * in + k];
+      for (int64_t k = i; k < in; ++k) s += widen(W{}, wo[k]) * x[r * in + k];
       y[r * out + o + a] = bias != nullptr ? s + bias[o + a] : s;
     }
   }
 }
 
 // Outputs [o0, o1) for R input rows, three weight rows at a time.
-template <int R>
-__attribute__((target("avx2,fma"))) void skinny_block(const float* w, const float* x,
-                                                      const float* bias, float* y, int64_t out,
-                                                      int64_t in, int64_t o0, int64_t o1) {
+template <class W, int R>
+__attribute__((target("avx2,fma,f16c"))) void skinny_block(const typename W::T* w, const float* x,
+                                                           const float* bias, float* y, int64_t out,
+                                                           int64_t in, int64_t o0, int64_t o1) {
   int64_t o = o0;
-  for (; o + 3 <= o1; o += 3) skinny_tile<3, R>(w, x, bias, y, out, in, o);
-  for (; o < o1; ++o) skinny_tile<1, R>(w, x, bias, y, out, in, o);
+  for (; o + 3 <= o1; o += 3) skinny_tile<W, 3, R>(w, x, bias, y, out, in, o);
+  for (; o < o1; ++o) skinny_tile<W, 1, R>(w, x, bias, y, out, in, o);
+}
+
+// Asks for the cache line holding element k of w, which the next tile reads
+// (a hint: an address past the matrix is harmless; taken as an integer so
+// that no pointer points past the matrix). The hardware prefetcher alone
+// left these row-interleaved streams at 7-17 GB/s on two threads; with the
+// hint one tile ahead, a probe over qwen2-100m's 85 matrices went from 16.7
+// to 21.4 GB/s at 4 rows in fp32 and from 13.3 to 18.8 at one row in bf16
+// (docs/BENCHMARKS.md, "Half-precision weights in the engine").
+template <class T>
+inline void prefetch(const T* w, int64_t k) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w) +
+                                             static_cast<uintptr_t>(k) * sizeof(T)),
+               _MM_HINT_T0);
 }
 
 // Sums a sixteen-lane vector: its halves, then as lane_sum. (The zero-masked
@@ -94,10 +154,10 @@ __attribute__((target("avx512f,avx2,fma"))) inline float lane_sum16(__m512 v) {
 // skinny_tile with sixteen lanes and AVX-512's 32 registers, which hold the
 // sums of eight input rows: 3 x 8 accumulators + 3 weight vectors + 1 input
 // vector. The same rule: each sum's order depends on neither O nor R.
-template <int O, int R>
-__attribute__((target("avx512f,avx2,fma"))) inline void wide_tile(const float* w, const float* x,
-                                                                  const float* bias, float* y,
-                                                                  int64_t out, int64_t in,
+template <class W, int O, int R>
+__attribute__((target("avx512f,avx2,fma"))) inline void wide_tile(const typename W::T* w,
+                                                                  const float* x, const float* bias,
+                                                                  float* y, int64_t out, int64_t in,
                                                                   int64_t o) {
   __m512 acc[O][R];
 #pragma GCC unroll 8
@@ -109,7 +169,10 @@ __attribute__((target("avx512f,avx2,fma"))) inline void wide_tile(const float* w
   for (; i + 16 <= in; i += 16) {
     __m512 wv[O];
 #pragma GCC unroll 8
-    for (int a = 0; a < O; ++a) wv[a] = _mm512_loadu_ps(w + (o + a) * in + i);
+    for (int a = 0; a < O; ++a) {
+      wv[a] = load16(W{}, w + (o + a) * in + i);
+      prefetch(w, (o + O + a) * in + i);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_loadu_ps(x + r * in + i);
@@ -119,11 +182,11 @@ __attribute__((target("avx512f,avx2,fma"))) inline void wide_tile(const float* w
   }
 #pragma GCC unroll 8
   for (int a = 0; a < O; ++a) {
-    const float* wo = w + (o + a) * in;
+    const typename W::T* wo = w + (o + a) * in;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       float s = lane_sum16(acc[a][r]);
-      for (int64_t k = i; k < in; ++k) s += wo[k] * x[r * in + k];
+      for (int64_t k = i; k < in; ++k) s += widen(W{}, wo[k]) * x[r * in + k];
       y[r * out + o + a] = bias != nullptr ? s + bias[o + a] : s;
     }
   }
@@ -131,15 +194,15 @@ __attribute__((target("avx512f,avx2,fma"))) inline void wide_tile(const float* w
 
 // Outputs [o0, o1) for R <= 8 input rows: four weight rows at a time up to
 // four input rows, three above (the registers' limit).
-template <int R>
-__attribute__((target("avx512f,avx2,fma"))) void wide_block(const float* w, const float* x,
+template <class W, int R>
+__attribute__((target("avx512f,avx2,fma"))) void wide_block(const typename W::T* w, const float* x,
                                                             const float* bias, float* y,
                                                             int64_t out, int64_t in, int64_t o0,
                                                             int64_t o1) {
   constexpr int O = R <= 4 ? 4 : 3;
   int64_t o = o0;
-  for (; o + O <= o1; o += O) wide_tile<O, R>(w, x, bias, y, out, in, o);
-  for (; o < o1; ++o) wide_tile<1, R>(w, x, bias, y, out, in, o);
+  for (; o + O <= o1; o += O) wide_tile<W, O, R>(w, x, bias, y, out, in, o);
+  for (; o < o1; ++o) wide_tile<W, 1, R>(w, x, bias, y, out, in, o);
 }
 
 // One call of block(o0, o1) per range of weight rows, each range streaming
@@ -149,21 +212,22 @@ void split_weight_rows(int64_t out, int64_t in, const Block& block) {
   kernel_parallel_for(out, std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1)), block);
 }
 
-void skinny(const float* w, const float* x, const float* bias, float* y, int64_t rows, int64_t out,
-            int64_t in) {
+template <class W>
+void skinny(const typename W::T* w, const float* x, const float* bias, float* y, int64_t rows,
+            int64_t out, int64_t in) {
   split_weight_rows(out, in, [&](int64_t o0, int64_t o1) {
     switch (rows) {
       case 1:
-        skinny_block<1>(w, x, bias, y, out, in, o0, o1);
+        skinny_block<W, 1>(w, x, bias, y, out, in, o0, o1);
         break;
       case 2:
-        skinny_block<2>(w, x, bias, y, out, in, o0, o1);
+        skinny_block<W, 2>(w, x, bias, y, out, in, o0, o1);
         break;
       case 3:
-        skinny_block<3>(w, x, bias, y, out, in, o0, o1);
+        skinny_block<W, 3>(w, x, bias, y, out, in, o0, o1);
         break;
       default:
-        skinny_block<4>(w, x, bias, y, out, in, o0, o1);
+        skinny_block<W, 4>(w, x, bias, y, out, in, o0, o1);
         break;
     }
   });
@@ -171,36 +235,37 @@ void skinny(const float* w, const float* x, const float* bias, float* y, int64_t
 
 // Eight input rows at a time over one range of weight rows (~64 KB, which
 // the first eight left in cache): the weights stream from memory once.
-void wide(const float* w, const float* x, const float* bias, float* y, int64_t rows, int64_t out,
-          int64_t in) {
+template <class W>
+void wide(const typename W::T* w, const float* x, const float* bias, float* y, int64_t rows,
+          int64_t out, int64_t in) {
   split_weight_rows(out, in, [&](int64_t o0, int64_t o1) {
     for (int64_t r0 = 0; r0 < rows; r0 += 8) {
       const float* xr = x + r0 * in;
       float* yr = y + r0 * out;
       switch (std::min<int64_t>(rows - r0, 8)) {
         case 1:
-          wide_block<1>(w, xr, bias, yr, out, in, o0, o1);
+          wide_block<W, 1>(w, xr, bias, yr, out, in, o0, o1);
           break;
         case 2:
-          wide_block<2>(w, xr, bias, yr, out, in, o0, o1);
+          wide_block<W, 2>(w, xr, bias, yr, out, in, o0, o1);
           break;
         case 3:
-          wide_block<3>(w, xr, bias, yr, out, in, o0, o1);
+          wide_block<W, 3>(w, xr, bias, yr, out, in, o0, o1);
           break;
         case 4:
-          wide_block<4>(w, xr, bias, yr, out, in, o0, o1);
+          wide_block<W, 4>(w, xr, bias, yr, out, in, o0, o1);
           break;
         case 5:
-          wide_block<5>(w, xr, bias, yr, out, in, o0, o1);
+          wide_block<W, 5>(w, xr, bias, yr, out, in, o0, o1);
           break;
         case 6:
-          wide_block<6>(w, xr, bias, yr, out, in, o0, o1);
+          wide_block<W, 6>(w, xr, bias, yr, out, in, o0, o1);
           break;
         case 7:
-          wide_block<7>(w, xr, bias, yr, out, in, o0, o1);
+          wide_block<W, 7>(w, xr, bias, yr, out, in, o0, o1);
           break;
         default:
-          wide_block<8>(w, xr, bias, yr, out, in, o0, o1);
+          wide_block<W, 8>(w, xr, bias, yr, out, in, o0, o1);
           break;
       }
     }
@@ -220,10 +285,10 @@ RowKernel resolve(RowKernel kernel) {
   return RowKernel::kMatrixVector;
 }
 
-int64_t max_rows(RowKernel resolved) {
+int64_t max_rows(RowKernel resolved, bool half = false) {
   switch (resolved) {
     case RowKernel::kSkinnyAvx512:
-      return kMaxAvx512Rows;
+      return half ? kMaxHalfRows : kMaxAvx512Rows;
     case RowKernel::kSkinnyAvx2:
       return kMaxAvx2Rows;
     default:
@@ -241,32 +306,62 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
                       RowKernel kernel) {
   const bool grad = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
                                                       (bias.defined() && bias.requires_grad()));
+  const c10::ScalarType dtype = weight.scalar_type();
+  const bool half = dtype == torch::kBFloat16 || dtype == torch::kHalf;
   // The row count and the sequence dimension first: most calls (prefill,
   // scoring) leave here.
   if (grad || weight.dim() != 2 || weight.size(1) == 0 || x.dim() < 1 ||
-      x.size(-1) != weight.size(1) || x.numel() / weight.size(1) > kMaxAvx512Rows ||
+      x.size(-1) != weight.size(1) || (!half && x.numel() / weight.size(1) > kMaxAvx512Rows) ||
       (x.dim() >= 3 && x.size(-2) != 1) || !x.device().is_cpu() ||
-      x.scalar_type() != torch::kFloat32 || weight.scalar_type() != torch::kFloat32 ||
-      !weight.is_contiguous() ||
-      (bias.defined() && (bias.scalar_type() != torch::kFloat32 || !bias.is_contiguous() ||
-                          bias.numel() != weight.size(0))) ||
+      (dtype != torch::kFloat32 && !half) || x.scalar_type() != dtype || !weight.is_contiguous() ||
+      (bias.defined() &&
+       (bias.scalar_type() != dtype || !bias.is_contiguous() || bias.numel() != weight.size(0))) ||
       current_autocast(c10::DeviceType::CPU).has_value()) {
     return torch::linear(x, weight, bias);
   }
   const int64_t in = weight.size(1), out = weight.size(0);
   const int64_t rows = x.numel() / in;
   const RowKernel resolved = resolve(kernel);
-  if (rows < 1 || rows > max_rows(resolved)) return torch::linear(x, weight, bias);
+  if (rows < 1) return torch::linear(x, weight, bias);
+  if (rows > max_rows(resolved, half)) {
+    if (!half) return torch::linear(x, weight, bias);
+    // Many rows of bf16 or fp16 on an AVX-512 CPU: the weights widened to
+    // fp32 for one SGEMM, its sums rounded once, as the kernel's are.
+    if (resolved == RowKernel::kSkinnyAvx512) {
+      return torch::linear(x.to(torch::kFloat32), weight.to(torch::kFloat32),
+                           bias.defined() ? bias.to(torch::kFloat32) : bias)
+          .to(dtype);
+    }
+    return torch::linear(x, weight, bias);
+  }
+  // bf16 and fp16 only through the kernels (fp16 on AVX2 with F16C).
+  if (half && (resolved == RowKernel::kMatrixVector ||
+               (resolved == RowKernel::kSkinnyAvx2 && dtype == torch::kHalf && !cpu_has_f16c()))) {
+    return torch::linear(x, weight, bias);
+  }
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = out;
-  const at::Tensor flat = x.reshape({rows, in}).contiguous();
-  at::Tensor y = torch::empty({rows, out}, x.options());
+  // The inputs and the bias in fp32 (a few rows: cheap), the sums in fp32,
+  // then rounded once to the weights' precision.
+  const at::Tensor flat = x.reshape({rows, in}).to(torch::kFloat32).contiguous();
+  at::Tensor y = torch::empty({rows, out}, x.options().dtype(torch::kFloat32));
 #ifdef RELAY_X86_KERNELS
   if (resolved != RowKernel::kMatrixVector) {
-    (resolved == RowKernel::kSkinnyAvx512 ? wide : skinny)(
-        weight.data_ptr<float>(), flat.data_ptr<float>(),
-        bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), rows, out, in);
-    return y.view(sizes);
+    const at::Tensor b = bias.defined() ? bias.to(torch::kFloat32).contiguous() : at::Tensor();
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    const bool avx512 = resolved == RowKernel::kSkinnyAvx512;
+    const float* xp = flat.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    if (dtype == torch::kFloat32) {
+      (avx512 ? wide<F32W> : skinny<F32W>)(weight.data_ptr<float>(), xp, bp, yp, rows, out, in);
+    } else if (dtype == torch::kBFloat16) {
+      const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
+      (avx512 ? wide<BF16W> : skinny<BF16W>)(w, xp, bp, yp, rows, out, in);
+    } else {
+      const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::Half>());
+      (avx512 ? wide<F16W> : skinny<F16W>)(w, xp, bp, yp, rows, out, in);
+    }
+    return (half ? y.to(dtype) : y).view(sizes);
   }
 #endif
   for (int64_t r = 0; r < rows; ++r) {

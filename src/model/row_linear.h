@@ -48,9 +48,26 @@
 // position per sequence). A longer sequence dimension (prefill, scoring, a
 // recompute) is linear() itself however few its rows, so full-sequence work
 // is the GEMM's whatever its size. And only where nothing else depends on
-// the GEMM: fp32 tensors on the CPU, a contiguous weight, no autograd (no
+// the GEMM: tensors on the CPU, a contiguous weight, no autograd (no
 // operand requires a gradient while grad mode is on) and CPU autocast off
-// (autocast runs the GEMM in its lower precision). The sums run in another
+// (autocast runs the GEMM in its lower precision).
+//
+// Weights in bf16 or fp16 (a rollout engine's, rollout.dtype) take the same
+// kernels where the CPU has them (fp16 on AVX2 also needs F16C): the input,
+// weights and bias in one precision, each weight widened to fp32 as it is
+// loaded, products and sums in fp32, each output rounded once to the
+// weights' precision, as a bf16 GEMM with fp32 accumulation gives it (to a
+// rounding step of the output, since the sums run in another order). At one
+// row the step reads half the bytes of fp32 weights. The AVX-512 kernel
+// takes up to 64 rows of them (passes of 8 over each weight range), and
+// more rows widen the weights to fp32 for one SGEMM (the same sums, rounded
+// once): LibTorch 1.13's own bf16 product runs on its one intra-op thread,
+// and over qwen2-100m's matrices the kernel was 2.5x as fast as it at 12
+// rows and 1.3-1.8x at 64, while from ~100 rows on the widening pass plus
+// OpenBLAS's SGEMM beat the kernel (docs/BENCHMARKS.md, "Half-precision
+// weights in the engine"). Sequences longer than one position stay with
+// linear() in every precision, as above. Without a kernel they are linear()
+// itself. The sums run in another
 // order than the GEMM's, so results agree with linear() to fp32 rounding
 // (about 1e-6 relative), not bit for bit. They do not depend on the other
 // rows: with one kernel, a row gives the same bits alone as in any batch the
@@ -65,6 +82,8 @@ namespace relay::model {
 inline constexpr int64_t kMaxAvx2Rows = 4;
 inline constexpr int64_t kMaxAvx512Rows = 12;
 inline constexpr int64_t kMaxMatrixVectorRows = 2;
+// bf16 and fp16 weights on the AVX-512 kernel (more rows: widened, one SGEMM).
+inline constexpr int64_t kMaxHalfRows = 64;
 
 enum class RowKernel {
   kBest,          // the first of the three below this CPU has

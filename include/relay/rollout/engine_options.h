@@ -58,6 +58,17 @@ struct EpisodeOptions {
   int64_t max_tokens = 0;
 };
 
+// rollout.dtype: the precision the engine holds its weights in, and so
+// runs its products, activations and KV cache in; `model` keeps the
+// policy's (model.dtype). vLLM's `dtype`, less its `auto` (the checkpoint's
+// torch_dtype): relay's model.dtype is already the policy's precision.
+enum class EngineDtype { kModel, kFloat32, kBFloat16, kFloat16 };
+inline const NameTable<EngineDtype> kEngineDtypeNames{"dtype",
+                                                      {{"model", EngineDtype::kModel},
+                                                       {"float32", EngineDtype::kFloat32},
+                                                       {"bfloat16", EngineDtype::kBFloat16},
+                                                       {"float16", EngineDtype::kFloat16}}};
+
 struct EngineOptions {
   int64_t num_slots = 64;       // sequences decoding at once, at most
   int64_t max_seq_len = 0;      // positions per sequence; 0 = the model's max_position_embeddings
@@ -68,6 +79,13 @@ struct EngineOptions {
   PrefixOptions prefix;
   // The model's forward passes under autocast in this precision (run.autocast).
   model::Autocast autocast = model::Autocast::kNone;
+  // The weights' precision in the engine (rollout.dtype): Engine::create
+  // converts its policy, and update_weights() converts every version as it
+  // lands, so a trainer in fp32 can feed an engine in bf16. Log-probs come
+  // from fp32 logits either way; they are the lower-precision model's
+  // (Trajectory::behavior_logprobs), and the trainer's mismatch metrics
+  // measure how far they are from its own.
+  EngineDtype dtype = EngineDtype::kModel;
   // Ids [0, vocab_limit) may be sampled: the tokenizer's vocabulary, when the
   // model's embedding is padded past it (Qwen2.5: 151,936 rows for 151,665
   // tokens). The rest are outside the sampling distribution, which is

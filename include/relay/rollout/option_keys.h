@@ -52,6 +52,7 @@ void visit_fields(V& v, RolloutConfig& c) {
   v.field("kv_cache_gb", e.kv_cache_gb);
   v.field("kv_cache_fraction", e.kv_cache_fraction);
   v.field("interrupt", e.interrupt, rollout::kInterruptPolicyNames);
+  v.field("dtype", e.dtype, rollout::kEngineDtypeNames);
   v.field("workers", c.workers);
   v.field("groups_in_flight", c.groups_in_flight);
   v.section("prefix", e.prefix);

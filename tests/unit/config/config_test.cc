@@ -215,6 +215,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  kv_cache_gb: 0.0\n"
             "  kv_cache_fraction: 0.5\n"
             "  interrupt: recompute\n"
+            "  dtype: model\n"
             "  workers: 1\n"
             "  groups_in_flight: 16\n"
             "  prefix:\n"
@@ -578,7 +579,7 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
       {"no close key", "rollout:\n  beam_width: 4\n",
        "x.yaml:2: rollout.beam_width: unknown key; known keys: n, max_new_tokens, temperature, "
        "top_k, top_p, stop, record_raw_logprobs, num_slots, kv_cache_gb, kv_cache_fraction, "
-       "interrupt, workers, groups_in_flight, prefix, episode, agent"},
+       "interrupt, dtype, workers, groups_in_flight, prefix, episode, agent"},
       {"unknown section", "optimizer:\n  lr: 1\n",
        "x.yaml:1: optimizer: unknown key; known keys: experiment, eval, run, model, rollout, task, "
        "trainer, "
@@ -970,6 +971,8 @@ TEST(ConfigTest, ChoicesAcceptOnlyTheirNames) {
        "model.init.arch: must be one of llama, qwen2, qwen3, qwen3_moe, got 'gpt2'"},
       {"rollout.interrupt=drop",
        "rollout.interrupt: must be one of recompute, keep, finish, restart, got 'drop'"},
+      {"rollout.dtype=bf16",
+       "rollout.dtype: must be one of model, float32, bfloat16, float16, got 'bf16'"},
       {"rollout.prefix.strategy=cosine",
        "rollout.prefix.strategy: must be one of random, linear, linear_max, reverse_linear, "
        "fixed, got 'cosine'"},

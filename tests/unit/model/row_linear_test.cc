@@ -152,6 +152,69 @@ TEST(RowLinearTest, SkinnyRowsGiveTheSameBitsInAnyBatch) {
   set_kernel_threads(kernel_threads);
 }
 
+// bf16 and fp16 weights (a rollout engine's, rollout.dtype) take the same
+// kernels: each weight widened to fp32 exactly, so the result is the fp32
+// kernel's on the widened operands, bit for bit, rounded once to the
+// weights' precision; and so within a rounding step of the exact product.
+// (LibTorch's own bf16 product mostly rounds to the same bits, so this
+// checks the arithmetic, not which path ran; LibTorch 1.13 has no fp16
+// product on the CPU at all, so there the fp16 cases do.)
+TEST(RowLinearTest, HalfPrecisionWeightsGiveFp32SumsRoundedOnce) {
+  torch::NoGradGuard no_grad;
+  const Operands o = make_operands(1000, 131, 4);
+  for (const SkinnyKernel& k : skinny_kernels_here()) {
+    for (const c10::ScalarType dtype : {torch::kBFloat16, torch::kHalf}) {
+      if (dtype == torch::kHalf && k.kernel == RowKernel::kSkinnyAvx2 && !cpu_has_f16c()) continue;
+      // A rounding step of the dtype, relative (bf16 keeps 8 significant
+      // bits, fp16 11).
+      const double step = dtype == torch::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+      const at::Tensor w = o.weight.to(dtype), b = o.bias.to(dtype);
+      for (bool with_bias : {true, false}) {
+        const at::Tensor bias = with_bias ? b : at::Tensor();
+        const at::Tensor bias32 = with_bias ? b.to(torch::kFloat32) : at::Tensor();
+        // The AVX-512 kernel takes up to kMaxHalfRows rows of half-precision
+        // weights; more are one widened SGEMM.
+        const bool avx512 = k.kernel == RowKernel::kSkinnyAvx512;
+        const int64_t kernel_rows = avx512 ? kMaxHalfRows : k.max_rows;
+        std::vector<int64_t> counts;
+        for (int64_t rows = 1; rows <= k.max_rows; ++rows) counts.push_back(rows);
+        if (avx512) counts.insert(counts.end(), {13, 17, kMaxHalfRows, kMaxHalfRows + 1});
+        for (const int64_t rows : counts) {
+          SCOPED_TRACE(std::string(k.name) + (dtype == torch::kHalf ? " fp16 " : " bf16 ") +
+                       std::to_string(rows) + " rows" + (with_bias ? " bias" : ""));
+          const at::Tensor x = torch::randn({rows, 1, 131}).to(dtype);
+          const at::Tensor y = row_linear(x, w, bias, k.kernel);
+          ASSERT_EQ(y.scalar_type(), dtype);
+          ASSERT_EQ(y.sizes(), (std::vector<int64_t>{rows, 1, 1000}));
+          const at::Tensor x32 = x.to(torch::kFloat32), w32 = w.to(torch::kFloat32);
+          if (rows <= k.max_rows) {
+            EXPECT_TRUE(torch::equal(y, row_linear(x32, w32, bias32, k.kernel).to(dtype)))
+                << "not the fp32 kernel's sums rounded once";
+          }
+          const at::Tensor exact = torch::linear(x32.to(torch::kFloat64), w32.to(torch::kFloat64),
+                                                 with_bias ? bias32.to(torch::kFloat64) : bias32);
+          const at::Tensor err = (y.to(torch::kFloat64) - exact).abs();
+          EXPECT_TRUE((err <= exact.abs() * step + 1e-5).all().item<bool>())
+              << "max error " << err.max().item<double>();
+          if (rows <= kernel_rows) {
+            // A row alone gives the bits it gives in the batch.
+            EXPECT_TRUE(torch::equal(row_linear(x[rows - 1], w, bias, k.kernel), y[rows - 1]));
+          } else {
+            EXPECT_TRUE(torch::equal(y, torch::linear(x32, w32, bias32).to(dtype)))
+                << "not the widened SGEMM's sums rounded once";
+          }
+        }
+      }
+    }
+  }
+  // Without a kernel for them (BLAS matrix-vector), linear itself.
+  const at::Tensor w = o.weight.to(torch::kBFloat16),
+                   x = torch::randn({2, 131}).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(row_linear(x, w, {}, RowKernel::kMatrixVector), torch::linear(x, w)));
+  // Mixed precisions are linear's business (and its error).
+  EXPECT_ANY_THROW(row_linear(torch::randn({1, 131}), w));
+}
+
 TEST(RowLinearTest, MatrixVectorKernelIsOneAddmvPerRow) {
   torch::NoGradGuard no_grad;
   const Operands o = make_operands(96, 64, 2);

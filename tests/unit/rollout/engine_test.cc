@@ -913,6 +913,140 @@ TEST(EngineTest, TheEngineAndTheConfigStateEachRuleOnce) {
   EXPECT_TRUE(check_options(c, "rollout").ok());
 }
 
+// ---- rollout.dtype: the engine's own precision.
+
+// Mean and largest |a - b| over the response tokens' raw log-probs against
+// a model's full-sequence forward.
+struct Distance {
+  double mean = 0, max = 0;
+};
+Distance raw_logprob_distance(model::Policy& scorer, const std::vector<TrajectoryGroup>& groups) {
+  torch::NoGradGuard ng;
+  Distance d;
+  int n = 0;
+  for (const TrajectoryGroup& g : groups) {
+    for (const Trajectory& t : g.trajectories) {
+      std::vector<int64_t> ids = t.prompt_tokens;
+      ids.insert(ids.end(), t.response_tokens.begin(), t.response_tokens.end());
+      const at::Tensor logp = torch::log_softmax(
+          scorer->forward(torch::tensor(ids).view({1, -1}))[0].to(torch::kFloat64), -1);
+      const size_t P = t.prompt_tokens.size();
+      for (size_t j = 0; j < t.response_tokens.size(); ++j) {
+        const double e =
+            std::abs(t.raw_logprobs[j] - logp[P - 1 + j][t.response_tokens[j]].item<double>());
+        d.mean += e;
+        d.max = std::max(d.max, e);
+        ++n;
+      }
+    }
+  }
+  if (n > 0) d.mean /= n;
+  return d;
+}
+
+// A trainer in fp32 feeding an engine in bf16: the engine converts its copy
+// when it is created and every version as it lands, and records the
+// log-probs of the bf16 model it samples from.
+TEST(EngineDtypeTest, ABf16EngineHoldsSamplesFromAndUpdatesBf16Weights) {
+  EngineOptions o = base_options();
+  o.dtype = EngineDtype::kBFloat16;
+  o.sampling.record_raw_logprobs = true;
+  model::Policy held = make_policy(7);
+  const auto fp32_weights = weights_of(held);
+  auto created = Engine::create(held, o, 0, 100);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Engine> engine = std::move(created).value();
+  for (const auto& [name, p] : weights_of(held)) {
+    ASSERT_EQ(p.scalar_type(), torch::kBFloat16) << name;
+    EXPECT_TRUE(torch::equal(p, fp32_weights.at(name).to(torch::kBFloat16))) << name;
+  }
+
+  ASSERT_TRUE(engine->submit(group("a", {3, 7, 1}, 3, 11)).ok());
+  ASSERT_TRUE(engine->submit(group("b", {9, 2, 2, 5, 30, 6}, 2, 12)).ok());
+  const std::vector<TrajectoryGroup> groups = run_all(*engine);
+  for (const TrajectoryGroup& g : groups) {
+    for (const Trajectory& t : g.trajectories) ASSERT_TRUE(check_trajectory(t).ok());
+  }
+  model::Policy fp32 = make_policy(7);
+  model::Policy bf16 = make_policy(7);
+  bf16->to(torch::kBFloat16);
+  const Distance to_fp32 = raw_logprob_distance(fp32, groups);
+  const Distance to_bf16 = raw_logprob_distance(bf16, groups);
+  std::printf(
+      "raw log-probs of the bf16 engine: from the fp32 model mean %.2e max %.2e, from "
+      "the bf16 model's forward mean %.2e max %.2e\n",
+      to_fp32.mean, to_fp32.max, to_bf16.mean, to_bf16.max);
+  // Not the fp32 model's (an fp32 engine is within 1e-5 of it:
+  // BehaviorLogprobsEqualIndependentRecomputation), and near either. This
+  // tiny model's logits reach ~20, where a bf16 rounding step is 0.125: 2-3e-2
+  // on average here, up to 0.12.
+  EXPECT_GT(to_fp32.mean, 1e-4);
+  EXPECT_LT(to_fp32.max, 0.5);
+  EXPECT_LT(to_bf16.max, 0.5);
+
+  // An fp32 version lands converted, between steps.
+  model::Policy next = make_policy(8);
+  const auto next_weights = weights_of(next);
+  ASSERT_TRUE(engine->update_weights(1, 101, next_weights).ok());
+  ASSERT_TRUE(engine->submit(group("c", {4, 4}, 1, 13)).ok());
+  for (const TrajectoryGroup& g : run_all(*engine)) {
+    for (const Trajectory& t : g.trajectories) {
+      for (int64_t v : t.token_versions) EXPECT_EQ(v, 1);
+    }
+  }
+  for (const auto& [name, p] : weights_of(held)) {
+    ASSERT_EQ(p.scalar_type(), torch::kBFloat16) << name;
+    EXPECT_TRUE(torch::equal(p, next_weights.at(name).to(torch::kBFloat16))) << name;
+  }
+}
+
+// A precision LibTorch cannot multiply in on the policy's device is refused
+// when the engine is created, naming the key, not at its first prefill.
+TEST(EngineDtypeTest, APrecisionWithoutMatrixProductsHereIsRefusedAtCreate) {
+  bool fp16_products = true;
+  try {
+    torch::NoGradGuard ng;
+    const at::Tensor a = torch::ones({2, 2}, torch::kHalf);
+    (void)torch::mm(a, a);
+  } catch (const c10::Error&) {
+    fp16_products = false;
+  }
+  EngineOptions o = base_options();
+  o.dtype = EngineDtype::kFloat16;
+  model::Policy p = make_policy(3);
+  auto engine = Engine::create(p, o, 0, 0);
+  if (fp16_products) {
+    // A LibTorch with fp16 products on the CPU (2.x): it runs.
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE((*engine)->submit(group("a", {1, 2}, 1, 5)).ok());
+    EXPECT_EQ(run_all(**engine).size(), 1u);
+    return;
+  }
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(engine.status().message()).find("dtype: float16 matrix products"),
+            std::string::npos)
+      << engine.status();
+  EXPECT_EQ(p->parameters().front().scalar_type(), torch::kFloat32) << "the policy was changed";
+}
+
+// `model` (the default) keeps the policy's precision; float32 converts a
+// bf16 policy up.
+TEST(EngineDtypeTest, ModelKeepsThePolicysPrecisionAndFloat32ConvertsUp) {
+  model::Policy kept = make_policy(3);
+  ASSERT_TRUE(Engine::create(kept, base_options(), 0, 0).ok());
+  EXPECT_EQ(kept->parameters().front().scalar_type(), torch::kFloat32);
+  model::Policy low = make_policy(3);
+  low->to(torch::kBFloat16);
+  EngineOptions o = base_options();
+  o.dtype = EngineDtype::kFloat32;
+  auto engine = Engine::create(low, o, 0, 0);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (const at::Tensor& p : low->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
+  ASSERT_TRUE((*engine)->submit(group("a", {1, 2}, 2, 5)).ok());
+  EXPECT_EQ(run_all(**engine).size(), 1u);
+}
+
 // ---- Memory: the KV budget.
 
 // A budget for two sequences at a time: four groups still all finish (the
