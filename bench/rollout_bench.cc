@@ -570,7 +570,8 @@ void bench_attn(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   const int64_t S = P + N / 2;
   const double kv_mb =
       static_cast<double>(B * S * 2 * p->config().num_hidden_layers *
-                          p->config().num_key_value_heads * p->config().resolved_head_dim() * 4) /
+                          p->config().num_key_value_heads * p->config().resolved_head_dim() *
+                          static_cast<int64_t>(c10::elementSize(g_dtype))) /
       1e6;
   rows->push_back({w.name, "attn", "gathered", B, tokens, base, 1.0,
                    "P=" + std::to_string(P) + " N=" + std::to_string(N) + ", " +

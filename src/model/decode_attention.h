@@ -20,7 +20,16 @@
 // cores, as row_linear's products do; each task's sums are its own, so the
 // bits do not depend on the number of threads.
 //
-// Applies to fp32 on the CPU, without autograd, D a multiple of 8, on x86-64
+// A bf16 or fp16 cache (a rollout engine's, rollout.dtype) is read the same
+// way, each key and value widened to fp32 as it is loaded (simd_load.h):
+// the scores, the softmax and the weighted sum stay fp32, and the output is
+// rounded once to the cache's precision. The general path rounds the scores
+// and the probabilities to bf16 on the way (transformers' eager attention
+// does the same), so the two agree to bf16 rounding, the kernel being the
+// closer to the fp32 result.
+//
+// Applies to fp32, bf16 and fp16 (fp16 with F16C) on the CPU, the query in
+// the cache's precision, without autograd, D a multiple of 8, on x86-64
 // with AVX2 and FMA (checked at run time); paged_decode_attention returns an
 // undefined tensor otherwise and the caller takes the general path.
 

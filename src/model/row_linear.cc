@@ -13,6 +13,7 @@
 
 #include "model/cpu_features.h"
 #include "model/kernel_pool.h"
+#include "model/simd_load.h"
 
 #ifdef RELAY_X86_KERNELS
 #include <immintrin.h>
@@ -23,49 +24,14 @@ namespace {
 
 #ifdef RELAY_X86_KERNELS
 
-// How the kernels read weights: fp32 as they are, bf16 and fp16 widened to
-// fp32 as they are loaded (a bf16 value is the top half of an fp32 one), so
-// the products and the sums are fp32 whatever the storage, as a GEMM's are.
-struct F32W {
-  using T = float;
-};
-struct BF16W {
-  using T = uint16_t;
-};
-struct F16W {
-  using T = uint16_t;
-};
-
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(F32W, const float* p) {
-  return _mm256_loadu_ps(p);
-}
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(BF16W, const uint16_t* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(F16W, const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(F32W, const float* p) {
-  return _mm512_loadu_ps(p);
-}
-// (The zero-masked forms: GCC 12's unmasked ones fill with an undefined
-// vector, which trips -Wmaybe-uninitialized.)
-__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(BF16W, const uint16_t* p) {
-  const __m512i wide =
-      _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, wide, 16));
-}
-__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(F16W, const uint16_t* p) {
-  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline float widen(F32W, float v) { return v; }
-inline float widen(BF16W, uint16_t v) {
-  return static_cast<float>(c10::BFloat16(v, c10::BFloat16::from_bits()));
-}
-inline float widen(F16W, uint16_t v) {
-  return static_cast<float>(c10::Half(v, c10::Half::from_bits()));
-}
+// Weights as stored: fp32, or bf16 and fp16 widened as they are loaded
+// (simd_load.h).
+using simd::BF16;
+using simd::F16;
+using simd::F32;
+using simd::load16;
+using simd::load8;
+using simd::widen;
 
 // Sums an eight-lane vector of partial sums.
 __attribute__((target("avx2,fma"))) inline float lane_sum(__m256 v) {
@@ -353,13 +319,13 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
     const float* xp = flat.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     if (dtype == torch::kFloat32) {
-      (avx512 ? wide<F32W> : skinny<F32W>)(weight.data_ptr<float>(), xp, bp, yp, rows, out, in);
+      (avx512 ? wide<F32> : skinny<F32>)(weight.data_ptr<float>(), xp, bp, yp, rows, out, in);
     } else if (dtype == torch::kBFloat16) {
       const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
-      (avx512 ? wide<BF16W> : skinny<BF16W>)(w, xp, bp, yp, rows, out, in);
+      (avx512 ? wide<BF16> : skinny<BF16>)(w, xp, bp, yp, rows, out, in);
     } else {
       const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::Half>());
-      (avx512 ? wide<F16W> : skinny<F16W>)(w, xp, bp, yp, rows, out, in);
+      (avx512 ? wide<F16> : skinny<F16>)(w, xp, bp, yp, rows, out, in);
     }
     return (half ? y.to(dtype) : y).view(sizes);
   }

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/cpu_features.h"
 #include "model/kernel_pool.h"
 
 #include "relay/model/layers.h"
@@ -72,6 +73,53 @@ TEST(DecodeAttentionTest, ReadsTheCacheInPlaceAsTheGatheredPathComputes) {
   }
 }
 
+// A bf16 or fp16 cache (rollout.dtype): keys and values widened as they are
+// read, the sums in fp32, the output rounded once. Against the fp32 result
+// on the same (rounded) values it is within a rounding step of the output
+// precision, and no further from it than the general path in that
+// precision, which rounds scores and probabilities on the way.
+TEST(DecodeAttentionTest, ReadsBf16AndFp16CachesInFp32) {
+  if (!has_decode_attention_kernel()) GTEST_SKIP() << "no AVX2/FMA on this CPU: the kernel is off";
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<c10::ScalarType, double>> dtypes = {{torch::kBFloat16, 1.0 / 256}};
+  if (cpu_has_f16c()) dtypes.push_back({torch::kHalf, 1.0 / 2048});
+  for (const auto& [dtype, step] : dtypes) {
+    for (const auto& [B, H, KVH, D, S] :
+         {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{3, 6, 2, 16, 7},
+          {2, 14, 2, 64, 33},
+          {1, 12, 4, 64, 300}}) {
+      SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << " B " << B << " H " << H
+                                        << " KVH " << KVH << " D " << D << " S " << S);
+      Case c = make_case(B, H, KVH, D, S, static_cast<uint64_t>(B * 100 + S));
+      c.q = c.q.to(dtype);
+      c.keys = c.keys.to(dtype);
+      c.values = c.values.to(dtype);
+      const at::Tensor got = paged_decode_attention(c.q, c.keys, c.values, c.read, c.mask);
+      ASSERT_TRUE(got.defined());
+      ASSERT_EQ(got.scalar_type(), dtype);
+      Case wide = c;
+      wide.q = c.q.to(torch::kFloat32);
+      wide.keys = c.keys.to(torch::kFloat32);
+      wide.values = c.values.to(torch::kFloat32);
+      const at::Tensor exact = reference(wide);
+      const double scale = exact.abs().max().item<double>();
+      const double err = (got.to(torch::kFloat32) - exact).abs().max().item<double>();
+      EXPECT_LE(err, step * scale);
+      // (LibTorch 1.13 has no fp16 product on the CPU: no general path to
+      // compare with there.)
+      at::Tensor general;
+      try {
+        general = reference(c).to(torch::kFloat32);
+      } catch (const c10::Error&) {
+        ASSERT_EQ(dtype, torch::kHalf);
+        continue;
+      }
+      EXPECT_LE(err, (general - exact).abs().max().item<double>())
+          << "further from fp32 than the general path";
+    }
+  }
+}
+
 // Tasks split over the kernel pool or the intra-op pool, or run on one
 // thread: the same bits, and each row's as when it is alone.
 TEST(DecodeAttentionTest, GivesTheSameBitsOnAnyNumberOfThreads) {
@@ -108,6 +156,9 @@ TEST(DecodeAttentionTest, DeclinesWhatItDoesNotCover) {
                    .defined());
   EXPECT_FALSE(
       paged_decode_attention(c.q.to(torch::kFloat64), c.keys, c.values, c.read, c.mask).defined());
+  // A query in another precision than the cache's.
+  EXPECT_FALSE(
+      paged_decode_attention(c.q.to(torch::kBFloat16), c.keys, c.values, c.read, c.mask).defined());
   const Case odd = make_case(2, 4, 2, 12, 5, 2);
   EXPECT_FALSE(paged_decode_attention(odd.q, odd.keys, odd.values, odd.read, odd.mask).defined());
 }
