@@ -130,6 +130,40 @@ TEST(LoraTrainerTest, AdaptersTrainTheBaseStaysAndTheEngineAgreesAtEveryVersion)
               static_cast<long long>(adapter_bytes), static_cast<long long>(full_bytes));
 }
 
+// An fp32 trainer with adapters feeding an engine in bf16 (rollout.dtype):
+// the engine converts base and adapters, checks each version's base digest
+// against the fp32 base it was created from, and samples from the bf16
+// model, whose log-probs the trainer measures as an engine mismatch, small
+// but not zero.
+TEST(LoraTrainerTest, ABf16EngineTakesTheAdaptersOfAnFp32Trainer) {
+  model::Policy policy = make_policy();
+  auto trainer = Trainer::create(policy, lora_options()).value();
+  rollout::EngineOptions eo;
+  eo.num_slots = 8;
+  eo.max_new_tokens = 6;
+  eo.dtype = rollout::EngineDtype::kBFloat16;
+  auto created = rollout::Engine::create(model::clone_policy(*policy), eo, 0, 1);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<rollout::Engine> engine = std::move(created).value();
+  std::optional<uint64_t> base_digest;
+  for (int round = 0; round < 3; ++round) {
+    auto groups = sample(*engine, round);
+    for (const auto& g : groups) {
+      for (const auto& t : g.trajectories) {
+        for (int64_t v : t.token_versions) EXPECT_EQ(v, trainer->version()) << "round " << round;
+      }
+    }
+    StatusOr<StepMetrics> m = trainer->step(groups);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    EXPECT_GT(m->at("mismatch/k3"), 1e-9) << "round " << round << ": not a bf16 model's log-probs";
+    EXPECT_LT(m->at("mismatch/k3"), 1e-2) << "round " << round;
+    auto published = model::published_weights(*policy, &base_digest).value();
+    const model::WeightManifest manifest =
+        model::weight_manifest(published, trainer->version()).value();
+    ASSERT_TRUE(engine->update_weights(trainer->version(), manifest.digest, published).ok());
+  }
+}
+
 // PPO with a critic under LoRA: the adapters train the policy, the critic
 // is a whole model trained beside it from the base's weights, and the base
 // stays bit-identical.
