@@ -128,12 +128,6 @@ bool kernel_takes(c10::ScalarType dtype) {
          (dtype == torch::kHalf && cpu_has_f16c());
 }
 
-// A cache's 16-bit storage, as the kernels read it.
-template <class T>
-const T* storage(const at::Tensor& t) {
-  return static_cast<const T*>(t.data_ptr());
-}
-
 }  // namespace
 #endif  // RELAY_X86_KERNELS
 
@@ -176,16 +170,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& cache_k
   float* op = out.data_ptr<float>();
   switch (q.scalar_type()) {
     case torch::kBFloat16:
-      attend_all<simd::BF16>(qp, storage<uint16_t>(cache_k), storage<uint16_t>(cache_v), rp, mp, B,
-                             H, s, op);
+      attend_all<simd::BF16>(qp, simd::elements<simd::BF16>(cache_k),
+                             simd::elements<simd::BF16>(cache_v), rp, mp, B, H, s, op);
       return out.to(q.scalar_type());
     case torch::kHalf:
-      attend_all<simd::F16>(qp, storage<uint16_t>(cache_k), storage<uint16_t>(cache_v), rp, mp, B,
-                            H, s, op);
+      attend_all<simd::F16>(qp, simd::elements<simd::F16>(cache_k),
+                            simd::elements<simd::F16>(cache_v), rp, mp, B, H, s, op);
       return out.to(q.scalar_type());
     default:
-      attend_all<simd::F32>(qp, cache_k.data_ptr<float>(), cache_v.data_ptr<float>(), rp, mp, B, H,
-                            s, op);
+      attend_all<simd::F32>(qp, simd::elements<simd::F32>(cache_k),
+                            simd::elements<simd::F32>(cache_v), rp, mp, B, H, s, op);
       return out;
   }
 #else

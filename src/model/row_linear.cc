@@ -28,6 +28,7 @@ namespace {
 // (simd_load.h).
 using simd::BF16;
 using simd::F16;
+using simd::elements;
 using simd::F32;
 using simd::load16;
 using simd::load8;
@@ -319,13 +320,11 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
     const float* xp = flat.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     if (dtype == torch::kFloat32) {
-      (avx512 ? wide<F32> : skinny<F32>)(weight.data_ptr<float>(), xp, bp, yp, rows, out, in);
+      (avx512 ? wide<F32> : skinny<F32>)(elements<F32>(weight), xp, bp, yp, rows, out, in);
     } else if (dtype == torch::kBFloat16) {
-      const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
-      (avx512 ? wide<BF16> : skinny<BF16>)(w, xp, bp, yp, rows, out, in);
+      (avx512 ? wide<BF16> : skinny<BF16>)(elements<BF16>(weight), xp, bp, yp, rows, out, in);
     } else {
-      const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::Half>());
-      (avx512 ? wide<F16> : skinny<F16>)(w, xp, bp, yp, rows, out, in);
+      (avx512 ? wide<F16> : skinny<F16>)(elements<F16>(weight), xp, bp, yp, rows, out, in);
     }
     return (half ? y.to(dtype) : y).view(sizes);
   }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -33,6 +34,13 @@ struct BF16 {
 struct F16 {
   using T = uint16_t;
 };
+
+// A contiguous tensor's elements as a kernel of that tag reads them (the
+// caller has checked its dtype): fp32 as floats, bf16 and fp16 as their bits.
+template <class Tag>
+const typename Tag::T* elements(const at::Tensor& t) {
+  return static_cast<const typename Tag::T*>(t.data_ptr());
+}
 
 // Eight values (AVX2; fp16 also needs F16C).
 __attribute__((target("avx2,fma,f16c"))) inline __m256 load8(F32, const float* p) {

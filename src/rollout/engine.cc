@@ -53,29 +53,18 @@ Engine::~Engine() = default;
 
 namespace {
 
-c10::ScalarType engine_scalar_type(EngineDtype dtype) {
-  switch (dtype) {
-    case EngineDtype::kBFloat16:
-      return torch::kBFloat16;
-    case EngineDtype::kFloat16:
-      return torch::kHalf;
-    default:
-      return torch::kFloat32;
-  }
-}
-
 // Whether LibTorch multiplies matrices in `dtype` on `device`: LibTorch 1.13
 // has no fp16 product on the CPU, so an engine asked for one would fail at
 // its first prefill.
-Status check_products_in(EngineDtype dtype, const c10::Device& device) {
+Status check_products_in(model::Precision precision, const c10::Device& device) {
   try {
     torch::NoGradGuard no_grad;
-    const at::Tensor a =
-        torch::ones({2, 2}, torch::TensorOptions().dtype(engine_scalar_type(dtype)).device(device));
+    const at::Tensor a = torch::ones(
+        {2, 2}, torch::TensorOptions().dtype(model::scalar_type(precision)).device(device));
     (void)torch::mm(a, a);
   } catch (const c10::Error&) {
     return InvalidArgumentError(absl::StrCat(
-        "dtype: ", kEngineDtypeNames.name(dtype), " matrix products are not available on ",
+        "dtype: ", model::kPrecisionNames.name(precision), " matrix products are not available on ",
         device.str(), " in LibTorch ", TORCH_VERSION, "; use bfloat16 or float32 there"));
   }
   return OkStatus();
@@ -159,10 +148,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
   // rollout.dtype: the engine's copy in its own precision, before the KV
   // cache takes the weights' dtype. (The LoRA base digest above is the
   // trainer's weights', as published.)
-  if (options.dtype != EngineDtype::kModel) {
-    const c10::ScalarType want = engine_scalar_type(options.dtype);
+  if (const std::optional<model::Precision> precision = engine_precision(options.dtype)) {
+    const c10::ScalarType want = model::scalar_type(*precision);
     RELAY_RETURN_IF_ERROR(
-        check_products_in(options.dtype, policy->model->embed_tokens->weight.device()));
+        check_products_in(*precision, policy->model->embed_tokens->weight.device()));
     if (policy->model->embed_tokens->weight.scalar_type() != want) {
       torch::NoGradGuard no_grad;
       policy->to(want);

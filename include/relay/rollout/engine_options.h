@@ -8,6 +8,7 @@
 // "sampling.temperature").
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "relay/common/name_table.h"
@@ -68,6 +69,21 @@ inline const NameTable<EngineDtype> kEngineDtypeNames{"dtype",
                                                        {"float32", EngineDtype::kFloat32},
                                                        {"bfloat16", EngineDtype::kBFloat16},
                                                        {"float16", EngineDtype::kFloat16}}};
+
+// The precision rollout.dtype names; none for `model` (the policy's own).
+inline std::optional<model::Precision> engine_precision(EngineDtype dtype) {
+  switch (dtype) {
+    case EngineDtype::kFloat32:
+      return model::Precision::kFloat32;
+    case EngineDtype::kBFloat16:
+      return model::Precision::kBFloat16;
+    case EngineDtype::kFloat16:
+      return model::Precision::kFloat16;
+    case EngineDtype::kModel:
+      break;
+  }
+  return std::nullopt;
+}
 
 struct EngineOptions {
   int64_t num_slots = 64;       // sequences decoding at once, at most
