@@ -39,7 +39,13 @@
 //
 //   trainer_bench [--models tiny,qwen2-100m] [--shapes BxT,...] [--prompt P]
 //                 [--reps R] [--quick] [--no-python] [--python-exe PATH]
-//                 [--python-script PATH] [--threads N] [--blas-threads T] [--json]
+//                 [--python-script PATH] [--threads N] [--blas-threads T]
+//                 [--attn auto|eager|sdpa] [--json]
+//
+// --attn sets model.attn_implementation for relay's rows (the Python
+// reference computes its attention explicitly, as eager does); the end line
+// gives the process's peak resident memory, which with one shape is that
+// shape's step.
 //
 // Threads as relay's binaries set them (model::configure_threads), and the
 // Python process gets the same settings. Shapes: 8x128 and 32x128 for tiny,
@@ -48,6 +54,7 @@
 // (tiny), 5 (qwen2-100m up to 1024 tokens a step), 3 (larger); --quick: 1,
 // and only the first shape of qwen2-100m.
 
+#include <sys/resource.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -65,6 +72,7 @@
 #include "bench_util.h"
 #include "machine_limits.h"
 #include "python_ref.h"
+#include "relay/model/attention_implementation.h"
 #include "relay/model/blas_kernels.h"
 #include "relay/model/policy.h"
 #include "relay/model/safetensors.h"
@@ -331,7 +339,7 @@ int main(int argc, char** argv) {
   // Python baseline, a child, inherits the choice).
   relay::model::choose_blas_kernels(argv);
   relay::bench::expect_flags(argc, argv,
-                             {"--blas-threads", "--models", "--prompt", "--python-exe",
+                             {"--attn", "--blas-threads", "--models", "--prompt", "--python-exe",
                               "--python-script", "--reps", "--shapes", "--threads"},
                              {"--json", "--no-python", "--quick"});
   using relay::bench::flag;
@@ -342,6 +350,7 @@ int main(int argc, char** argv) {
   const char* reps_flag = flag(argc, argv, "--reps");
   const char* threads_flag = flag(argc, argv, "--threads");
   const char* blas_flag = flag(argc, argv, "--blas-threads");
+  const char* attn_flag = flag(argc, argv, "--attn");
   const char* python_exe = flag(argc, argv, "--python-exe");
   const char* python_script = flag(argc, argv, "--python-script");
   const bool json = has(argc, argv, "--json");
@@ -362,11 +371,21 @@ int main(int argc, char** argv) {
     return out;
   };
 
+  if (attn_flag != nullptr) {
+    const auto choice = relay::model::kAttentionChoiceNames.parse(attn_flag);
+    if (!choice.ok()) fail("--attn: " + std::string(choice.status().message()));
+    const relay::Status applied = relay::model::apply_attention_choice(*choice);
+    if (!applied.ok()) fail("--attn: " + std::string(applied.message()));
+  }
+  const char* attention =
+      relay::model::attention_implementation_name(relay::model::attention_implementation());
   relay::model::configure_threads(0);
   if (threads_flag) at::set_num_threads(std::atoi(threads_flag));
   const int blas = relay::bench::blas_threads(blas_flag ? std::atoi(blas_flag) : 0);
-  std::fprintf(stderr, "trainer_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads\n",
-               TORCH_VERSION, at::get_num_threads(), blas);
+  std::fprintf(
+      stderr,
+      "trainer_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, attention %s\n",
+      TORCH_VERSION, at::get_num_threads(), blas, attention);
   const std::string kernels = relay::model::describe(relay::model::blas_kernels());
   std::fprintf(stderr, "trainer_bench: BLAS %s\n", kernels.c_str());
 
@@ -435,11 +454,18 @@ int main(int argc, char** argv) {
                         b.flops / 1e9, limits.peak_gflops, b.flops / b.trainer_s / 1e9)});
   }
   print_table({rows.begin() + first, rows.end()}, stderr);
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const double peak_gib = static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0);  // KiB
+  std::fprintf(stderr, "trainer_bench: attention %s, peak resident memory %.2f GiB\n", attention,
+               peak_gib);
   if (json) {
     print_json(rows);
   } else {
-    std::printf("trainer_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, %.0f s\n",
-                TORCH_VERSION, at::get_num_threads(), blas, seconds_since(start));
+    std::printf(
+        "trainer_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, attention %s, "
+        "%.0f s, peak resident memory %.2f GiB\n",
+        TORCH_VERSION, at::get_num_threads(), blas, attention, seconds_since(start), peak_gib);
     std::printf("BLAS %s\n", kernels.c_str());
     std::printf("machine: fp32 GEMM peak %.1f GFLOP/s (2048^3, best of start and end)%s%s\n",
                 limits.peak_gflops, py ? "; python " : "", py ? py->hello().dump().c_str() : "");

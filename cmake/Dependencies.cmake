@@ -68,6 +68,14 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(ROCKSDB REQUIRED IMPORTED_TARGET rocksdb)
 # cpp-httplib (Debian builds it as a library): the trainer's /metrics endpoint.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# Its Cflags turn on CPPHTTPLIB_OPENSSL_SUPPORT, so code that includes
+# httplib.h calls OpenSSL itself (0.18, Debian trixie's, does so from inline
+# code), but its .pc names OpenSSL only as a private requirement, which a
+# shared library's users do not get: link it here.
+if("-DCPPHTTPLIB_OPENSSL_SUPPORT" IN_LIST HTTPLIB_CFLAGS)
+  find_package(OpenSSL REQUIRED)
+  target_link_libraries(PkgConfig::HTTPLIB INTERFACE OpenSSL::SSL OpenSSL::Crypto)
+endif()
 
 if(RELAY_BUILD_TESTS)
   find_package(GTest REQUIRED)

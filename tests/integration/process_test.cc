@@ -870,8 +870,11 @@ TEST_F(ProcessTest, APoisonGroupReadyAtACheckpointDoesNotStopTheResumedRun) {
   // store_next_seq) and was trained on later or never. Whether the worker
   // was that far ahead is timing (under load it may not have been), so the
   // first run is repeated, in a fresh directory, until it was. The worker
-  // keeps 8 groups in flight (two steps' worth) to be ahead more often: with
-  // 4, one CI run under load saw no such group in four attempts.
+  // keeps 16 groups in flight (four steps' worth): its groups decode
+  // together and arrive close together, so with 8 (two steps' worth) steps 1
+  // and 2 could take every group that had arrived, and a full LibTorch 2.6
+  // ctest run on a loaded 2-core VM saw no victim in eight attempts (with 4,
+  // a CI run saw none in four).
   uint64_t victim = 0;
   std::string victim_id;
   for (int attempt = 0; attempt < 8 && victim == 0; ++attempt) {
@@ -879,7 +882,7 @@ TEST_F(ProcessTest, APoisonGroupReadyAtACheckpointDoesNotStopTheResumedRun) {
     const int port = free_port();
     auto trainer = start(trainer_args(port, 3), base_ + "/trainer1.log");
     std::vector<std::string> ahead = worker_args(port, "w");
-    ahead.push_back("rollout.groups_in_flight=8");
+    ahead.push_back("rollout.groups_in_flight=16");
     auto worker = start(ahead, base_ + "/w1.log");
     ASSERT_EQ(trainer->wait(180s), 0) << trainer->output();
     EXPECT_EQ(worker->wait(60s), 0) << worker->output();

@@ -240,7 +240,7 @@ StatusOr<std::shared_ptr<trainer::Collectives>> join_trainer_group(const Trainer
     so.isServer = r.rank == 0;
     so.waitWorkers = false;
     so.timeout = o.timeout;
-    store = c10::make_intrusive<c10d::TCPStore>(r.host, so);
+    store = comm::make_tcp_store(r.host, so);
     // The process group gets its own key space; the counters stay outside it.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("pg", store);
     if (device->is_cuda()) {

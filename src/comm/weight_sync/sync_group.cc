@@ -38,7 +38,7 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const std::string& host, int port,
   o.isServer = is_server;
   o.waitWorkers = false;
   o.timeout = timeout;
-  return c10::make_intrusive<c10d::TCPStore>(host, o);
+  return comm::make_tcp_store(host, o);
 }
 
 // A process group of either backend, seen through the one call we need.

@@ -56,7 +56,8 @@ void expect_rank_zero_whole(const std::vector<RankResult>& ranks, size_t num_par
 // 3e-6), and the metrics are the one-rank trainer's. The gradients are summed per micro-batch and
 // layer instead of once, so fp32 additions run in another order; AdamW, dividing by sqrt(v) + eps,
 // magnifies that in the update up to lr / eps times, and nine updates compound it (one update alone
-// stays within 1e-5 of itself).
+// stays within 2e-5 of itself: 5.5e-6 and 1.1e-5 at two and three ranks on an AMD EPYC VM, whose
+// OpenBLAS kernels sum in another order than a Xeon's, below 1e-5 on the Xeons).
 TEST(FullShardingTest, TwoAndThreeRanksTrainAsTheReplicatedTrainer) {
   model::Policy initial = make_policy(5);
   const auto groups = sample_groups(initial, 3, 4);
@@ -89,7 +90,7 @@ TEST(FullShardingTest, TwoAndThreeRanksTrainAsTheReplicatedTrainer) {
     expect_rank_zero_whole(full1, num_params);
     const double one_update = relative_difference(full1[0], rep1[0], flat(initial));
     std::printf("%d ranks, 1 update: full vs replicated %.2e of the update\n", world, one_update);
-    EXPECT_LT(one_update, 1e-5);
+    EXPECT_LT(one_update, 2e-5);
     EXPECT_LT(relative_difference(full1[0], rep1[0], at::Tensor()), 1e-6);
   }
 }
