@@ -1001,9 +1001,11 @@ TEST_F(CliTest, EveryShippedConfigChecks) {
 // >= 0.9 held-out accuracy, with the run directory laid out as documented.
 // configs/arith_lora.yaml as its header says to run it: the main job's warm
 // start alone makes the base, then rank-8 adapters learn the task by RL on
-// it. Three seeds on this machine: 0.63-0.72 on the base, 0.98-1.0 after 60
-// steps. Every version carries the adapters alone, and the engine's
-// log-probs are the trainer's at every version.
+// it. Three seeds on a Xeon VM: 0.63-0.72 on the base, 0.98-1.0 after 60
+// steps; on an AMD EPYC VM the warm start alone reached 0.85 (then 0.98), so
+// "improves" is asked as RL removing at least half of the base's errors
+// rather than a fixed gain. Every version carries the adapters alone, and
+// the engine's log-probs are the trainer's at every version.
 TEST_F(CliTest, LoraConfigLearnsOnTheWarmStartedBase) {
   const std::string base = ::testing::TempDir() + "/lora_job_" + std::to_string(::getpid());
   fs::remove_all(base);
@@ -1038,7 +1040,8 @@ TEST_F(CliTest, LoraConfigLearnsOnTheWarmStartedBase) {
   EXPECT_EQ(steps, 60);
   ASSERT_GE(evals.size(), 2u) << r.out;
   EXPECT_GE(evals.back(), 0.9) << r.out;
-  EXPECT_GT(evals.back(), evals.front() + 0.2) << "RL through the adapters improves on the base";
+  EXPECT_LT(1 - evals.back(), 0.5 * (1 - evals.front()))
+      << "RL through the adapters improves on the base";
   const std::string last = base + "/arith_lora/checkpoints/step_000060";
   EXPECT_TRUE(fs::exists(last + "/adapter_config.json"));
   EXPECT_FALSE(fs::exists(last + "/config.json"));
