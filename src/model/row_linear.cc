@@ -27,8 +27,8 @@ namespace {
 // Weights as stored: fp32, or bf16 and fp16 widened as they are loaded
 // (simd_load.h).
 using simd::BF16;
-using simd::F16;
 using simd::elements;
+using simd::F16;
 using simd::F32;
 using simd::load16;
 using simd::load8;
