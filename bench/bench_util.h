@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "relay/model/cpu_memory.h"
 #include "relay/model/policy_config.h"
 #include "relay/rollout/trajectory.h"
 
@@ -185,6 +186,19 @@ inline std::vector<std::string> split(const std::string& s) {
 }
 
 // OpenBLAS keeps its own pthread pool next to LibTorch's OpenMP one. It is
+// --cpu-memory keep|return (default keep): how the process holds freed
+// memory, set as relay's binaries set it (model::configure_cpu_memory;
+// `return` is relay's policy before 2026-11-29: every block of 1 MiB and up
+// unmapped when freed). A Python baseline runs with glibc's defaults either
+// way. Returns the choice's name.
+inline std::string configure_cpu_memory(const char* value) {
+  const std::string v = value ? value : "keep";
+  if (v != "keep" && v != "return") fail("--cpu-memory: '" + v + "' is not keep or return");
+  model::configure_cpu_memory(v == "keep" ? model::FreedMemory::kKeep
+                                          : model::FreedMemory::kReturn);
+  return v;
+}
+
 // whatever libblas.so.3 resolves to at run time, so its setter is looked up,
 // not linked. Sets it when set > 0; returns the count, -1 when the BLAS is
 // not OpenBLAS.

@@ -77,6 +77,10 @@
 //                 [--threads N] [--blas-threads T] [--kernel-threads K] [--reps R] [--prompt P]
 //                 [--new N] [--json]
 //                 [--device cpu|cuda[:i]] [--dtype float32|bfloat16] [--model-dir DIR]
+//                 [--cpu-memory keep|return]
+//
+// --cpu-memory: how relay's side holds freed tensor memory, as relay's
+// binaries do (bench_util.h, configure_cpu_memory); default keep.
 //
 // --model-dir DIR adds the model in DIR (config.json + safetensors, any
 // dtype, sharded or not; e.g. scripts/models/qwen2.5-0.5b.sh's) with its own
@@ -930,7 +934,7 @@ int main(int argc, char** argv) {
   // Python baseline, a child, inherits the choice).
   relay::model::choose_blas_kernels(argv);
   relay::bench::expect_flags(argc, argv,
-                             {"--batches", "--blas-threads", "--device", "--dtype",
+                             {"--batches", "--blas-threads", "--cpu-memory", "--device", "--dtype",
                               "--kernel-threads", "--model-dir", "--models", "--new", "--only",
                               "--prompt", "--python-exe", "--python-script", "--reps", "--threads"},
                              {"--json", "--python", "--quick"});
@@ -991,6 +995,8 @@ int main(int argc, char** argv) {
     relay::bench::fail(std::string("--only ") + only + ": kv, mixed, py, attn, sampler or dtype");
   }
 
+  const std::string cpu_memory =
+      relay::bench::configure_cpu_memory(flag(argc, argv, "--cpu-memory"));
   relay::model::configure_threads(0);
   if (threads_flag) at::set_num_threads(std::atoi(threads_flag));
   const int blas = blas_threads(blas_flag ? std::atoi(blas_flag) : 0);
@@ -1005,8 +1011,8 @@ int main(int argc, char** argv) {
                TORCH_VERSION, g_device.str().c_str(), c10::toString(g_dtype), at::get_num_threads(),
                blas, omp ? omp : "(unset)", blas_env ? blas_env : "(unset)");
   const std::string kernels = relay::model::describe(relay::model::blas_kernels());
-  std::fprintf(stderr, "rollout_bench: BLAS %s; %d kernel-pool threads\n", kernels.c_str(),
-               kernel_threads);
+  std::fprintf(stderr, "rollout_bench: BLAS %s; %d kernel-pool threads; freed CPU memory: %s\n",
+               kernels.c_str(), kernel_threads, cpu_memory.c_str());
 
   std::vector<Row> rows;
   const auto start = Clock::now();

@@ -1,7 +1,9 @@
 // Training-step throughput (tokens/s through forward + backward + optimizer
 // step) of relay's trainer against the same step in plain PyTorch on the same
-// LibTorch, for the two models of rollout_bench (tiny and qwen2-100m, random
-// weights, fp32). Results: docs/BENCHMARKS.md.
+// LibTorch, for the models of rollout_bench (tiny, qwen2-100m and
+// qwen2.5-0.5b, random weights, fp32) or a model directory (--model-dir,
+// loaded as fp32).
+// Results: docs/BENCHMARKS.md.
 //
 // A batch is B sequences of T tokens: a P-token prompt and a T - P token
 // response, groups of 8 samples per prompt with rewards 0/1, behavior
@@ -37,10 +39,21 @@
 // report the same loss and gradient norm (before clipping); the benchmark
 // fails if python or Trainer::step disagrees with the core loop.
 //
-//   trainer_bench [--models tiny,qwen2-100m] [--shapes BxT,...] [--prompt P]
-//                 [--reps R] [--quick] [--no-python] [--python-exe PATH]
-//                 [--python-script PATH] [--threads N] [--blas-threads T]
-//                 [--attn auto|eager|sdpa] [--json]
+//   trainer_bench [--models tiny,qwen2-100m,qwen2.5-0.5b] [--model-dir DIR] [--shapes BxT,...]
+//                 [--prompt P] [--reps R] [--quick] [--no-python] [--no-core]
+//                 [--python-exe PATH] [--python-script PATH] [--threads N]
+//                 [--blas-threads T] [--attn auto|eager|sdpa]
+//                 [--cpu-memory keep|return] [--json]
+//
+// --model-dir DIR adds the model in DIR (config.json + safetensors, any
+// dtype, trained in fp32; with --model-dir alone only that model runs).
+// --no-core leaves out the core row and its model and optimizer: a
+// Qwen2.5-0.5B step holds about 8 GB of weights, gradients and AdamW state
+// on each side, and three sides do not fit in 24 GB. The first-step check
+// then compares Trainer::step with python.
+//
+// --cpu-memory keep|return: how relay's process holds freed tensor memory,
+// as relay's binaries do (bench_util.h, configure_cpu_memory).
 //
 // --attn sets model.attn_implementation for relay's rows (the Python
 // reference computes its attention explicitly, as eager does); the end line
@@ -50,9 +63,10 @@
 // Threads as relay's binaries set them (model::configure_threads), and the
 // Python process gets the same settings. Shapes: 8x128 and 32x128 for tiny,
 // 8x128 and 16x128 for qwen2-100m (a 32x128 step of it is 2.5 TFLOP, half a
-// minute here); --shapes sets them for every model. Timed repetitions: 9
-// (tiny), 5 (qwen2-100m up to 1024 tokens a step), 3 (larger); --quick: 1,
-// and only the first shape of qwen2-100m.
+// minute here), 4x128 for qwen2.5-0.5b and model directories; --shapes sets
+// them for every model. Timed repetitions: 9
+// (tiny), 5 (qwen2-100m up to 1024 tokens a step), 3 (larger, and
+// --model-dir); --quick: 1, and only the first shape of qwen2-100m.
 
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -63,8 +77,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -74,6 +90,8 @@
 #include "python_ref.h"
 #include "relay/model/attention_implementation.h"
 #include "relay/model/blas_kernels.h"
+#include "relay/model/checkpoint.h"
+#include "relay/model/cpu_memory.h"
 #include "relay/model/policy.h"
 #include "relay/model/safetensors.h"
 #include "relay/model/threads.h"
@@ -88,7 +106,6 @@ using relay::bench::Clock;
 using relay::bench::fail;
 using relay::bench::median;
 using relay::bench::seconds_since;
-using relay::bench::tiny_config;
 using relay::model::Policy;
 using relay::model::PolicyConfig;
 using relay::rollout::TrajectoryGroup;
@@ -201,8 +218,12 @@ void write_batch(const StepInputs& in, const std::string& path) {
   if (!p.eq(p[0]).all().item<bool>()) fail("batch: prompts must share a length");
 }
 
-bool close(double a, double b, double rel) {
-  return std::abs(a - b) <= rel * std::max({1e-6, std::abs(a), std::abs(b)});
+// Within `rel` of the larger, or `abs` apart: the PPO loss is a mean of
+// per-token terms of order 1 that nearly cancel on a batch like this one
+// (rewards 0/1, ratios near 1), so its value can be ~1e-4 while its rounding
+// error is that of the terms' sum.
+bool close(double a, double b, double rel, double abs = 0) {
+  return std::abs(a - b) <= std::max(abs, rel * std::max(std::abs(a), std::abs(b)));
 }
 
 // One shape, from the initial weights `init` on every side: relay's two
@@ -218,64 +239,85 @@ struct PendingBound {
 };
 
 void bench_shape(const std::string& model_name, Policy& init, const std::string& model_dir,
-                 const Shape& s, int64_t prompt, int reps, relay::bench::PythonRef* py,
-                 const std::string& scratch, std::vector<Row>* rows,
+                 const Shape& s, int64_t prompt, int reps, bool with_core,
+                 relay::bench::PythonRef* py, const std::string& scratch, std::vector<Row>* rows,
                  std::vector<PendingBound>* bounds) {
-  Policy core_policy = relay::model::clone_policy(*init);
-  core_policy->train();
   relay::trainer::TrainerOptions o;
   o.rollout_correction.bypass = true;
   o.micro_batch_tokens = 1 << 20;  // one micro-batch per step, as the Python side
   // Every step trains on the same groups, sampled at version 0: no staleness
   // bound (the default, 0, would drop them from the second step on).
   o.max_staleness = -1;
-  auto trainer = value_or_die(relay::trainer::Trainer::create(relay::model::clone_policy(*init), o),
-                              "Trainer");
-  torch::optim::AdamW core_opt(core_policy->parameters(),
-                               torch::optim::AdamWOptions(o.optimizer.lr)
-                                   .betas({o.optimizer.beta1, o.optimizer.beta2})
-                                   .eps(o.optimizer.eps)
-                                   .weight_decay(o.optimizer.weight_decay));
 
-  const std::vector<TrajectoryGroup> groups = make_groups(core_policy, s, prompt);
+  const std::vector<TrajectoryGroup> groups = make_groups(init, s, prompt);
   const StepInputs in = step_inputs(groups);
   const int64_t tokens = s.batch * s.seq;
 
+  Policy core_policy{nullptr};
+  std::unique_ptr<torch::optim::AdamW> core_opt;
+  if (with_core) {
+    core_policy = relay::model::clone_policy(*init);
+    core_policy->train();
+    core_opt = std::make_unique<torch::optim::AdamW>(
+        core_policy->parameters(), torch::optim::AdamWOptions(o.optimizer.lr)
+                                       .betas({o.optimizer.beta1, o.optimizer.beta2})
+                                       .eps(o.optimizer.eps)
+                                       .weight_decay(o.optimizer.weight_decay));
+  }
+  auto trainer = value_or_die(relay::trainer::Trainer::create(relay::model::clone_policy(*init), o),
+                              "Trainer");
+
   // Equal work: each side's first step (untimed, also its warm-up) starts
-  // from the same weights and must report the same loss and gradient norm.
-  const CoreResult c = core_step(core_policy, core_opt, in);
-  std::string notes = fmt("first step: loss %.6f, grad norm %.6f", c.loss, c.grad_norm);
-  auto disagree = [&](const char* who, double loss, double norm) {
-    if (close(loss, c.loss, 1e-4) && close(norm, c.grad_norm, 1e-3)) return;
+  // from the same weights and must report the same loss and gradient norm as
+  // the reference: the core loop, or without it the Python step.
+  std::string notes;
+  std::optional<CoreResult> ref;
+  const char* ref_name = with_core ? "relay core" : "python";
+  auto check = [&](const char* who, double loss, double norm) {
+    if (!ref) {
+      ref = CoreResult{loss, norm};
+      return;
+    }
+    if (close(loss, ref->loss, 1e-4, 1e-6) && close(norm, ref->grad_norm, 1e-3)) return;
     fail(model_name + " " + s.name() + ": " + who +
-         fmt(" first step: loss %.7f, grad norm %.7f; ", loss, norm) +
-         fmt("relay core: %.7f, %.7f", c.loss, c.grad_norm));
+         fmt(" first step: loss %.7f, grad norm %.7f; ", loss, norm) + ref_name +
+         fmt(": %.7f, %.7f", ref->loss, ref->grad_norm));
   };
+  if (with_core) {
+    const CoreResult c = core_step(core_policy, *core_opt, in);
+    check("relay core", c.loss, c.grad_norm);
+    notes = fmt("first step: loss %.6f, grad norm %.6f", c.loss, c.grad_norm);
+  }
   if (py != nullptr) {
     const std::string file = scratch + "/" + model_name + "." + s.name() + ".batch.safetensors";
     write_batch(in, file);
     py->call({{"cmd", "load"}, {"dir", model_dir}});
     py->call({{"cmd", "train_setup"}, {"file", file}, {"lr", 1e-5}});
     const nlohmann::json r = py->call({{"cmd", "train_step"}});
-    disagree("python", r.at("loss").get<double>(), r.at("grad_norm").get<double>());
-    notes +=
-        fmt("; python %.6f, %.6f", r.at("loss").get<double>(), r.at("grad_norm").get<double>());
+    check("python", r.at("loss").get<double>(), r.at("grad_norm").get<double>());
+    notes += (notes.empty() ? "first step: " : "; ") +
+             fmt("python %.6f, %.6f", r.at("loss").get<double>(), r.at("grad_norm").get<double>());
   }
   auto trainer_step = [&] { return value_or_die(trainer->step(groups), "Trainer::step"); };
   const auto first = trainer_step();
-  disagree("Trainer::step", first.at("pg_loss"), first.at("grad_norm"));
+  check("Trainer::step", first.at("pg_loss"), first.at("grad_norm"));
+  notes += (notes.empty() ? "first step: " : "; ") +
+           fmt("trainer %.6f, %.6f", first.at("pg_loss"), first.at("grad_norm"));
 
   // Interleaved (alternating order, a pause before each run); each ratio is
-  // the median of per-repetition ratios against that repetition's baseline.
+  // the median of per-repetition ratios against that repetition's baseline
+  // (python, or without it the first relay row).
   std::vector<std::function<double()>> modes;
   if (py != nullptr) {
     modes.push_back([&] { return py->call({{"cmd", "train_step"}}).at("seconds").get<double>(); });
   }
-  modes.push_back([&] {
-    const auto start = Clock::now();
-    core_step(core_policy, core_opt, in);
-    return seconds_since(start);
-  });
+  if (with_core) {
+    modes.push_back([&] {
+      const auto start = Clock::now();
+      core_step(core_policy, *core_opt, in);
+      return seconds_since(start);
+    });
+  }
   modes.push_back([&] {
     const auto start = Clock::now();
     trainer_step();
@@ -283,20 +325,25 @@ void bench_shape(const std::string& model_name, Policy& init, const std::string&
   });
   const auto t = relay::bench::interleave(reps, modes);
   const std::vector<double>& base = t[0];
-  const std::vector<double>&tc = t[t.size() - 2], &tt = t[t.size() - 1];
+  const std::vector<double>& tt = t.back();
   auto row = [&](const char* mode, const std::vector<double>& secs, std::string n) {
     rows->push_back({model_name, s.name(), mode, tokens, median(secs),
                      relay::bench::paired_ratio(base, secs), std::move(n)});
   };
   if (py != nullptr) row("python", base, relay::bench::spread(base) + "; " + notes);
-  row("core", tc, relay::bench::spread(tc) + (py != nullptr ? "" : "; " + notes));
+  if (with_core) {
+    const std::vector<double>& tc = t[t.size() - 2];
+    row("core", tc, relay::bench::spread(tc) + (py != nullptr ? "" : "; " + notes));
+  }
   const double trainer_s = median(tt);
-  row("trainer", tt, relay::bench::spread(tt) + "; Trainer::step, bypass");
+  row("trainer", tt,
+      relay::bench::spread(tt) + "; Trainer::step, bypass" +
+          (py == nullptr && !with_core ? "; " + notes : ""));
 
   // The step's FLOPs, for the bound.
-  const PolicyConfig& cfg = core_policy->config();
+  const PolicyConfig& cfg = init->config();
   double matmul = 0;
-  for (const auto& item : core_policy->named_parameters()) {
+  for (const auto& item : init->named_parameters()) {
     if (item.value().dim() != 2) continue;
     if (!cfg.tie_word_embeddings && item.key() == "model.embed_tokens.weight") continue;
     matmul += item.value().numel();
@@ -338,10 +385,11 @@ int main(int argc, char** argv) {
   // First: it may start the program again with other BLAS kernels (and the
   // Python baseline, a child, inherits the choice).
   relay::model::choose_blas_kernels(argv);
-  relay::bench::expect_flags(argc, argv,
-                             {"--attn", "--blas-threads", "--models", "--prompt", "--python-exe",
-                              "--python-script", "--reps", "--shapes", "--threads"},
-                             {"--json", "--no-python", "--quick"});
+  relay::bench::expect_flags(
+      argc, argv,
+      {"--attn", "--blas-threads", "--cpu-memory", "--model-dir", "--models", "--prompt",
+       "--python-exe", "--python-script", "--reps", "--shapes", "--threads"},
+      {"--json", "--no-core", "--no-python", "--quick"});
   using relay::bench::flag;
   using relay::bench::has;
   const char* models_flag = flag(argc, argv, "--models");
@@ -351,13 +399,20 @@ int main(int argc, char** argv) {
   const char* threads_flag = flag(argc, argv, "--threads");
   const char* blas_flag = flag(argc, argv, "--blas-threads");
   const char* attn_flag = flag(argc, argv, "--attn");
+  const std::string cpu_memory =
+      relay::bench::configure_cpu_memory(flag(argc, argv, "--cpu-memory"));
   const char* python_exe = flag(argc, argv, "--python-exe");
   const char* python_script = flag(argc, argv, "--python-script");
   const bool json = has(argc, argv, "--json");
   const bool quick = has(argc, argv, "--quick");
   const bool python = !has(argc, argv, "--no-python");
+  const bool with_core = !has(argc, argv, "--no-core");
+  const char* model_dir = flag(argc, argv, "--model-dir");
   const int64_t prompt = prompt_flag ? std::atoll(prompt_flag) : 32;
-  const auto models = relay::bench::split(models_flag ? models_flag : "tiny,qwen2-100m");
+  // With --model-dir alone, only that model runs.
+  std::vector<std::string> models =
+      relay::bench::split(models_flag ? models_flag : (model_dir ? "" : "tiny,qwen2-100m"));
+  if (model_dir != nullptr) models.push_back(model_dir);
   auto parse_shapes = [&](const std::string& list) {
     std::vector<Shape> out;
     for (const std::string& s : relay::bench::split(list)) {
@@ -384,8 +439,9 @@ int main(int argc, char** argv) {
   const int blas = relay::bench::blas_threads(blas_flag ? std::atoi(blas_flag) : 0);
   std::fprintf(
       stderr,
-      "trainer_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, attention %s\n",
-      TORCH_VERSION, at::get_num_threads(), blas, attention);
+      "trainer_bench: LibTorch %s, %d intra-op threads, %d OpenBLAS threads, attention %s, "
+      "freed CPU memory: %s\n",
+      TORCH_VERSION, at::get_num_threads(), blas, attention, cpu_memory.c_str());
   const std::string kernels = relay::model::describe(relay::model::blas_kernels());
   std::fprintf(stderr, "trainer_bench: BLAS %s\n", kernels.c_str());
 
@@ -404,24 +460,29 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   std::vector<PendingBound> bounds;
-  for (const std::string& name : models) {
-    PolicyConfig config;
-    if (name == "tiny") {
-      config = tiny_config();
-    } else if (name == "qwen2-100m") {
-      config = relay::bench::qwen2_100m_config();
+  for (const std::string& entry : models) {
+    const bool from_dir = model_dir != nullptr && entry == model_dir;
+    std::string name = entry;
+    Policy init{nullptr};
+    if (from_dir) {
+      // A model as a user brings it, trained in fp32 as model.dtype's default.
+      init = value_or_die(relay::model::load_policy(entry), "--model-dir");
+      const std::filesystem::path path(entry);
+      name = path.filename().empty() ? path.parent_path().filename().string()
+                                     : path.filename().string();
     } else {
-      fail("--models: unknown '" + name + "' (tiny, qwen2-100m)");
+      init = Policy(relay::bench::model_config(entry, "--models"));
     }
-    std::vector<Shape> shapes = parse_shapes(shapes_flag      ? shapes_flag
-                                             : name == "tiny" ? "8x128,32x128"
-                                                              : "8x128,16x128");
+    if (!from_dir) relay::model::init_weights(*init, /*seed=*/0);
+    init->eval();
+    const PolicyConfig& config = init->config();
+    std::vector<Shape> shapes = parse_shapes(shapes_flag                          ? shapes_flag
+                                             : from_dir || name == "qwen2.5-0.5b" ? "4x128"
+                                             : name == "tiny"                     ? "8x128,32x128"
+                                                                                  : "8x128,16x128");
     for (const Shape& s : shapes) {
       if (s.seq > config.max_position_embeddings) fail(name + ": sequence longer than the model");
     }
-    Policy init(config);
-    relay::model::init_weights(*init, /*seed=*/0);
-    init->eval();
     // The weights go to the Python process once (and are checked); each
     // shape reloads them there.
     if (py != nullptr) {
@@ -431,13 +492,14 @@ int main(int argc, char** argv) {
     const bool big = name != "tiny";
     if (quick && big) shapes.resize(1);
     for (const Shape& s : shapes) {
-      const int reps = reps_flag                ? std::atoi(reps_flag)
-                       : quick                  ? 1
-                       : !big                   ? 9
-                       : s.batch * s.seq > 1024 ? 3
-                                                : 5;
+      const int reps = reps_flag                            ? std::atoi(reps_flag)
+                       : quick                              ? 1
+                       : !big                               ? 9
+                       : from_dir || name == "qwen2.5-0.5b" ? 3
+                       : s.batch * s.seq > 1024             ? 3
+                                                            : 5;
       const size_t first = rows.size();
-      bench_shape(name, init, scratch.path() + "/" + name, s, prompt, reps, py.get(),
+      bench_shape(name, init, scratch.path() + "/" + name, s, prompt, reps, with_core, py.get(),
                   scratch.path(), &rows, &bounds);
       print_table({rows.begin() + first, rows.end()}, stderr);
       std::fprintf(stderr, "  (%.0f s so far)\n", seconds_since(start));
@@ -459,6 +521,12 @@ int main(int argc, char** argv) {
   const double peak_gib = static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0);  // KiB
   std::fprintf(stderr, "trainer_bench: attention %s, peak resident memory %.2f GiB\n", attention,
                peak_gib);
+  if (const relay::model::CpuMemoryStats heap = relay::model::cpu_memory_stats(); heap.known) {
+    std::fprintf(stderr,
+                 "trainer_bench: malloc at the end: %.2f GiB in use, %.2f GiB freed and kept\n",
+                 static_cast<double>(heap.in_use_bytes) / (1 << 30),
+                 static_cast<double>(heap.free_bytes) / (1 << 30));
+  }
   if (json) {
     print_json(rows);
   } else {

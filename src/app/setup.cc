@@ -27,6 +27,7 @@
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
+#include "relay/model/cpu_memory.h"
 #include "relay/model/device.h"
 #include "relay/model/hf_config.h"
 #include "relay/model/lora.h"
@@ -277,7 +278,7 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
   model::configure_threads(s.config.run.threads);
   RELAY_RETURN_IF_ERROR(model::apply_attention_choice(s.config.model.attn_implementation));
-  model::return_freed_memory();
+  model::configure_cpu_memory();
   // Only where choose_blas_kernels() could not help (an OpenBLAS built for
   // one CPU, or a failed restart): say once why products are slow.
   if (const model::BlasKernels blas = model::blas_kernels(); blas.below_cpu) {

@@ -11,11 +11,15 @@
 #include "relay/app/setup.h"
 #include "relay/common/logging.h"
 #include "relay/model/blas_kernels.h"
+#include "relay/model/cpu_memory.h"
 
 int main(int argc, char** argv) {
   using namespace relay::cli;
   // First: it may start the program again with other BLAS kernels.
   relay::model::choose_blas_kernels(argv);
+  // Before any thread starts: malloc's arena setting holds only for threads
+  // that have not allocated yet.
+  relay::model::configure_cpu_memory();
   relay::app::report_uncaught_exceptions("relay");
   CLI::App app{"relay: asynchronous RL post-training for LLMs"};
   app.require_subcommand(1);

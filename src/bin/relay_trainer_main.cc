@@ -29,6 +29,7 @@
 #include "relay/app/trainer_run.h"
 #include "relay/common/logging.h"
 #include "relay/model/blas_kernels.h"
+#include "relay/model/cpu_memory.h"
 
 namespace {
 
@@ -89,6 +90,9 @@ std::optional<int> parse_flags(int argc, char** argv, relay::app::TrainerRunArgs
 int main(int argc, char** argv) {
   // First: it may start the program again with other BLAS kernels.
   relay::model::choose_blas_kernels(argv);
+  // Before any thread starts: malloc's arena setting holds only for threads
+  // that have not allocated yet.
+  relay::model::configure_cpu_memory();
   relay::app::report_uncaught_exceptions("relay-trainer");
   relay::app::TrainerRunArgs args;
   if (std::optional<int> code = parse_flags(argc, argv, args)) return *code;

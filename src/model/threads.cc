@@ -1,7 +1,6 @@
 #include "relay/model/threads.h"
 
 #include <dlfcn.h>
-#include <malloc.h>
 
 #include <algorithm>
 #include <thread>
@@ -31,14 +30,6 @@ ThreadSettings configure_threads(int threads) {
   set_kernel_threads(s.kernels);
   at::set_num_threads(s.intra_op);
   return s;
-}
-
-void return_freed_memory() {
-#ifdef M_MMAP_THRESHOLD
-  // A fixed threshold also turns off glibc's dynamic adjustment.
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
-  mallopt(M_TRIM_THRESHOLD, 8 << 20);
-#endif
 }
 
 }  // namespace relay::model

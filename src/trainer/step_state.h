@@ -67,7 +67,9 @@ struct UpdateSums {
 // above it and only read after.
 struct StepState {
   // prepare_step
-  int64_t rss_at_start = -1;         // the process's resident bytes when the step began
+  // The process's resident bytes when the step began, less the freed memory
+  // malloc keeps for reuse (model/cpu_memory.h): what was in use.
+  int64_t rss_at_start = -1;
   StepMetrics metrics;               // filled by every phase; the step's result
   std::vector<uint64_t> reuse_keys;  // the trajectories trained on (trainer.max_reuse)
   TrainBatch batch;  // after the filters; its response_mask becomes train_mask for the updates

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "relay/model/cpu_memory.h"
 #include "relay/model/device.h"
 #include "relay/trainer/trainer.h"
 #include "trainer/critic.h"
@@ -229,10 +230,15 @@ void Trainer::memory_metrics(StepMetrics& m, int64_t rss_at_start) const {
       : reference_ && !reference_is_base_ ? bytes(reference_->parameters()) / kGiB
                                           : 0.0;
   // The process as the kernel sees it: resident after the step, its peak
-  // during the step, and how far the step rose above where it started
-  // (activations, gradients, LM-head chunks and other temporaries).
+  // during the step, and how far the step rose above what was in use where
+  // it started (activations, gradients, LM-head chunks and other
+  // temporaries). Resident includes the freed memory malloc keeps for the
+  // next step (model/cpu_memory.h), reported on its own.
   const int64_t rss = model::current_rss_bytes(), peak = model::peak_rss_bytes();
   if (rss >= 0) m["memory/rss_gb"] = static_cast<double>(rss) / kGiB;
+  if (const model::CpuMemoryStats heap = model::cpu_memory_stats(); heap.known) {
+    m["memory/heap_free_gb"] = static_cast<double>(heap.free_bytes) / kGiB;
+  }
   if (peak >= 0) m["memory/rss_peak_gb"] = static_cast<double>(peak) / kGiB;
   if (peak >= 0 && rss_at_start >= 0) {
     m["memory/step_peak_growth_gb"] =

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "relay/model/cpu_memory.h"
 #include "relay/model/device.h"
 #include "relay/model/lora.h"
 #include "relay/trainer/trainer.h"
@@ -140,6 +141,10 @@ void add_episode_metrics(const std::vector<rollout::TrajectoryGroup>& groups,
 
 Status Trainer::prepare_step(const std::vector<rollout::TrajectoryGroup>& groups, StepState& s) {
   s.rss_at_start = model::current_rss_bytes();
+  if (const model::CpuMemoryStats heap = model::cpu_memory_stats();
+      heap.known && s.rss_at_start >= 0) {
+    s.rss_at_start = std::max<int64_t>(0, s.rss_at_start - heap.free_bytes);
+  }
   model::reset_peak_rss();
   model::reset_device_peak(policy_->parameters().front().device());
   RELAY_ASSIGN_OR_RETURN(s.batch, prepare_batch(groups, s.metrics, &s.reuse_keys, &step_faults_));

@@ -26,13 +26,4 @@ struct ThreadSettings {
 // all cores go to the intra-op pool.
 ThreadSettings configure_threads(int threads);
 
-// Makes freed tensor memory go back to the operating system: glibc's malloc
-// otherwise raises its mmap threshold to the size of the largest block freed
-// (up to 32 MiB) and keeps later blocks of that size in its heap, so a
-// trainer that once held a few GB of activations keeps them resident after
-// they are freed, out of reach of the workers beside it, and its RSS stops
-// saying what it uses. Blocks of 1 MiB and more are mapped and unmapped
-// directly from then on. Idempotent; no effect with another allocator.
-void return_freed_memory();
-
 }  // namespace relay::model

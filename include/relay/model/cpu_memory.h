@@ -1,0 +1,55 @@
+#pragma once
+
+// How a relay process holds freed CPU memory (set once at startup by every
+// relay binary; DESIGN.md, "Runtime choices").
+//
+// glibc's malloc maps each block above its mmap threshold (128 KiB rising
+// to 32 MiB, or relay's old fixed 1 MiB) afresh and unmaps it when freed, so
+// every training step faulted in, and the kernel zeroed, every page of its
+// activations and gradients again: for a Qwen2.5-0.5B step on the CPU, a
+// third of its time (docs/BENCHMARKS.md, "CPU memory: keeping freed
+// blocks"). Kept, freed blocks stay in malloc's heap, where the next step's
+// tensors reuse them, split and merged as their sizes need. The CUDA caching
+// allocator does the same for GPU tensors.
+//
+// LibTorch's CPU tensors then come from relay's allocator: malloc, aligned
+// by hand, because posix_memalign in Debian 12's glibc does not reuse the
+// freed heap (src/model/cpu_memory.cc).
+
+#include <cstdint>
+
+namespace relay::model {
+
+enum class FreedMemory {
+  // Every block comes from malloc's heap (no mmap per block; one arena for
+  // all threads) and the heap is never trimmed: freed memory stays resident
+  // for reuse, a freed block whole or split, merged with freed neighbours
+  // unless a live small allocation lies between them. So the heap can
+  // fragment: a Qwen2.5-0.5B training step peaked 5% higher than with
+  // kReturn. The resident set does not shrink between steps.
+  kKeep,
+  // Blocks of 1 MiB and more are mapped on allocation and unmapped when
+  // freed, and the heap is trimmed above 8 MiB free: the resident set
+  // follows what is in use, at the cost of page faults (relay's policy
+  // before 2026-11-29; benchmarks compare the two).
+  kReturn,
+};
+
+// Sets malloc's policy for this process, and with kKeep installs relay's
+// allocator as LibTorch's CPU allocator (for good: tensors made before keep
+// their own). Call at startup, before any other thread allocates (malloc's
+// one-arena setting does not move a thread that has its arena already);
+// calling it again is harmless.
+void configure_cpu_memory(FreedMemory freed = FreedMemory::kKeep);
+
+struct CpuMemoryStats {
+  bool known = false;        // false where malloc cannot say (another allocator or libc)
+  int64_t in_use_bytes = 0;  // allocated and not freed (heap and mapped blocks)
+  int64_t free_bytes = 0;    // freed and kept in malloc's heaps for reuse
+};
+
+// What malloc holds (glibc's mallinfo2: all arenas). Walks malloc's free
+// lists: cheap once a step, not once a tensor.
+CpuMemoryStats cpu_memory_stats();
+
+}  // namespace relay::model

@@ -1,0 +1,112 @@
+#include "relay/model/cpu_memory.h"
+
+#include <malloc.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <torch/version.h>
+
+// LibTorch 2.3 made Allocator::allocate non-const and added copy_data.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define RELAY_ALLOCATOR_2_3 1
+#define RELAY_ALLOCATE_CONST
+#else
+#define RELAY_ALLOCATOR_2_3 0
+#define RELAY_ALLOCATE_CONST const
+#endif
+
+namespace relay::model {
+namespace {
+
+// LibTorch's CPU tensors from malloc, aligned by hand. LibTorch's own
+// allocator calls posix_memalign(64), which in Debian 12's glibc (2.36)
+// does not reuse freed chunks it could: a loop that frees eight 32 MiB
+// blocks and allocates them again grew the heap by 32 MiB on its second
+// pass and 224 MiB on its third, where malloc grew it by nothing (with
+// mmap and trimming off both times). Each block is malloc'd 64 bytes
+// larger; the pointer malloc gave sits in the 8 bytes before the aligned
+// data, and the data is the DataPtr's context too, as LibTorch's are, so
+// raw_allocate and raw_deleter work.
+class HeapCpuAllocator final : public c10::Allocator {
+ public:
+  static constexpr uintptr_t kAlignment = 64;  // c10's gAlignment
+
+  c10::DataPtr allocate(size_t n) RELAY_ALLOCATE_CONST override {
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (n == 0) return {nullptr, nullptr, &HeapCpuAllocator::free_block, cpu};
+    void* base = std::malloc(n + kAlignment);
+    TORCH_CHECK(base != nullptr, "relay CPU allocator: out of memory: tried to allocate ", n,
+                " bytes");
+    const uintptr_t data =
+        (reinterpret_cast<uintptr_t>(base) + sizeof(void*) + kAlignment - 1) & ~(kAlignment - 1);
+    void* p = reinterpret_cast<void*>(data);
+    static_cast<void**>(p)[-1] = base;
+    return {p, p, &HeapCpuAllocator::free_block, cpu};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &HeapCpuAllocator::free_block; }
+
+#if RELAY_ALLOCATOR_2_3
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+
+ private:
+  static void free_block(void* p) {
+    if (p != nullptr) std::free(static_cast<void**>(p)[-1]);
+  }
+};
+
+std::once_flag g_install;
+
+}  // namespace
+
+void configure_cpu_memory(FreedMemory freed) {
+#ifdef M_MMAP_MAX
+  switch (freed) {
+    case FreedMemory::kKeep:
+      // No block gets a mapping of its own (a non-main thread's large block
+      // falls back to the main arena's heap), and -1 turns trimming off.
+      mallopt(M_MMAP_MAX, 0);
+      mallopt(M_TRIM_THRESHOLD, -1);
+      // One arena: a thread's own arena maps every block over its 64 MiB
+      // heap size whatever M_MMAP_MAX says, and unmaps it when freed, so a
+      // decode loop or trainer on a thread of its own would fault as before.
+      mallopt(M_ARENA_MAX, 1);
+      std::call_once(g_install, [] {
+        // Never destroyed: tensors freed during static destruction still
+        // call its deleter.
+        c10::SetCPUAllocator(new HeapCpuAllocator(), /*priority=*/1);
+      });
+      break;
+    case FreedMemory::kReturn:
+      // A fixed threshold also turns off glibc's dynamic one, which would
+      // keep blocks up to 32 MiB in its heap.
+      mallopt(M_MMAP_MAX, 65536);  // glibc's default
+      mallopt(M_MMAP_THRESHOLD, 1 << 20);
+      mallopt(M_TRIM_THRESHOLD, 8 << 20);
+      break;
+  }
+#else
+  (void)freed;
+#endif
+}
+
+CpuMemoryStats cpu_memory_stats() {
+  CpuMemoryStats s;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  const struct mallinfo2 m = mallinfo2();
+  s.known = true;
+  s.in_use_bytes = static_cast<int64_t>(m.uordblks + m.hblkhd);
+  s.free_bytes = static_cast<int64_t>(m.fordblks);
+#endif
+  return s;
+}
+
+}  // namespace relay::model
