@@ -26,7 +26,9 @@
 // measured without I/O and printed below the table.
 //
 //   ingest_bench [--groups G] [--reps N] [--clients 1,2,4] [--batches 1,16] [--dir D]
-//                [--quick] [--json]
+//                [--cpu-memory keep|return] [--quick] [--json]
+// --cpu-memory: the process's malloc policy (bench_util.h), keep as
+// relay-trainer's.
 // --quick = --groups 256 --reps 3 --clients 1,4 --batches 16 (given first, later
 // flags override it). --json prints one JSON object per row on stdout and the
 // table on stderr.
@@ -83,6 +85,7 @@ struct Args {
   std::vector<int> clients = {1, 2, 4};
   std::vector<int> batches = {1, 16};
   std::string dir = "/tmp/relay_ingest_bench";
+  std::string cpu_memory = "keep";
   bool json = false;
 };
 
@@ -326,9 +329,13 @@ int main(int argc, char** argv) {
       a.batches = parse_list(v);
     else if (k == "--dir")
       a.dir = v;
+    else if (k == "--cpu-memory")
+      a.cpu_memory = v;
     else
       die("unknown option " + k);
   }
+  // As relay-trainer, which hosts this service, sets it; before any thread.
+  relay::bench::configure_cpu_memory(a.cpu_memory.c_str());
   if (a.groups < 1 || a.reps < 1) die("--groups and --reps must be >= 1");
   std::filesystem::create_directories(a.dir);
   std::mt19937 rng(7);

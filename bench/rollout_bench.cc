@@ -1078,6 +1078,9 @@ int main(int argc, char** argv) {
       check = c.at("summary").get<std::string>();
       std::fprintf(stderr, "%s: %s\n", w.name.c_str(), check.c_str());
     }
+    // What relay's setup does after loading a model (the load's buffers, and
+    // here the check's probe model, are freed but kept by malloc).
+    relay::model::release_free_cpu_memory();
     for (int64_t B : batches) {
       const size_t first = rows.size();
       const int reps = B >= 64 ? w.reps_64 : w.reps;

@@ -262,7 +262,9 @@ def main():
                               num(r["tokens_per_s"], ",.1f"),
                               f"{bound} {num(b['tokens_per_s'], ',.1f')}",
                               ratio(b["ratio"])))
-    trainer = rows_of(os.path.join(out_dir, "trainer.out"))
+    # trainer_05b: the full pass's Qwen2.5-0.5B step (--no-core: no core row).
+    trainer = (rows_of(os.path.join(out_dir, "trainer.out")) +
+               rows_of(os.path.join(out_dir, "trainer_05b.out")))
     for r in trainer:
         if r.get("mode") not in ("trainer", "core"):
             continue

@@ -28,8 +28,10 @@
 // relay's forms its group). Figures are medians of --reps.
 //
 //   weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] [--fetch-chunk-kb N]
-//                     [--skip-grpc] [--quick] [--json]
+//                     [--skip-grpc] [--cpu-memory keep|return] [--quick] [--json]
 // --fetch-chunk-kb: FetchWeights' chunk (default: the trainer's, 256 KiB).
+// --cpu-memory: the process's malloc policy (bench_util.h), keep as relay's
+// binaries.
 // --quick = --clients 1 --bucket-mb 64 --reps 3. --json prints one JSON object
 // per result on stdout and the table on stderr.
 
@@ -466,6 +468,7 @@ int main(int argc, char** argv) {
   uint64_t fetch_chunk = 0;
   bool grpc = true;
   bool json = false;
+  const char* cpu_memory = nullptr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--clients" && i + 1 < argc) {
@@ -476,6 +479,8 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--fetch-chunk-kb" && i + 1 < argc) {
       fetch_chunk = static_cast<uint64_t>(std::atoll(argv[++i])) << 10;
+    } else if (a == "--cpu-memory" && i + 1 < argc) {
+      cpu_memory = argv[++i];
     } else if (a == "--skip-grpc") {
       grpc = false;
     } else if (a == "--quick") {
@@ -487,10 +492,13 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] "
-                   "[--fetch-chunk-kb N] [--skip-grpc] [--quick] [--json]\n");
+                   "[--fetch-chunk-kb N] [--skip-grpc] [--cpu-memory keep|return] [--quick] "
+                   "[--json]\n");
       return a == "--help" ? 0 : 2;
     }
   }
+  // As relay's binaries set it; before any thread.
+  relay::bench::configure_cpu_memory(cpu_memory);
   std::FILE* out = json ? stderr : stdout;  // the human-readable table
   spdlog::set_level(spdlog::level::warn);
   torch::set_num_threads(1);

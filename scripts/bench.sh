@@ -205,6 +205,11 @@ elif [ -x "$bin/trainer_bench" ]; then
   knows "$bin/trainer_bench" --json && args+=(--json)
   [ "$quick" = 1 ] && knows "$bin/trainer_bench" --quick && args+=(--quick)
   step trainer "$bin/trainer_bench" "${args[@]}"
+  # The realistic yardstick: a Qwen2.5-0.5B-shaped step (4 x 128), without
+  # the core loop's third copy of the model and optimizer (24 GB machines).
+  if [ "$quick" = 0 ] && knows "$bin/trainer_bench" --no-core; then
+    step trainer_05b "$bin/trainer_bench" --models qwen2.5-0.5b --no-core --json
+  fi
 else
   skip trainer "$bin/trainer_bench is not in this build"
 fi

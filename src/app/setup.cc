@@ -278,7 +278,7 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
   model::configure_threads(s.config.run.threads);
   RELAY_RETURN_IF_ERROR(model::apply_attention_choice(s.config.model.attn_implementation));
-  model::configure_cpu_memory();
+  RELAY_RETURN_IF_ERROR(model::configure_cpu_memory_from_env());
   // Only where choose_blas_kernels() could not help (an OpenBLAS built for
   // one CPU, or a failed restart): say once why products are slow.
   if (const model::BlasKernels blas = model::blas_kernels(); blas.below_cpu) {
@@ -287,6 +287,8 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   s.model_dir = dir;
   RELAY_RETURN_IF_ERROR(load_or_build_model(dir, s));
   RELAY_RETURN_IF_ERROR(place_on_device(s));
+  // The checkpoint's read and conversion buffers: nothing reuses them.
+  model::release_free_cpu_memory();
   // trainer.lora: every process of the run (trainer ranks, workers) attaches
   // the same adapters to the same base; a model loaded from an adapter
   // directory has them already (the trainer checks they match).

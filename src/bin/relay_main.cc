@@ -17,9 +17,11 @@ int main(int argc, char** argv) {
   using namespace relay::cli;
   // First: it may start the program again with other BLAS kernels.
   relay::model::choose_blas_kernels(argv);
-  // Before any thread starts: malloc's arena setting holds only for threads
-  // that have not allocated yet.
-  relay::model::configure_cpu_memory();
+  // Before any thread starts, and before any tensor is made.
+  if (const relay::Status s = relay::model::configure_cpu_memory_from_env(); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", "relay", std::string(s.message()).c_str());
+    return 2;
+  }
   relay::app::report_uncaught_exceptions("relay");
   CLI::App app{"relay: asynchronous RL post-training for LLMs"};
   app.require_subcommand(1);

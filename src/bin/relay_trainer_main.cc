@@ -90,9 +90,11 @@ std::optional<int> parse_flags(int argc, char** argv, relay::app::TrainerRunArgs
 int main(int argc, char** argv) {
   // First: it may start the program again with other BLAS kernels.
   relay::model::choose_blas_kernels(argv);
-  // Before any thread starts: malloc's arena setting holds only for threads
-  // that have not allocated yet.
-  relay::model::configure_cpu_memory();
+  // Before any thread starts, and before any tensor is made.
+  if (const relay::Status s = relay::model::configure_cpu_memory_from_env(); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", "relay-trainer", std::string(s.message()).c_str());
+    return 2;
+  }
   relay::app::report_uncaught_exceptions("relay-trainer");
   relay::app::TrainerRunArgs args;
   if (std::optional<int> code = parse_flags(argc, argv, args)) return *code;

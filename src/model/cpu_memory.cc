@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -75,10 +76,11 @@ void configure_cpu_memory(FreedMemory freed) {
       // falls back to the main arena's heap), and -1 turns trimming off.
       mallopt(M_MMAP_MAX, 0);
       mallopt(M_TRIM_THRESHOLD, -1);
-      // One arena: a thread's own arena maps every block over its 64 MiB
-      // heap size whatever M_MMAP_MAX says, and unmaps it when freed, so a
-      // decode loop or trainer on a thread of its own would fault as before.
-      mallopt(M_ARENA_MAX, 1);
+      // A thread other than the main one allocates from an arena of its
+      // own, which maps every block larger than its 64 MiB heaps whatever
+      // M_MMAP_MAX says. One arena for all threads would keep those too,
+      // but cost concurrent gRPC ingest 10-16% (ingest_bench, 4 clients):
+      // relay's binaries train and decode on their main threads.
       std::call_once(g_install, [] {
         // Never destroyed: tensors freed during static destruction still
         // call its deleter.
@@ -95,6 +97,26 @@ void configure_cpu_memory(FreedMemory freed) {
   }
 #else
   (void)freed;
+#endif
+}
+
+StatusOr<FreedMemory> cpu_memory_from_env() {
+  const char* v = std::getenv("RELAY_CPU_MEMORY");
+  const std::string value = v ? v : "";
+  if (value.empty() || value == "keep") return FreedMemory::kKeep;
+  if (value == "return") return FreedMemory::kReturn;
+  return InvalidArgumentError("RELAY_CPU_MEMORY: '" + value + "' is not keep or return");
+}
+
+Status configure_cpu_memory_from_env() {
+  RELAY_ASSIGN_OR_RETURN(const FreedMemory freed, cpu_memory_from_env());
+  configure_cpu_memory(freed);
+  return OkStatus();
+}
+
+void release_free_cpu_memory() {
+#ifdef M_MMAP_MAX
+  malloc_trim(0);
 #endif
 }
 

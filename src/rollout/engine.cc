@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "relay/model/cpu_memory.h"
 #include "relay/model/device.h"
 #include "relay/model/lora.h"
 #include "rollout/engine_state.h"
@@ -155,6 +156,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
     if (policy->model->embed_tokens->weight.scalar_type() != want) {
       torch::NoGradGuard no_grad;
       policy->to(want);
+      // The weights in the old dtype, which nothing will reuse.
+      model::release_free_cpu_memory();
     }
   }
   RELAY_ASSIGN_OR_RETURN(const model::KVCacheOptions kv, kv_cache_options(*policy, options));

@@ -18,15 +18,20 @@
 
 #include <cstdint>
 
+#include "relay/common/status.h"
+
 namespace relay::model {
 
 enum class FreedMemory {
-  // Every block comes from malloc's heap (no mmap per block; one arena for
-  // all threads) and the heap is never trimmed: freed memory stays resident
-  // for reuse, a freed block whole or split, merged with freed neighbours
-  // unless a live small allocation lies between them. So the heap can
-  // fragment: a Qwen2.5-0.5B training step peaked 5% higher than with
-  // kReturn. The resident set does not shrink between steps.
+  // Every block comes from malloc's heap (no mmap per block) and the heap is
+  // never trimmed: freed memory stays resident for reuse, a freed block
+  // whole or split, merged with freed neighbours unless a live small
+  // allocation lies between them. So the heap can fragment: a Qwen2.5-0.5B
+  // training step peaked 2.5-5% higher than with kReturn. The resident set
+  // does not shrink between steps. Exception: a thread other than the main
+  // one has an arena of its own, which maps (and unmaps) each block larger
+  // than its 64 MiB heaps whatever it is told; relay's binaries train and
+  // decode on their main threads.
   kKeep,
   // Blocks of 1 MiB and more are mapped on allocation and unmapped when
   // freed, and the heap is trimmed above 8 MiB free: the resident set
@@ -37,10 +42,26 @@ enum class FreedMemory {
 
 // Sets malloc's policy for this process, and with kKeep installs relay's
 // allocator as LibTorch's CPU allocator (for good: tensors made before keep
-// their own). Call at startup, before any other thread allocates (malloc's
-// one-arena setting does not move a thread that has its arena already);
-// calling it again is harmless.
+// their own). Call at startup, before other threads start; calling it again
+// is harmless.
 void configure_cpu_memory(FreedMemory freed = FreedMemory::kKeep);
+
+// The policy relay's binaries use: $RELAY_CPU_MEMORY, `keep` (the default,
+// also when unset or empty) or `return`; anything else is an error naming
+// the variable. The environment rather than the config: the policy must be
+// set before any thread starts, and a supervisor's children inherit it.
+StatusOr<FreedMemory> cpu_memory_from_env();
+
+// configure_cpu_memory() with that policy; the error, with nothing set,
+// when the variable holds something else.
+Status configure_cpu_memory_from_env();
+
+// Gives the freed memory malloc holds back to the system (malloc_trim):
+// after a one-time peak whose memory nothing will reuse, such as loading a
+// checkpoint in one dtype and converting it to another (a Qwen2.5-0.5B
+// worker kept 2.3 GB of load-time buffers resident without it). Not in a
+// loop: the next step would fault its pages in again.
+void release_free_cpu_memory();
 
 struct CpuMemoryStats {
   bool known = false;        // false where malloc cannot say (another allocator or libc)
