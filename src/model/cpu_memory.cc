@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -65,27 +66,14 @@ class HeapCpuAllocator final : public c10::Allocator {
 };
 
 std::once_flag g_install;
+std::atomic<bool> g_keep{false};  // the policy configure_cpu_memory set last
 
-}  // namespace
-
-void configure_cpu_memory(FreedMemory freed) {
-#ifdef M_MMAP_MAX
+void apply(FreedMemory freed) {
+#ifdef __GLIBC__
   switch (freed) {
     case FreedMemory::kKeep:
-      // No block gets a mapping of its own (a non-main thread's large block
-      // falls back to the main arena's heap), and -1 turns trimming off.
       mallopt(M_MMAP_MAX, 0);
       mallopt(M_TRIM_THRESHOLD, -1);
-      // A thread other than the main one allocates from an arena of its
-      // own, which maps every block larger than its 64 MiB heaps whatever
-      // M_MMAP_MAX says. One arena for all threads would keep those too,
-      // but cost concurrent gRPC ingest 10-16% (ingest_bench, 4 clients):
-      // relay's binaries train and decode on their main threads.
-      std::call_once(g_install, [] {
-        // Never destroyed: tensors freed during static destruction still
-        // call its deleter.
-        c10::SetCPUAllocator(new HeapCpuAllocator(), /*priority=*/1);
-      });
       break;
     case FreedMemory::kReturn:
       // A fixed threshold also turns off glibc's dynamic one, which would
@@ -98,6 +86,38 @@ void configure_cpu_memory(FreedMemory freed) {
 #else
   (void)freed;
 #endif
+}
+
+}  // namespace
+
+void configure_cpu_memory(FreedMemory freed) {
+  // kKeep: no block gets a mapping of its own and the heap is never trimmed
+  // (-1). A thread other than the main one allocates from an arena of its
+  // own, which maps every block larger than its 64 MiB heaps whatever
+  // M_MMAP_MAX says. One arena for all threads would keep those too, but
+  // cost concurrent gRPC ingest 10-16% (ingest_bench, 4 clients): relay's
+  // binaries train and decode on their main threads.
+  apply(freed);
+  g_keep = freed == FreedMemory::kKeep;
+  if (freed == FreedMemory::kKeep) {
+    std::call_once(g_install, [] {
+      // Never destroyed: tensors freed during static destruction still call
+      // its deleter.
+      c10::SetCPUAllocator(new HeapCpuAllocator(), /*priority=*/1);
+    });
+  }
+}
+
+ReturnFreedMemoryScope::ReturnFreedMemoryScope() : was_keep_(g_keep.load()) {
+  if (!was_keep_) return;
+  apply(FreedMemory::kReturn);
+  // And what the heap holds freed: resident beside the one-off buffers, it
+  // would add the last step's temporaries to their peak.
+  release_free_cpu_memory();
+}
+
+ReturnFreedMemoryScope::~ReturnFreedMemoryScope() {
+  if (was_keep_) apply(FreedMemory::kKeep);
 }
 
 StatusOr<FreedMemory> cpu_memory_from_env() {
@@ -115,7 +135,7 @@ Status configure_cpu_memory_from_env() {
 }
 
 void release_free_cpu_memory() {
-#ifdef M_MMAP_MAX
+#ifdef __GLIBC__
   malloc_trim(0);
 #endif
 }
@@ -127,6 +147,7 @@ CpuMemoryStats cpu_memory_stats() {
   s.known = true;
   s.in_use_bytes = static_cast<int64_t>(m.uordblks + m.hblkhd);
   s.free_bytes = static_cast<int64_t>(m.fordblks);
+  s.mapped_bytes = static_cast<int64_t>(m.hblkhd);
 #endif
   return s;
 }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "relay/common/file_io.h"
+#include "relay/model/cpu_memory.h"
 
 namespace relay::trainer {
 namespace fs = std::filesystem;
@@ -129,6 +130,9 @@ std::string checkpoint_dir_name(int64_t rl_step) {
 StatusOr<CheckpointInfo> write_checkpoint(const std::string& root, const Trainer& trainer,
                                           CheckpointInfo meta, model::SaveOptions save_options,
                                           const CheckpointRetention& retention) {
+  // The optimizer's state serialized into a string, the weights converted
+  // for writing: large one-off buffers, grown by realloc (cpu_memory.h).
+  model::ReturnFreedMemoryScope one_off;
   CheckpointInfo info = std::move(meta);
   info.version = trainer.version();
   info.dir = (fs::path(root) / checkpoint_dir_name(info.rl_step)).string();
@@ -223,6 +227,7 @@ StatusOr<std::optional<CheckpointInfo>> best_checkpoint(const std::string& root)
 }
 
 Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer, std::string* state) {
+  model::ReturnFreedMemoryScope one_off;  // the files' read buffers (cpu_memory.h)
   const std::string path = (fs::path(info.dir) / kTrainerStateFile).string();
   RELAY_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
   RELAY_RETURN_IF_ERROR(trainer.restore_state(bytes, path));

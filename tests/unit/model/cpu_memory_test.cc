@@ -100,5 +100,22 @@ TEST_F(CpuMemoryTest, ReleaseGivesTheFreedMemoryBack) {
   faults_of_a_second_pass(64 * kMiB, 2);
 }
 
+TEST_F(CpuMemoryTest, AReturnScopeMapsNewBlocksAndRestoresThePolicy) {
+  const CpuMemoryStats start = cpu_memory_stats();
+  if (!start.known) GTEST_SKIP() << "malloc here does not report (not glibc 2.33+)";
+  // Larger than all the freed memory malloc holds, so no freed chunk can
+  // serve it: inside the scope it gets a mapping of its own, outside it
+  // comes from the heap.
+  const int64_t bytes = start.free_bytes + 64 * kMiB;
+  {
+    ReturnFreedMemoryScope one_off;
+    at::Tensor t = at::empty({bytes / 4}, at::kFloat);
+    EXPECT_GE(cpu_memory_stats().mapped_bytes - start.mapped_bytes, bytes);
+  }
+  EXPECT_EQ(cpu_memory_stats().mapped_bytes, start.mapped_bytes) << "unmapped when freed";
+  at::Tensor t = at::empty({bytes / 4}, at::kFloat);
+  EXPECT_EQ(cpu_memory_stats().mapped_bytes, start.mapped_bytes) << "kKeep again after the scope";
+}
+
 }  // namespace
 }  // namespace relay::model
