@@ -193,9 +193,9 @@ inline std::vector<std::string> split(const std::string& s) {
 // way. Returns the choice's name.
 inline std::string configure_cpu_memory(const char* value) {
   const std::string v = value ? value : "keep";
-  if (v != "keep" && v != "return") fail("--cpu-memory: '" + v + "' is not keep or return");
-  model::configure_cpu_memory(v == "keep" ? model::FreedMemory::kKeep
-                                          : model::FreedMemory::kReturn);
+  const StatusOr<model::FreedMemory> freed = model::parse_freed_memory(v, "--cpu-memory");
+  if (!freed.ok()) fail(std::string(freed.status().message()));
+  model::configure_cpu_memory(*freed);
   return v;
 }
 

@@ -64,9 +64,9 @@
 // Python process gets the same settings. Shapes: 8x128 and 32x128 for tiny,
 // 8x128 and 16x128 for qwen2-100m (a 32x128 step of it is 2.5 TFLOP, half a
 // minute here), 4x128 for qwen2.5-0.5b and model directories; --shapes sets
-// them for every model. Timed repetitions: 9
-// (tiny), 5 (qwen2-100m up to 1024 tokens a step), 3 (larger, and
-// --model-dir); --quick: 1, and only the first shape of qwen2-100m.
+// them for every model. Timed repetitions: 9 (tiny), 5 (qwen2-100m up to
+// 1024 tokens a step), 3 (larger, and --model-dir); --quick: 1, and only
+// the first shape of qwen2-100m.
 
 #include <sys/resource.h>
 #include <torch/torch.h>

@@ -120,12 +120,15 @@ ReturnFreedMemoryScope::~ReturnFreedMemoryScope() {
   if (was_keep_) apply(FreedMemory::kKeep);
 }
 
-StatusOr<FreedMemory> cpu_memory_from_env() {
-  const char* v = std::getenv("RELAY_CPU_MEMORY");
-  const std::string value = v ? v : "";
+StatusOr<FreedMemory> parse_freed_memory(const std::string& value, const std::string& where) {
   if (value.empty() || value == "keep") return FreedMemory::kKeep;
   if (value == "return") return FreedMemory::kReturn;
-  return InvalidArgumentError("RELAY_CPU_MEMORY: '" + value + "' is not keep or return");
+  return InvalidArgumentError(where + ": '" + value + "' is not keep or return");
+}
+
+StatusOr<FreedMemory> cpu_memory_from_env() {
+  const char* v = std::getenv("RELAY_CPU_MEMORY");
+  return parse_freed_memory(v ? v : "", "RELAY_CPU_MEMORY");
 }
 
 Status configure_cpu_memory_from_env() {

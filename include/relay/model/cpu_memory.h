@@ -17,6 +17,7 @@
 // freed heap (src/model/cpu_memory.cc).
 
 #include <cstdint>
+#include <string>
 
 #include "relay/common/status.h"
 
@@ -51,6 +52,9 @@ void configure_cpu_memory(FreedMemory freed = FreedMemory::kKeep);
 // the variable. The environment rather than the config: the policy must be
 // set before any thread starts, and a supervisor's children inherit it.
 StatusOr<FreedMemory> cpu_memory_from_env();
+
+// `keep` or `return` (empty = keep); an error naming `where` otherwise.
+StatusOr<FreedMemory> parse_freed_memory(const std::string& value, const std::string& where);
 
 // configure_cpu_memory() with that policy; the error, with nothing set,
 // when the variable holds something else.
