@@ -185,7 +185,6 @@ inline std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-// OpenBLAS keeps its own pthread pool next to LibTorch's OpenMP one. It is
 // --cpu-memory keep|return (default keep): how the process holds freed
 // memory, set as relay's binaries set it (model::configure_cpu_memory;
 // `return` is relay's policy before 2026-11-29: every block of 1 MiB and up
@@ -199,6 +198,7 @@ inline std::string configure_cpu_memory(const char* value) {
   return v;
 }
 
+// OpenBLAS keeps its own pthread pool next to LibTorch's OpenMP one. It is
 // whatever libblas.so.3 resolves to at run time, so its setter is looked up,
 // not linked. Sets it when set > 0; returns the count, -1 when the BLAS is
 // not OpenBLAS.

@@ -22,6 +22,7 @@
 //
 //   episode_bench [--model tiny|qwen2-100m] [--slots B] [--episodes S] [--turns T]
 //                 [--new N] [--obs O] [--latency-ms 0,5,20,50] [--reps R]
+//                 [--cpu-memory keep|return]
 
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -175,10 +176,11 @@ Result run_episodes(const Workload& w, model::Policy& policy, int latency_ms) {
 
 int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);  // first: it may start the program again
-  relay::bench::expect_flags(
-      argc, argv,
-      {"--episodes", "--latency-ms", "--model", "--new", "--obs", "--reps", "--slots", "--turns"},
-      {});
+  relay::bench::configure_cpu_memory(relay::bench::flag(argc, argv, "--cpu-memory"));
+  relay::bench::expect_flags(argc, argv,
+                             {"--cpu-memory", "--episodes", "--latency-ms", "--model", "--new",
+                              "--obs", "--reps", "--slots", "--turns"},
+                             {});
   using namespace relay;
   using namespace relay::bench;
   const model::ThreadSettings threads = model::configure_threads(0);

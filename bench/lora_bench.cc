@@ -8,7 +8,8 @@
 // that merge's time. Results: docs/BENCHMARKS.md.
 //
 //   lora_bench [--models tiny,qwen2-100m,qwen2.5-0.5b] [--rank R] [--targets all-linear]
-//              [--shape BxT] [--reps N] [--decode-tokens N] [--json]
+//              [--shape BxT] [--reps N] [--decode-tokens N] [--cpu-memory keep|return]
+//              [--json]
 //
 // Full and LoRA steps alternate, each from a fresh trainer over the same base
 // weights; step time is the median of --reps timed steps after one untimed
@@ -103,8 +104,10 @@ double decode_seconds(const Policy& policy, int tokens) {
 
 int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);  // first: it may start the program again
+  relay::bench::configure_cpu_memory(relay::bench::flag(argc, argv, "--cpu-memory"));
   relay::bench::expect_flags(
-      argc, argv, {"--decode-tokens", "--models", "--rank", "--reps", "--shape", "--targets"},
+      argc, argv,
+      {"--cpu-memory", "--decode-tokens", "--models", "--rank", "--reps", "--shape", "--targets"},
       {"--json"});
   const std::vector<std::string> models = relay::bench::split(
       flag(argc, argv, "--models") ? flag(argc, argv, "--models") : "qwen2-100m,qwen2.5-0.5b");

@@ -11,7 +11,7 @@
 // rows x longest row when packed.
 //
 //   packing_bench [--model tiny|qwen2-100m] [--rows B] [--median N] [--max-new N]
-//                 [--budget TOKENS] [--reps R] [--json]
+//                 [--budget TOKENS] [--reps R] [--cpu-memory keep|return] [--json]
 //
 // The padded and packed steps alternate, each from a fresh trainer over the
 // same weights; the ratio is the median of the per-repetition ratios.
@@ -62,8 +62,11 @@ Padding padding_of(const TrainBatch& batch, int64_t budget, bool packed) {
 
 int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);  // first: it may start the program again
+  relay::bench::configure_cpu_memory(relay::bench::flag(argc, argv, "--cpu-memory"));
   relay::bench::expect_flags(
-      argc, argv, {"--model", "--rows", "--median", "--max-new", "--budget", "--reps"}, {"--json"});
+      argc, argv,
+      {"--cpu-memory", "--model", "--rows", "--median", "--max-new", "--budget", "--reps"},
+      {"--json"});
   const std::string model =
       flag(argc, argv, "--model") ? flag(argc, argv, "--model") : "qwen2-100m";
   auto number = [&](const char* name, int64_t fallback) {

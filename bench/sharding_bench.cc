@@ -16,7 +16,8 @@
 //
 //   sharding_bench [--models tiny,qwen2-100m,qwen2.5-0.5b] [--worlds 1,2,4]
 //                  [--shardings none,optimizer,full] [--shape BxT] [--reps R]
-//                  [--dtype fp32|bf16] [--checkpointing] [--critic] [--json]
+//                  [--dtype fp32|bf16] [--checkpointing] [--critic]
+//                  [--cpu-memory keep|return] [--json]
 //
 // --critic measures PPO's critic instead (advantage.estimator gae against
 // grpo, back to back for each model, world size and sharding, both with the
@@ -202,8 +203,10 @@ std::vector<TrajectoryGroup> synthetic_batch(const PolicyConfig& config, int64_t
 
 int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);  // first: it may start the program again
+  relay::bench::configure_cpu_memory(relay::bench::flag(argc, argv, "--cpu-memory"));
   relay::bench::expect_flags(
-      argc, argv, {"--dtype", "--models", "--reps", "--shape", "--shardings", "--worlds"},
+      argc, argv,
+      {"--cpu-memory", "--dtype", "--models", "--reps", "--shape", "--shardings", "--worlds"},
       {"--checkpointing", "--critic", "--json"});
   const std::vector<std::string> models = relay::bench::split(
       flag(argc, argv, "--models") ? flag(argc, argv, "--models") : "qwen2-100m,qwen2.5-0.5b");

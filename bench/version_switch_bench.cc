@@ -37,7 +37,10 @@
 // buffer, which copy the same.
 //
 //   version_switch_bench [--models tiny,qwen2-100m] [--batch 8] [--in-flight W]
-//                        [--policies recompute,keep,restart] [--reps R] [--quick] [--json]
+//                        [--policies recompute,keep,restart] [--reps R] [--quick]
+//                        [--cpu-memory keep|return] [--json]
+// --cpu-memory: the malloc policy, as relay's binaries set it (bench_util.h);
+// default keep, set before the first model is built.
 // Defaults: W = 32, R = 7 for tiny and 5 for qwen2-100m; --quick: R = 3 and
 // policies recompute,keep. Threads as relay's binaries (model::configure_threads).
 
@@ -185,6 +188,7 @@ int main(int argc, char** argv) {
   int64_t in_flight = 32;
   int reps = 0;  // 0 = per model
   bool json = false;
+  const char* cpu_memory = nullptr;  // keep
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
@@ -203,14 +207,17 @@ int main(int argc, char** argv) {
       policies = {"recompute", "keep"};
     } else if (a == "--json") {
       json = true;
+    } else if (a == "--cpu-memory" && has_value) {
+      cpu_memory = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: version_switch_bench [--models tiny,qwen2-100m] [--batch 8] "
                    "[--in-flight 32] [--policies recompute,keep,restart] [--reps R] [--quick] "
-                   "[--json]\n");
+                   "[--cpu-memory keep|return] [--json]\n");
       return a == "--help" ? 0 : 2;
     }
   }
+  relay::bench::configure_cpu_memory(cpu_memory);
   std::FILE* out = json ? stderr : stdout;
   const model::ThreadSettings threads = model::configure_threads(0);
   const auto begin = Clock::now();
