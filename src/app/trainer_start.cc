@@ -86,7 +86,7 @@ StatusOr<Started> resume(TrainerContext& c, const trainer::CheckpointInfo& info,
   Started r;
   RELAY_ASSIGN_OR_RETURN(r.trainer, trainer::Trainer::create(c.s.policy, c.options, info.version,
                                                              reference, c.data_parallel(), critic));
-  RELAY_RETURN_IF_ERROR(trainer::restore_checkpoint(info, *r.trainer, nullptr));
+  RELAY_RETURN_IF_ERROR(trainer::restore_checkpoint(info, *r.trainer));
   r.rl_start_version = info.rl_start_version;
   r.state.rl_step = info.rl_step;
   // The store goes back to where it stood at the checkpoint: groups that

@@ -130,13 +130,12 @@ std::string checkpoint_dir_name(int64_t rl_step) {
 StatusOr<CheckpointInfo> write_checkpoint(const std::string& root, const Trainer& trainer,
                                           CheckpointInfo meta, model::SaveOptions save_options,
                                           const CheckpointRetention& retention) {
-  // The optimizer's state serialized into a string, the weights converted
-  // for writing: large one-off buffers, grown by realloc (cpu_memory.h).
+  // The weights converted for writing and the archive's own buffers:
+  // one-off, freed at the end (cpu_memory.h).
   model::ReturnFreedMemoryScope one_off;
   CheckpointInfo info = std::move(meta);
   info.version = trainer.version();
   info.dir = (fs::path(root) / checkpoint_dir_name(info.rl_step)).string();
-  RELAY_ASSIGN_OR_RETURN(save_options.extra_files[kTrainerStateFile], trainer.save_state());
   nlohmann::json j = {{"version", info.version},
                       {"rl_step", info.rl_step},
                       {"rl_start_version", info.rl_start_version},
@@ -149,14 +148,21 @@ StatusOr<CheckpointInfo> write_checkpoint(const std::string& root, const Trainer
   save_options.extra_files[kCheckpointInfoFile] = j.dump(2) + "\n";
   save_options.extra_files[kDispenserStateFile] = info.dispenser_state;
   save_options.overwrite = true;
-  if (model::ValueModel critic = trainer.critic()) {
-    model::SaveOptions co;
-    co.dtype = save_options.dtype;
-    co.max_shard_bytes = save_options.max_shard_bytes;
-    save_options.write_more = [critic, co](const std::string& staging) mutable {
-      return model::save_value_model(*critic, (fs::path(staging) / kCriticDir).string(), co);
-    };
-  }
+  // The trainer state is streamed into the staging directory (never a
+  // string of its whole size), then the critic's directory, if any.
+  // trainer.critic() is read after save_state_to_file: under sharding
+  // full it is the host copy that the save refreshes.
+  model::SaveOptions critic_options;
+  critic_options.dtype = save_options.dtype;
+  critic_options.max_shard_bytes = save_options.max_shard_bytes;
+  save_options.write_more = [&trainer, critic_options](const std::string& staging) {
+    RELAY_RETURN_IF_ERROR(
+        trainer.save_state_to_file((fs::path(staging) / kTrainerStateFile).string()));
+    model::ValueModel critic = trainer.critic();
+    if (!critic) return OkStatus();
+    return model::save_value_model(*critic, (fs::path(staging) / kCriticDir).string(),
+                                   critic_options);
+  };
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
@@ -226,16 +232,14 @@ StatusOr<std::optional<CheckpointInfo>> best_checkpoint(const std::string& root)
   return best_of(all);
 }
 
-Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer, std::string* state) {
-  model::ReturnFreedMemoryScope one_off;  // the files' read buffers (cpu_memory.h)
+Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer) {
+  model::ReturnFreedMemoryScope one_off;  // the archive's read buffers (cpu_memory.h)
   const std::string path = (fs::path(info.dir) / kTrainerStateFile).string();
-  RELAY_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
-  RELAY_RETURN_IF_ERROR(trainer.restore_state(bytes, path));
+  RELAY_RETURN_IF_ERROR(trainer.restore_state_from_file(path));
   if (trainer.version() != info.version) {
     return DataLossError(absl::StrCat(path, ": holds version ", trainer.version(), ", ",
                                       kCheckpointInfoFile, " says ", info.version));
   }
-  if (state != nullptr) *state = std::move(bytes);
   return OkStatus();
 }
 

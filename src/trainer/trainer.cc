@@ -1,6 +1,9 @@
 #include "relay/trainer/trainer.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "relay/common/file_io.h"
 #include "relay/model/lora.h"
 #include "relay/model/torch_error.h"
 #include "trainer/critic.h"
@@ -152,16 +156,59 @@ Status load_archive(const std::string& bytes, const std::string& path,
   }
   return OkStatus();
 }
+
+// The torch archive in the file `path`, read by the archive piece by piece
+// (pread) as it loads: the tensors are the only copy in memory.
+Status load_archive_file(const std::string& path, torch::serialize::InputArchive& archive) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::ErrnoToStatus(errno, path + ": cannot open");
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return absl::ErrnoToStatus(errno, path + ": cannot stat");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size == 0) {
+    return DataLossError(absl::StrCat(path, ": empty file (0 bytes), not a trainer state"));
+  }
+  int read_errno = 0;
+  auto read = [&](uint64_t pos, void* buf, size_t n) -> size_t {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r =
+          ::pread(fd, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(pos + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) read_errno = errno;
+      if (r <= 0) break;
+      done += static_cast<size_t>(r);
+    }
+    return done;
+  };
+  try {
+    archive.load_from(read, [size]() -> size_t { return size; });
+  } catch (const std::exception& e) {
+    if (read_errno != 0) return absl::ErrnoToStatus(read_errno, path + ": read failed");
+    return DataLossError(absl::StrCat(
+        path, ": truncated or corrupt (", size,
+        " bytes are not a readable torch archive: ", model::exception_message(e), ")"));
+  }
+  return OkStatus();
+}
 }  // namespace
 
-StatusOr<std::string> Trainer::save_state() const {
+Status Trainer::write_state(const std::function<size_t(const void*, size_t)>& write,
+                            bool* wrote) const {
+  *wrote = false;
   // A half-updated policy must not become a checkpoint (see step()).
   RELAY_RETURN_IF_ERROR(broken_);
   if (optimizer_->save_is_collective()) {
     // Rank 0 tells the other ranks to take part; they gather into it.
     if (dp_.lead) RELAY_RETURN_IF_ERROR(dp_.lead("save_state", {}));
   }
-  std::ostringstream out;
   try {
     torch::serialize::OutputArchive archive;
     archive.write("format", scalar_tensor(1));
@@ -175,13 +222,51 @@ StatusOr<std::string> Trainer::save_state() const {
       RELAY_RETURN_IF_ERROR(critic_->save(critic));
       archive.write("critic", critic);
     }
-    if (optimizer_->save_is_collective() && dp_.rank() != 0) return std::string();
-    archive.save_to(out);
+    if (optimizer_->save_is_collective() && dp_.rank() != 0) return OkStatus();
+    archive.save_to(write);
+    *wrote = true;
   } catch (const std::exception& e) {
     return InternalError(
         absl::StrCat("cannot serialize the trainer state: ", model::exception_message(e)));
   }
-  return out.str();
+  return OkStatus();
+}
+
+StatusOr<std::string> Trainer::save_state() const {
+  std::string out;
+  bool wrote = false;
+  RELAY_RETURN_IF_ERROR(write_state(
+      [&out](const void* data, size_t n) {
+        out.append(static_cast<const char*>(data), n);
+        return n;
+      },
+      &wrote));
+  return out;
+}
+
+Status Trainer::save_state_to_file(const std::string& path) const {
+  if (optimizer_->save_is_collective() && dp_.rank() != 0) {
+    return FailedPreconditionError(absl::StrCat(
+        path, ": rank ", dp_.rank(), " cannot write the trainer state; rank 0 writes it"));
+  }
+  AtomicFile file(path);
+  RELAY_RETURN_IF_ERROR(file.open());
+  // The first write error is kept (a full disk, naming the file) and the
+  // rest of the archive is taken and dropped: a short count would make the
+  // archive throw, and LibTorch's writer can throw again from its
+  // destructor and end the process (pytorch/pytorch#175248).
+  Status written = OkStatus();
+  bool wrote = false;
+  const Status s = write_state(
+      [&](const void* data, size_t n) -> size_t {
+        if (written.ok()) written = file.write(data, n);
+        return n;
+      },
+      &wrote);
+  RELAY_RETURN_IF_ERROR(written);
+  RELAY_RETURN_IF_ERROR(s);
+  if (!wrote) return InternalError(absl::StrCat(path, ": the trainer state was not written"));
+  return file.commit();
 }
 
 Status Trainer::restore_state(const std::string& bytes, const std::string& path) {
@@ -190,6 +275,17 @@ Status Trainer::restore_state(const std::string& bytes, const std::string& path)
   RELAY_RETURN_IF_ERROR(broken_);
   torch::serialize::InputArchive archive;
   RELAY_RETURN_IF_ERROR(load_archive(bytes, path, archive));
+  return restore_archive(archive, path);
+}
+
+Status Trainer::restore_state_from_file(const std::string& path) {
+  RELAY_RETURN_IF_ERROR(broken_);
+  torch::serialize::InputArchive archive;
+  RELAY_RETURN_IF_ERROR(load_archive_file(path, archive));
+  return restore_archive(archive, path);
+}
+
+Status Trainer::restore_archive(torch::serialize::InputArchive& archive, const std::string& path) {
   double format = 0, kl_coef = 0, entropy_coef = 0;
   int64_t version = 0, steps = 0;
   // Scalars are taken out here too: item() of a damaged entry throws.

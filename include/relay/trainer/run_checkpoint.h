@@ -3,8 +3,9 @@
 // Resumable run checkpoints. <root>/step_<NNNNNN>/ (the RL step, zero-padded
 // to six digits) is an HF-layout model directory (config.json, safetensors,
 // the tokenizer files), so other tools load it as is, plus relay's own:
-//   trainer_state.pt      Trainer::save_state(): AdamW moments, step count,
-//                         fp32 masters, adaptive coefficients
+//   trainer_state.pt      Trainer::save_state_to_file(): AdamW moments, step
+//                         count, fp32 masters, adaptive coefficients (streamed
+//                         to the file, and back, never held whole in memory)
 //   checkpoint.json       version, RL step, the version RL started from, the
 //                         run seed, eval accuracy at this step (if evaluated),
 //                         and the rollout store's position
@@ -88,9 +89,8 @@ StatusOr<std::optional<CheckpointInfo>> latest_checkpoint(
 StatusOr<std::optional<CheckpointInfo>> best_checkpoint(const std::string& root);
 
 // Reads the trainer state file of `info` into `trainer` (built over the
-// policy loaded from info.dir). The file's bytes go to `state` when given
-// (the other trainer ranks restore the same).
-Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer,
-                          std::string* state = nullptr);
+// policy loaded from info.dir), streamed from the file
+// (Trainer::restore_state_from_file).
+Status restore_checkpoint(const CheckpointInfo& info, Trainer& trainer);
 
 }  // namespace relay::trainer

@@ -45,6 +45,10 @@
 #include "relay/trainer/policy_loss.h"
 #include "relay/trainer/rollout_correction.h"
 
+namespace torch::serialize {
+class InputArchive;
+}  // namespace torch::serialize
+
 namespace relay::trainer {
 
 // What the update runs on (src/trainer/optimizer.h).
@@ -141,11 +145,22 @@ class Trainer {
   // ranks through DataParallel::lead ("save_state"), they call it too and
   // get an empty string, and rank 0 gets the whole state.
   StatusOr<std::string> save_state() const;
+  // The same archive streamed into the file `path` as it is serialized
+  // (common/file_io.h's AtomicFile: PATH.tmp, fsync, rename), so the state
+  // is never held twice in memory: a 0.5B model's AdamW state is 4 GB,
+  // and a string grown to that size by realloc peaks near twice it. Rank
+  // 0's call (the others take part through save_state()); on any error
+  // `path` is left as it was and the error names it.
+  Status save_state_to_file(const std::string& path) const;
   // Restores what save_state wrote (`path` names it in errors), for a
   // trainer built with the same options over the policy the checkpoint's
   // weights were loaded into. Checks counts and shapes; on error nothing
   // is changed. Each rank restores alone (a sharded one keeps its part).
   Status restore_state(const std::string& bytes, const std::string& path);
+  // restore_state from the file `path`, read by the archive as it loads
+  // (the file is not read into memory first). NotFound when it is missing;
+  // DataLoss, naming it, when it is empty, cut short or not an archive.
+  Status restore_state_from_file(const std::string& path);
 
   int64_t version() const { return version_; }
   // The coefficients the controllers will use for the next step.
@@ -171,6 +186,13 @@ class Trainer {
   // weights), and with gae the critic (`critic`, or one from the policy);
   // the constructor's second half, which can fail.
   Status shard_and_make_optimizer(model::ValueModel critic);
+
+  // save_state's archive, written through `write` (the archive's writer:
+  // bytes in, the count taken back, 0 for a failure). A follower of a
+  // collective save takes part and writes nothing (`*wrote` false).
+  Status write_state(const std::function<size_t(const void*, size_t)>& write, bool* wrote) const;
+  // restore_state's second half, on a loaded archive (`path` for errors).
+  Status restore_archive(torch::serialize::InputArchive& archive, const std::string& path);
 
   // The exception boundary of step() and sft_step() (trainer.cc): runs
   // `body`; an exception becomes a Status, and a failure after one of

@@ -1,15 +1,20 @@
 #include "relay/trainer/run_checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "relay/common/file_io.h"
 #include "relay/rollout/engine.h"
 #include "testing/tensor_testing.h"
 
@@ -288,6 +293,147 @@ TEST(RunCheckpointTest, CorruptStateIsAnErrorThatNamesTheFile) {
   auto latest = latest_checkpoint(root);
   EXPECT_EQ(latest.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(std::string(latest.status().message()).find(kCheckpointInfoFile), std::string::npos);
+}
+
+// This process's VmRSS or VmHWM (its peak RSS) in bytes, from
+// /proc/self/status; writing 5 to /proc/self/clear_refs resets the peak.
+int64_t proc_status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  ADD_FAILURE() << "/proc/self/status has no " << field;
+  return -1;
+}
+
+// The peak RSS a call adds over the RSS before it (the peak reset first).
+int64_t peak_growth(const std::function<void()>& call) {
+  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  const int64_t before = proc_status_bytes("VmRSS");
+  EXPECT_LE(proc_status_bytes("VmHWM"), before + (1 << 20)) << "the peak was not reset";
+  call();
+  return proc_status_bytes("VmHWM") - before;
+}
+
+// The trainer state goes to its file as the archive is serialized, and
+// comes back from it as the archive loads, never held whole in a string:
+// writing adds a small fraction of the file to the process's peak, where
+// save_state() adds at least the whole file. A 38-MB model, whose AdamW
+// state is 76 MB, so that the archive's own small buffers do not
+// matter. The restored trainer takes the same next step as one restored
+// from save_state()'s bytes.
+TEST(TrainerStateFileTest, StreamsTheStateWithoutACopyOfItInMemory) {
+  const std::string dir = fresh_dir("state_memory");
+  std::filesystem::create_directories(dir);
+  model::PolicyConfig config = TinyConfig();
+  config.hidden_size = 512;
+  config.intermediate_size = 1024;
+  config.num_hidden_layers = 4;
+  model::Policy policy(config);
+  model::init_weights(*policy, 3, 0.02);
+  policy->eval();
+  auto groups = sample_groups(policy);
+  auto t = Trainer::create(model::clone_policy(*policy), options()).value();
+  train(*t, groups, 1);
+  const std::string path = dir + "/" + kTrainerStateFile;
+
+  Status saved;
+  const int64_t streamed = peak_growth([&] { saved = t->save_state_to_file(path); });
+  ASSERT_TRUE(saved.ok()) << saved;
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
+  ASSERT_GT(size, 64 << 20) << "AdamW's two moments of 9.5M parameters";
+  std::string bytes;
+  const int64_t in_memory = peak_growth([&] { bytes = t->save_state().value(); });
+  EXPECT_GE(in_memory, size) << "the measurement sees a string of the state";
+  EXPECT_LT(streamed, size / 8) << "streamed: " << streamed << " bytes of peak for " << size;
+
+  // Over the weights the state was saved with, as a resume loads them.
+  auto from_file = Trainer::create(model::clone_policy(*t->policy()), options(), 1).value();
+  auto from_bytes = Trainer::create(model::clone_policy(*t->policy()), options(), 1).value();
+  Status restored;
+  const int64_t loaded = peak_growth([&] { restored = from_file->restore_state_from_file(path); });
+  ASSERT_TRUE(restored.ok()) << restored;
+  std::printf(
+      "trainer state %.1f MB; peak RSS added: streamed %.1f MB, as a string %.1f MB, "
+      "restored from the file %.1f MB\n",
+      size / 1e6, streamed / 1e6, in_memory / 1e6, loaded / 1e6);
+  // The tensors read are the state the trainer now holds: one copy.
+  EXPECT_LT(loaded, size + size / 4) << "restored: " << loaded << " bytes of peak for " << size;
+  ASSERT_TRUE(from_bytes->restore_state(bytes, "bytes").ok());
+  EXPECT_EQ(from_file->version(), 1);
+  train(*from_file, groups, 1);
+  train(*from_bytes, groups, 1);
+  train(*t, groups, 1);
+  auto a = from_file->policy()->named_parameters();
+  auto b = from_bytes->policy()->named_parameters();
+  auto c = t->policy()->named_parameters();
+  for (const auto& p : a) {
+    SCOPED_TRACE(p.key());
+    EXPECT_TRUE(torch::equal(p.value(), b[p.key()]));
+    EXPECT_TRUE(torch::equal(p.value(), c[p.key()]));
+  }
+  std::filesystem::remove_all(dir);  // 76 MB
+}
+
+// A state file that cannot be written in full (here the process's file
+// size limit, as a full disk would) is an error naming the file; the file
+// it would have replaced is still there, whole, and no temporary is left.
+// write_checkpoint then leaves no step directory and no staging one.
+TEST(TrainerStateFileTest, AFailedWriteLeavesTheOldFileAndNoCheckpoint) {
+  const std::string root = fresh_dir("state_write_fails");
+  model::Policy policy = make_policy();
+  auto groups = sample_groups(policy);
+  auto t = Trainer::create(policy, options()).value();
+  train(*t, groups, 1);
+  CheckpointInfo meta;
+  meta.rl_step = 1;
+  const CheckpointInfo first = write_checkpoint(root, *t, meta, {}, {5, false}).value();
+  const std::string path = first.dir + "/" + kTrainerStateFile;
+  const std::string old_bytes = read_file(path).value();
+  const auto weights = std::filesystem::file_size(first.dir + "/model.safetensors");
+  const uint64_t limit = weights + 4096;
+  ASSERT_GT(old_bytes.size(), limit) << "the limit must fall inside the trainer state";
+  train(*t, groups, 1);
+
+  struct rlimit was {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &was), 0);
+  auto* const old_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  struct rlimit capped = was;
+  capped.rlim_cur = limit;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &capped), 0);
+  const Status direct = t->save_state_to_file(path);
+  meta.rl_step = 2;
+  const StatusOr<CheckpointInfo> second = write_checkpoint(root, *t, meta, {}, {5, false});
+  ::setrlimit(RLIMIT_FSIZE, &was);
+  std::signal(SIGXFSZ, old_handler);
+
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(std::string(direct.message()).rfind(path + ".tmp: write failed", 0), 0u) << direct;
+  EXPECT_EQ(read_file(path).value(), old_bytes);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(std::string(second.status().message()).find(kTrainerStateFile), std::string::npos)
+      << second.status();
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    left.push_back(e.path().filename().string());
+  }
+  EXPECT_EQ(left, std::vector<std::string>{"step_000001"});
+  auto latest = latest_checkpoint(root).value();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->rl_step, 1);
+  EXPECT_TRUE(restore_checkpoint(*latest, *Trainer::create(make_policy(), options()).value()).ok());
+}
+
+TEST(TrainerStateFileTest, AMissingFileIsNotFoundAndNamed) {
+  const std::string dir = fresh_dir("state_missing");
+  auto t = Trainer::create(make_policy(), options()).value();
+  const Status s = t->restore_state_from_file(dir + "/trainer_state.pt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), dir + "/trainer_state.pt: no such file");
+  EXPECT_EQ(t->version(), 0);
 }
 
 }  // namespace
