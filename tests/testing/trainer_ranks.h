@@ -237,7 +237,10 @@ inline double relative_difference(const RankResult& run, const RankResult& refer
 
 // Every rank ends with the same weights and metrics, and the update equals
 // `single`'s: the change of the flattened weights from `before_flat` within
-// `tolerance` of its largest element (the metrics likewise).
+// `tolerance` of its largest element (the metrics likewise). A rank that
+// failed (its status) is a fatal failure here: wrap the call in
+// ASSERT_NO_FATAL_FAILURE, so that the test stops instead of reading the
+// failed rank's empty results.
 inline void expect_same_training(const RankResult& single, const std::vector<RankResult>& ranks,
                                  const at::Tensor& before_flat, double tolerance = 1e-4) {
   for (const RankResult& r : ranks) ASSERT_TRUE(r.status.ok()) << r.status;

@@ -73,7 +73,7 @@ TEST(FullShardingTest, TwoAndThreeRanksTrainAsTheReplicatedTrainer) {
     auto full =
         run_ranks(world, initial, with_sharding(options, Sharding::kFull), groups, calls, 1000);
     expect_rank_zero_whole(full, num_params);
-    expect_same_training(single, {full[0]}, flat(initial));
+    ASSERT_NO_FATAL_FAILURE(expect_same_training(single, {full[0]}, flat(initial)));
     const double of_update = relative_difference(full[0], replicated[0], flat(initial));
     const double of_weights = relative_difference(full[0], replicated[0], at::Tensor());
     std::printf("%d ranks, 9 updates: full vs replicated %.2e of the update, %.2e of the weights\n",
@@ -113,7 +113,7 @@ TEST(FullShardingTest, RanksWithFewerMicroBatchesRunEmptyPasses) {
     auto full =
         run_ranks(world, initial, with_sharding(options, Sharding::kFull), groups, calls, 1000);
     expect_rank_zero_whole(full, num_params);
-    expect_same_training(single, {full[0]}, flat(initial));
+    ASSERT_NO_FATAL_FAILURE(expect_same_training(single, {full[0]}, flat(initial)));
   }
 }
 
