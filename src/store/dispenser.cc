@@ -238,8 +238,14 @@ StatusOr<std::vector<Lease>> PromptDispenser::lease(const std::string& worker_id
 
 StatusOr<uint64_t> PromptDispenser::submit(uint64_t lease_id, const rollout::TrajectoryGroup& group,
                                            int64_t trainer_version) {
-  Commit c;
-  std::unique_lock<std::mutex> lock(mu_);
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<Submission> s,
+                         begin_submit(lease_id, group, trainer_version));
+  return s->wait();
+}
+
+StatusOr<std::unique_ptr<PromptDispenser::Submission>> PromptDispenser::begin_submit(
+    uint64_t lease_id, const rollout::TrajectoryGroup& group, int64_t trainer_version) {
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     ++stats_.rejected_late;
@@ -267,12 +273,21 @@ StatusOr<uint64_t> PromptDispenser::submit(uint64_t lease_id, const rollout::Tra
   // and durable with the group; a failed write reloads both.
   leases_.erase(it);
   ++stats_.accepted;
-  c.group = &group;
-  c.trainer_version = trainer_version;
-  enqueue_locked(&c);
-  lock.unlock();
-  RELAY_RETURN_IF_ERROR(commit(&c));
-  return c.seq;
+  std::unique_ptr<Submission> s(new Submission(this));
+  s->commit_.group = &group;
+  s->commit_.trainer_version = trainer_version;
+  enqueue_locked(&s->commit_);
+  return s;
+}
+
+PromptDispenser::Submission::~Submission() {
+  if (!waited_) (void)dispenser_->commit(&commit_);
+}
+
+StatusOr<uint64_t> PromptDispenser::Submission::wait() {
+  waited_ = true;
+  RELAY_RETURN_IF_ERROR(dispenser_->commit(&commit_));
+  return commit_.seq;
 }
 
 Status PromptDispenser::release(uint64_t lease_id) {

@@ -608,6 +608,33 @@ def run(trainer_path, source_dir):
         results.case("garbage after a parseable message: ack, then INVALID_ARGUMENT",
                      garbage_after_a_group)
 
+        # The same on a stream that sends ahead of its acks (the trainer reads
+        # it ahead of them: src/comm/rpc/submit_stream.h): every message
+        # before the garbage is acked, in order, before the call ends.
+        def garbage_after_groups_sent_ahead():
+            w = pb["worker"]
+            sent = [w.SubmitGroupRequest(worker_id=a, lease_id=(1 << 51) + i).SerializeToString()
+                    for i in range(3)]
+            acks = []
+            try:
+                for ack in c.submit_raw_call(iter(sent + [b"\xff\xff\xff garbage"]),
+                                             timeout=RPC_TIMEOUT_S,
+                                             metadata=[("relay-submit-ahead", "1")]):
+                    acks.append(ack)
+            except grpc.RpcError as e:
+                check([k.lease_id for k in acks] == [(1 << 51) + i for i in range(3)],
+                      f"acks for leases {[k.lease_id for k in acks]}, want the 3 sent, in order")
+                check(all(k.error_code == FAILED_PRECONDITION for k in acks),
+                      f"ack codes {[k.error_code for k in acks]}")
+                check(e.code() == grpc.StatusCode.INVALID_ARGUMENT,
+                      f"status {e.code()}: {e.details()!r}, want INVALID_ARGUMENT")
+                check("message 3: does not parse" in (e.details() or ""),
+                      f"details do not say 'message 3: does not parse': {e.details()!r}")
+                return f"3 acks, then {e.code().name}: {e.details()}"
+            raise CaseFailure(f"the call ended OK with {len(acks)} acks")
+        results.case("sent ahead: three acks in order, then INVALID_ARGUMENT",
+                     garbage_after_groups_sent_ahead)
+
         # ---- stale: a group of version 0 once the trainer is past the bound ----
         def stale():
             target = version0 + MAX_STALENESS + 1

@@ -26,6 +26,7 @@
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
 #include "relay/rollout/task.h"
+#include "relay/store/convert.h"
 #include "relay/v1/admin.pb.h"
 #include "relay/v1/worker.grpc.pb.h"
 #include "relay/v1/worker.pb.h"
@@ -279,6 +280,73 @@ TEST_F(ServiceTest, EveryCallNeedsTheToken) {
 // one SubmitGroups stream: each gets its own code and a message naming the
 // field, the good group at the end of the stream is accepted, nothing bad is
 // stored, and the server keeps serving.
+// One stream of many groups: the client sends them all before reading an
+// ack and the server reads ahead of its acks, so the groups share store
+// writes. Every group still gets its own ack, in order, after it is
+// durable: the accepted ones numbered in the order sent, the refused one
+// (a made-up lease, in the middle) named. A client that waits for each
+// ack before sending the next group, as relay's clients did before, is
+// answered the same way.
+TEST_F(ServiceTest, AStreamOfGroupsIsAckedInOrderWhetherOrNotTheClientWaits) {
+  version_ = 20;  // capacity (0 + 20 + 1) x 2 = 42 leases
+  const std::string id = register_worker();
+  auto leased = client_->lease_prompts(id, 28);
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  ASSERT_EQ(leased->leases_size(), 28);
+  auto group_for = [&](const v1::PromptLease& l) {
+    return make_group(l.group_id(), 2, 20,
+                      std::vector<int64_t>(l.prompt_tokens().begin(), l.prompt_tokens().end()));
+  };
+  std::vector<std::pair<uint64_t, rollout::TrajectoryGroup>> batch;
+  for (int i = 0; i < 24; ++i)
+    batch.emplace_back(leased->leases(i).lease_id(), group_for(leased->leases(i)));
+  batch[10].first = 999;  // no such lease
+  auto acks = client_->submit_groups(id, batch);
+  ASSERT_TRUE(acks.ok()) << acks.status();
+  ASSERT_EQ(acks->size(), 24u);
+  uint64_t seq = 0;
+  for (size_t i = 0; i < acks->size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ((*acks)[i].lease_id(), batch[i].first);
+    if (i == 10) {
+      EXPECT_FALSE((*acks)[i].accepted());
+      EXPECT_EQ((*acks)[i].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+      EXPECT_NE((*acks)[i].error_message().find("lease 999"), std::string::npos);
+      continue;
+    }
+    EXPECT_TRUE((*acks)[i].accepted()) << (*acks)[i].error_message();
+    EXPECT_EQ((*acks)[i].store_seq(), ++seq);
+  }
+  EXPECT_EQ(store_->appended(), 23u);
+
+  // One group at a time on the raw stream: write, wait for its ack, write.
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Worker::NewStub(channel);
+  grpc::ClientContext c;
+  c.AddMetadata("authorization", "Bearer secret");
+  auto stream = stub->SubmitGroups(&c);
+  for (int i = 24; i < 28; ++i) {
+    SCOPED_TRACE(i);
+    v1::SubmitGroupRequest req;
+    req.set_worker_id(id);
+    req.set_lease_id(leased->leases(i).lease_id());
+    store::to_proto(group_for(leased->leases(i)), req.mutable_group());
+    ASSERT_TRUE(stream->Write(req));
+    v1::SubmitGroupAck ack;
+    ASSERT_TRUE(stream->Read(&ack));
+    EXPECT_TRUE(ack.accepted()) << ack.error_message();
+    EXPECT_EQ(ack.store_seq(), ++seq);
+    EXPECT_EQ(store_->appended(), seq) << "durable before its ack";
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  const auto ready = store_->take_ready(30, -1, 20).value();
+  ASSERT_EQ(ready.size(), 27u);
+  EXPECT_EQ(ready[0].group.group_id, leased->leases(0).group_id());
+  EXPECT_EQ(ready[26].group.group_id, leased->leases(27).group_id());
+}
+
 TEST_F(ServiceTest, EachMalformedSubmissionGetsItsOwnErrorAndTheServerKeepsServing) {
   version_ = 20;  // capacity (0 + 20 + 1) x 2 = 42 leases
   const std::string id = register_worker();

@@ -111,6 +111,20 @@ class PromptDispenser {
   StatusOr<uint64_t> submit(uint64_t lease_id, const rollout::TrajectoryGroup& group,
                             int64_t trainer_version);
 
+  // submit() in two halves, for a caller with several groups in flight (a
+  // SubmitGroups stream): begin_submit checks and applies the change in
+  // memory and queues its durable write, returning at once; the
+  // Submission's wait() returns once the write is durable (the group's
+  // arrival number) or failed. Groups begun before any wait() go to the
+  // store together: one write, one WAL fsync. `group` must outlive the
+  // Submission, whose destructor waits when wait() was not called (a queued
+  // write is never abandoned). The errors are submit()'s: begin_submit's
+  // when nothing changed, wait()'s when the write failed.
+  class Submission;
+  StatusOr<std::unique_ptr<Submission>> begin_submit(uint64_t lease_id,
+                                                     const rollout::TrajectoryGroup& group,
+                                                     int64_t trainer_version);
+
   // Retires lease `lease_id` without a group (its group was refused) and
   // queues its prompt to be leased again (attempt + 1), so a refused group
   // neither holds capacity until the deadline nor loses its prompt.
@@ -166,6 +180,22 @@ class PromptDispenser {
   std::deque<Lease> retry_ ABSL_GUARDED_BY(mu_);
   DispenserStats stats_ ABSL_GUARDED_BY(mu_);
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+class PromptDispenser::Submission {
+ public:
+  ~Submission();
+  Submission(const Submission&) = delete;
+  Submission& operator=(const Submission&) = delete;
+  // Once durable: the group's arrival number. Called at most once.
+  StatusOr<uint64_t> wait();
+
+ private:
+  friend class PromptDispenser;
+  explicit Submission(PromptDispenser* dispenser) : dispenser_(dispenser) {}
+  PromptDispenser* dispenser_;
+  Commit commit_;
+  bool waited_ = false;
 };
 
 }  // namespace relay::store

@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "comm/rpc/submit_stream.h"
 #include "comm/rpc/tls.h"
 #include "comm/rpc/weight_chunk_wire.h"
 #include "relay/comm/rpc/manifest_proto.h"
@@ -221,19 +222,29 @@ StatusOr<std::vector<v1::SubmitGroupAck>> GrpcTrainerClient::submit_groups(
     const std::string& worker_id,
     const std::vector<std::pair<uint64_t, rollout::TrajectoryGroup>>& groups) {
   auto c = impl_->context(impl_->options.timeout_ms);
+  // Several groups go out ahead of their acks, at most kSubmitWindow
+  // unacknowledged, so the trainer can make them durable in one write
+  // (comm/rpc/submit_stream.h); a single group is sent the plain way.
+  if (groups.size() > 1) c->AddMetadata(kSubmitAheadMetadata, "1");
   auto stream = impl_->worker->SubmitGroups(c.get());
   std::vector<v1::SubmitGroupAck> acks;
-  for (const auto& [lease_id, group] : groups) {
+  auto read_ack = [&] {
+    v1::SubmitGroupAck ack;
+    if (!stream->Read(&ack)) return false;
+    acks.push_back(std::move(ack));
+    return true;
+  };
+  bool open = true;
+  for (size_t i = 0; i < groups.size() && open; ++i) {
     v1::SubmitGroupRequest req;
     req.set_worker_id(worker_id);
-    req.set_lease_id(lease_id);
-    store::to_proto(group, req.mutable_group());
-    if (!stream->Write(req)) break;
-    v1::SubmitGroupAck ack;
-    if (!stream->Read(&ack)) break;
-    acks.push_back(std::move(ack));
+    req.set_lease_id(groups[i].first);
+    store::to_proto(groups[i].second, req.mutable_group());
+    open = stream->Write(req);
+    if (open && i + 1 - acks.size() >= kSubmitWindow) open = read_ack();
   }
   stream->WritesDone();
+  while (open && acks.size() < groups.size()) open = read_ack();
   RELAY_RETURN_IF_ERROR(from_grpc("SubmitGroups", stream->Finish()));
   if (acks.size() != groups.size()) {
     return UnavailableError(absl::StrCat("SubmitGroups: the stream ended after ", acks.size(),

@@ -141,15 +141,42 @@ StatusOr<v1::ReleaseLeasesResponse> TrainerHandlers::release_leases(
   return resp;
 }
 
+namespace {
+void refuse(const Status& why, v1::SubmitGroupAck& ack) {
+  ack.set_accepted(false);
+  ack.set_error_code(static_cast<int32_t>(why.code()));
+  ack.set_error_message(std::string(why.message()));
+}
+}  // namespace
+
 v1::SubmitGroupAck TrainerHandlers::submit_group(const v1::SubmitGroupRequest& req) {
+  PendingSubmit pending = begin_submit_group(req);
+  return finish_submit_group(pending);
+}
+
+TrainerHandlers::PendingSubmit TrainerHandlers::begin_submit_group(
+    const v1::SubmitGroupRequest& req) {
+  PendingSubmit p;
+  p.lease_id = req.lease_id();
+  p.refused = begin_accept(req, p);
+  if (!p.refused.ok()) p.submission.reset();
+  return p;
+}
+
+v1::SubmitGroupAck TrainerHandlers::finish_submit_group(PendingSubmit& p) {
   v1::SubmitGroupAck ack;
-  ack.set_lease_id(req.lease_id());
-  Status st = accept(req, &ack);
-  if (!st.ok()) {
-    ack.set_accepted(false);
-    ack.set_error_code(static_cast<int32_t>(st.code()));
-    ack.set_error_message(std::string(st.message()));
+  ack.set_lease_id(p.lease_id);
+  if (!p.refused.ok()) {
+    refuse(p.refused, ack);
+    return ack;
   }
+  StatusOr<uint64_t> seq = p.submission->wait();
+  if (!seq.ok()) {
+    refuse(seq.status(), ack);
+    return ack;
+  }
+  ack.set_accepted(true);
+  ack.set_store_seq(*seq);
   return ack;
 }
 
@@ -183,12 +210,12 @@ Status TrainerHandlers::known(const std::string& worker_id) {
       absl::StrCat("worker_id '", worker_id, "': unknown; register first"));
 }
 
-// Validates, stores and acknowledges one group; the error otherwise.
+// Validates one group and queues it for the store; the error otherwise.
 // A group is bound to its lease: only the worker that holds the lease may
 // submit on it, with the leased group id and prompt. A malformed group
 // keeps the lease (the worker may correct and resubmit, or release it); a
 // stale one releases it, since no resubmission can make it fresh.
-Status TrainerHandlers::accept(const v1::SubmitGroupRequest& req, v1::SubmitGroupAck* ack) {
+Status TrainerHandlers::begin_accept(const v1::SubmitGroupRequest& req, PendingSubmit& p) {
   RELAY_RETURN_IF_ERROR(known(req.worker_id()));
   StatusOr<store::Lease> lease = dispenser_->find_lease(req.lease_id());
   if (!lease.ok()) {
@@ -212,10 +239,8 @@ Status TrainerHandlers::accept(const v1::SubmitGroupRequest& req, v1::SubmitGrou
     return v.code() == absl::StatusCode::kFailedPrecondition ? release(req.lease_id(), v) : v;
   }
   normalize_submission(*group, options_.limits);
-  StatusOr<uint64_t> seq = dispenser_->submit(req.lease_id(), *group, version);
-  if (!seq.ok()) return seq.status();
-  ack->set_accepted(true);
-  ack->set_store_seq(*seq);
+  p.group = std::make_unique<rollout::TrajectoryGroup>(*std::move(group));
+  RELAY_ASSIGN_OR_RETURN(p.submission, dispenser_->begin_submit(req.lease_id(), *p.group, version));
   return OkStatus();
 }
 

@@ -3,8 +3,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "comm/rpc/submit_stream.h"
 #include "comm/rpc/weight_chunk_wire.h"
 #include "relay/comm/rpc/manifest_proto.h"
 #include "relay/common/xxh3.h"
@@ -92,28 +97,91 @@ class TrainerService::WorkerImpl final : public v1::Worker::Service {
   // SubmitGroups as raw bytes (installed in the constructor): a message that
   // does not parse ends the stream with INVALID_ARGUMENT instead of looking
   // like the client's half-close (the typed reader cannot tell them apart).
+  // A client that sends ahead of its acks (comm/rpc/submit_stream.h) is
+  // read ahead of them; any other one group at a time.
   grpc::Status SubmitGroupsRaw(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
     if (grpc::Status a = authorize(context, token()); !a.ok()) return a;
+    if (context->client_metadata().count(kSubmitAheadMetadata) != 0) {
+      return submit_ahead(stream);
+    }
     grpc::ByteBuffer in;
     for (int64_t n = 0; stream->Read(&in); ++n) {
       v1::SubmitGroupRequest req;
-      if (!grpc::SerializationTraits<v1::SubmitGroupRequest>::Deserialize(&in, &req).ok()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("SubmitGroups message ", n,
-                                         ": does not parse as relay.v1.SubmitGroupRequest; "
-                                         "the groups before it were acknowledged"));
-      }
-      const v1::SubmitGroupAck ack = h_->submit_group(req);
-      grpc::ByteBuffer out;
-      bool own = false;
-      if (!grpc::SerializationTraits<v1::SubmitGroupAck>::Serialize(ack, &out, &own).ok() ||
-          !stream->Write(out)) {
-        break;
-      }
+      if (!parse_submission(in, &req)) return unparsable(n);
+      if (!write_ack(h_->submit_group(req), stream)) break;
     }
     return grpc::Status::OK;
+  }
+
+  // Up to kSubmitWindow groups of the stream in flight: this thread reads,
+  // checks and queues each group's durable write while another writes the
+  // acks in order, each once its group is durable (invariant 7), so the
+  // stream's groups share store writes.
+  grpc::Status submit_ahead(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<TrainerHandlers::PendingSubmit> pending;  // guarded by mu
+    bool reading = true;                                 // guarded by mu
+    bool writable = true;                                // guarded by mu
+    std::thread acker([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (true) {
+        cv.wait(lock, [&] { return !pending.empty() || !reading; });
+        if (pending.empty()) return;
+        TrainerHandlers::PendingSubmit p = std::move(pending.front());
+        pending.pop_front();
+        const bool send = writable;
+        lock.unlock();
+        cv.notify_all();  // room in the window
+        // Finished whether or not its ack can be sent: the write is queued.
+        const v1::SubmitGroupAck ack = h_->finish_submit_group(p);
+        const bool sent = send && write_ack(ack, stream);
+        lock.lock();
+        if (!sent) writable = false;  // the client is gone; the rest are not acked
+      }
+    });
+    grpc::Status result = grpc::Status::OK;
+    grpc::ByteBuffer in;
+    for (int64_t n = 0; stream->Read(&in); ++n) {
+      v1::SubmitGroupRequest req;
+      if (!parse_submission(in, &req)) {
+        result = unparsable(n);
+        break;
+      }
+      TrainerHandlers::PendingSubmit p = h_->begin_submit_group(req);
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return pending.size() < kSubmitWindow || !writable; });
+      if (!writable) break;  // p's write is waited for as it goes out of scope
+      pending.push_back(std::move(p));
+      lock.unlock();
+      cv.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      reading = false;
+    }
+    cv.notify_all();
+    acker.join();  // every group read is acked (or its client is gone) first
+    return result;
+  }
+
+  static bool parse_submission(grpc::ByteBuffer& in, v1::SubmitGroupRequest* req) {
+    return grpc::SerializationTraits<v1::SubmitGroupRequest>::Deserialize(&in, req).ok();
+  }
+  static grpc::Status unparsable(int64_t n) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("SubmitGroups message ", n,
+                                     ": does not parse as relay.v1.SubmitGroupRequest; "
+                                     "the groups before it were acknowledged"));
+  }
+  static bool write_ack(const v1::SubmitGroupAck& ack,
+                        grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+    grpc::ByteBuffer out;
+    bool own = false;
+    return grpc::SerializationTraits<v1::SubmitGroupAck>::Serialize(ack, &out, &own).ok() &&
+           stream->Write(out);
   }
 
   grpc::Status WatchVersions(grpc::ServerContext* context, const v1::WatchVersionsRequest* req,

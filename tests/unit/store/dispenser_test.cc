@@ -316,6 +316,51 @@ TEST_F(DispenserTest, ConcurrentLeasesAndSubmissionsStayExactAcrossAReopen) {
   for (const Lease& l : unsubmitted) EXPECT_TRUE(d->find_lease(l.id).ok()) << l.id;
 }
 
+// Submissions begun one after another on one thread, before any wait
+// (a SubmitGroups stream's read-ahead), are made durable by one write; each
+// wait() then returns its own arrival number. A Submission dropped without
+// wait() still writes its group: the reopened store has every group.
+TEST_F(DispenserTest, SubmissionsBegunBeforeAnyWaitShareOneWrite) {
+  DispenserOptions o;
+  o.groups_per_step = 100;
+  auto d = open(o);
+  auto leases = d->lease("w", 8, 0).value();
+  ASSERT_EQ(leases.size(), 8u);
+  std::vector<rollout::TrajectoryGroup> groups;
+  for (int i = 0; i < 8; ++i) groups.push_back(make_group("g" + std::to_string(i), 1));
+  const uint64_t writes_before = store_->append_writes();
+  std::vector<std::unique_ptr<PromptDispenser::Submission>> begun;
+  for (size_t i = 0; i < 7; ++i) {
+    auto s = d->begin_submit(leases[i].id, groups[i], 0);
+    ASSERT_TRUE(s.ok()) << s.status();
+    begun.push_back(std::move(*s));
+  }
+  EXPECT_EQ(store_->append_writes(), writes_before) << "begin_submit does not write";
+  EXPECT_EQ(d->stats().accepted, 7) << "applied in memory at once";
+  EXPECT_EQ(d->begin_submit(leases[0].id, groups[0], 0).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "the lease is retired at begin";
+  std::vector<uint64_t> seqs;
+  for (size_t i = 0; i < 6; ++i) {
+    auto seq = begun[i]->wait();
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    seqs.push_back(*seq);
+  }
+  EXPECT_EQ(store_->append_writes(), writes_before + 1) << "seven groups, one write";
+  EXPECT_EQ(seqs, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6}));
+  // The seventh is durable already (the same write); its Submission is
+  // dropped unwaited. The eighth is begun and dropped: the destructor writes.
+  begun.clear();
+  ASSERT_TRUE(d->begin_submit(leases[7].id, groups[7], 0).ok());
+  EXPECT_EQ(store_->append_writes(), writes_before + 2);
+  d.reset();
+  reopen_store();
+  d = open(o);
+  EXPECT_EQ(d->stats().accepted, 8);
+  EXPECT_EQ(d->stats().in_flight, 0);
+  EXPECT_EQ(store_->appended(), 8u);
+}
+
 // A write that fails fails its change and leaves the dispenser exactly as
 // durable (here: every write fails, the store being open read-only).
 TEST_F(DispenserTest, AFailedWriteLeavesTheDurableStateInMemory) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -122,6 +123,19 @@ class TrainerHandlers {
   // One group of a SubmitGroups stream: accepted with its store sequence, or
   // refused with the reason's status code and message.
   v1::SubmitGroupAck submit_group(const v1::SubmitGroupRequest& req);
+  // submit_group in two halves, for a stream with several groups in flight:
+  // begin_submit_group checks the group and queues its durable write
+  // (store::PromptDispenser::begin_submit); finish_submit_group returns its
+  // ack once the write is durable (invariant 7) or failed. Groups begun
+  // before the first finish share one WAL fsync.
+  struct PendingSubmit {
+    uint64_t lease_id = 0;
+    Status refused;  // begin's refusal; then there is no submission
+    std::unique_ptr<rollout::TrajectoryGroup> group;
+    std::unique_ptr<store::PromptDispenser::Submission> submission;
+  };
+  PendingSubmit begin_submit_group(const v1::SubmitGroupRequest& req);
+  v1::SubmitGroupAck finish_submit_group(PendingSubmit& pending);
   // Marks a registered worker alive (a weight download in progress);
   // nothing for an unknown id.
   void touch(const std::string& worker_id);
@@ -159,7 +173,8 @@ class TrainerHandlers {
   Status finished(const std::string& worker_id);
   bool all_told_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status known(const std::string& worker_id);
-  Status accept(const v1::SubmitGroupRequest& req, v1::SubmitGroupAck* ack);
+  // Checks `req` and begins its submission into `p` (begin_submit_group).
+  Status begin_accept(const v1::SubmitGroupRequest& req, PendingSubmit& p);
   Status check_leased(const store::Lease& lease, const rollout::TrajectoryGroup& group) const;
   Status release(uint64_t lease_id, const Status& why);
 
