@@ -209,13 +209,35 @@ const at::Tensor& PolicyImpl::lm_head_weight() {
 }
 
 at::Tensor PolicyImpl::head_rows(int64_t vocab_limit) {
-  const at::Tensor& w = lm_head_weight();
+  const at::Tensor& w = fp32_head_.defined() ? fp32_head_ : lm_head_weight();
   if (vocab_limit <= 0 || vocab_limit >= w.size(0)) return w;
   return w.narrow(0, 0, vocab_limit);
 }
 
 at::Tensor PolicyImpl::logits(const at::Tensor& hidden, int64_t vocab_limit) {
+  if (fp32_head_.defined()) return row_linear(hidden.to(torch::kFloat32), head_rows(vocab_limit));
   return row_linear(hidden, head_rows(vocab_limit));
+}
+
+void PolicyImpl::set_fp32_lm_head(const at::Tensor& head) {
+  torch::NoGradGuard no_grad;
+  if (!head.defined()) {
+    fp32_head_ = at::Tensor();
+    return;
+  }
+  const at::Tensor& own = lm_head_weight();
+  TORCH_CHECK(head.sizes() == own.sizes(), "set_fp32_lm_head: a head of shape ", head.sizes(),
+              " for an LM head of shape ", own.sizes());
+  if (fp32_head_.defined()) {
+    fp32_head_.copy_(head);  // a new version: the same buffer
+    return;
+  }
+  fp32_head_ = torch::empty(own.sizes(), own.options().dtype(torch::kFloat32));
+  fp32_head_.copy_(head);
+}
+
+std::string PolicyImpl::lm_head_parameter_name() const {
+  return lm_head ? "lm_head.weight" : "model.embed_tokens.weight";
 }
 
 void PolicyImpl::set_rope(ForwardContext& ctx, int64_t seq_len, c10::Device device) {
@@ -306,6 +328,7 @@ ScoreOutput PolicyImpl::score_impl(const at::Tensor& input_ids, const at::Tensor
     targets = targets.index_select(0, rows);
   }
   const at::Tensor head = head_rows(options.vocab_limit);
+  if (fp32_head_.defined()) h = h.to(torch::kFloat32);
   // A target outside the support (only a padding id could be) scores -inf.
   const int64_t support = head.size(0);
   at::Tensor outside = targets.ge(support);

@@ -90,6 +90,11 @@ void Engine::apply_update(PendingUpdate& update) {
   // the names).
   auto params = policy_->named_parameters();
   for (const auto& [name, t] : update.tensors) params[name].copy_(t);
+  if (policy_->has_fp32_lm_head()) {
+    // The version's own head, before its rounding to the engine's precision.
+    auto head = update.tensors.find(policy_->lm_head_parameter_name());
+    if (head != update.tensors.end()) policy_->set_fp32_lm_head(head->second);
+  }
   update.tensors.clear();  // the staged copy is no longer needed
   version_ = update.version;
   digests_[version_] = update.digest;

@@ -141,6 +141,19 @@ class PolicyImpl : public torch::nn::Module {
   // LM head: hidden [..., H] -> logits [..., V] (or [..., vocab_limit]).
   at::Tensor logits(const at::Tensor& hidden, int64_t vocab_limit = 0);
 
+  // An fp32 LM head for a policy held in bf16 or fp16 (rollout.fp32_lm_head):
+  // logits() and score() multiply the final hidden states, widened to fp32,
+  // by `head` [V, H] widened to fp32 (copied; the trainer's own fp32 values
+  // when the caller has them), so the logits are not rounded to the weights'
+  // precision. An undefined tensor turns it off. Inference only: it is not a
+  // parameter, has no gradient, and the caller refreshes it when the
+  // weights change.
+  void set_fp32_lm_head(const at::Tensor& head);
+  bool has_fp32_lm_head() const { return fp32_head_.defined(); }
+  // The LM head's parameter: "lm_head.weight", or "model.embed_tokens.weight"
+  // when tied.
+  std::string lm_head_parameter_name() const;
+
   // log p(token[t + 1] | tokens[0..t]) for t in [0, T - 1): [B, T - 1], fp32.
   // Positions t >= lengths[b] - 1 (padding) are 0; the caller masks them.
   // Packed rows (options.sequence_starts): so is the last position of each
@@ -198,6 +211,7 @@ class PolicyImpl : public torch::nn::Module {
   // module.to(kBFloat16) would round them and they must stay fp32 as in
   // transformers. Moved to the weights' device on first use.
   at::Tensor inv_freq_;
+  at::Tensor fp32_head_;  // set_fp32_lm_head; undefined = the weights' own head
   double rope_scaling_ = 1.0;
   bool checkpointing_ = false;
 };

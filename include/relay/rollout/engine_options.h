@@ -102,6 +102,15 @@ struct EngineOptions {
   // (Trajectory::behavior_logprobs), and the trainer's mismatch metrics
   // measure how far they are from its own.
   EngineDtype dtype = EngineDtype::kModel;
+  // rollout.fp32_lm_head: with weights in bf16 or fp16 (rollout.dtype or
+  // model.dtype), the logits are computed in fp32 from an fp32 LM head
+  // (model::PolicyImpl::set_fp32_lm_head), kept from the fp32 weights the
+  // engine was given and refreshed from every fp32 version that lands, so
+  // they are not rounded to bf16 (about 0.4% of a logit's size). Like
+  // SGLang's enable_fp32_lm_head, which widens the model-precision head it
+  // holds; relay keeps the trainer's own fp32 values when it receives them.
+  // Costs an fp32 copy of the head. No effect when the weights are fp32.
+  bool fp32_lm_head = false;
   // Ids [0, vocab_limit) may be sampled: the tokenizer's vocabulary, when the
   // model's embedding is padded past it (Qwen2.5: 151,936 rows for 151,665
   // tokens). The rest are outside the sampling distribution, which is

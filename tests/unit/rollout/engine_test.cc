@@ -1000,6 +1000,86 @@ TEST(EngineDtypeTest, ABf16EngineHoldsSamplesFromAndUpdatesBf16Weights) {
   }
 }
 
+// rollout.fp32_lm_head: a bf16 engine whose logits come from the fp32 head
+// it was given, and from each fp32 version's head: bf16 hidden states,
+// widened, times that head, on the decode and the scoring path alike.
+TEST(EngineDtypeTest, Fp32LmHeadTakesLogitsFromTheFp32HeadOfEachVersion) {
+  auto run = [](bool fp32_head, model::Policy& held) {
+    EngineOptions o = base_options();
+    o.dtype = EngineDtype::kBFloat16;
+    o.fp32_lm_head = fp32_head;
+    o.sampling.record_raw_logprobs = true;
+    auto engine = Engine::create(held, o, 0, 100);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    for (int g = 0; g < 6; ++g) {
+      EXPECT_TRUE((*engine)->submit(group("g" + std::to_string(g), {3 + g, 7, 1}, 3, 20 + g)).ok());
+    }
+    return std::make_pair(std::move(*engine), run_all(**engine));
+  };
+  model::Policy plain_policy = make_policy(7), head_policy = make_policy(7);
+  auto [plain_engine, plain] = run(false, plain_policy);
+  auto [head_engine, with_head] = run(true, head_policy);
+  EXPECT_FALSE(plain_policy->has_fp32_lm_head());
+  ASSERT_TRUE(head_policy->has_fp32_lm_head());
+  model::Policy fp32 = make_policy(7);
+  const Distance d_plain = raw_logprob_distance(fp32, plain);
+  const Distance d_head = raw_logprob_distance(fp32, with_head);
+  std::printf(
+      "bf16 engine's raw log-probs from the fp32 model's: mean %.2e max %.2e; with the "
+      "fp32 LM head mean %.2e max %.2e\n",
+      d_plain.mean, d_plain.max, d_head.mean, d_head.max);
+  // Both near the fp32 model; on this tiny model (weights drawn at 0.3) most
+  // of the distance is the bf16 hidden states', so the distances are printed,
+  // not compared: the test holds what the engine computes (below), and
+  // docs/rollout.md has the figure on a real run.
+  EXPECT_LT(d_head.max, 0.5);
+
+  // The head is the fp32 one, not the bf16 parameter widened.
+  const std::string head_name = head_policy->lm_head_parameter_name();
+  const at::Tensor hidden = torch::randn({3, TinyConfig().hidden_size}).to(torch::kBFloat16);
+  auto expect_head = [&](const at::Tensor& head32) {
+    torch::NoGradGuard no_grad;
+    const at::Tensor got = head_policy->logits(hidden);
+    EXPECT_EQ(got.scalar_type(), torch::kFloat32);
+    const at::Tensor want = torch::matmul(hidden.to(torch::kFloat32), head32.t());
+    EXPECT_LT((got - want).abs().max().item<double>(), 1e-4);
+    const at::Tensor rounded = torch::matmul(hidden.to(torch::kFloat32),
+                                             head32.to(torch::kBFloat16).to(torch::kFloat32).t());
+    EXPECT_GT((got - rounded).abs().max().item<double>(), 1e-3) << "the bf16 head's products";
+  };
+  expect_head(weights_of(fp32).at(head_name));
+  {
+    // The scoring path (a recompute's proximal log-probs) takes the same head.
+    torch::NoGradGuard no_grad;
+    const at::Tensor ids = torch::tensor({{3, 7, 1, 9, 2}});
+    const at::Tensor got = head_policy->score(ids);
+    const at::Tensor h = head_policy->hidden_states(ids).to(torch::kFloat32);
+    const at::Tensor logp = torch::log_softmax(
+        torch::matmul(h, weights_of(fp32).at(head_name).t()).to(torch::kFloat64), -1);
+    for (int64_t t = 0; t + 1 < ids.size(1); ++t) {
+      EXPECT_NEAR(got[0][t].item<double>(), logp[0][t][ids[0][t + 1]].item<double>(), 1e-4) << t;
+    }
+  }
+  // An fp32 version: its own head, not its bf16 rounding.
+  model::Policy next = make_policy(8);
+  ASSERT_TRUE(head_engine->update_weights(1, 101, weights_of(next)).ok());
+  ASSERT_TRUE(head_engine->submit(group("c", {4, 4}, 1, 13)).ok());
+  ASSERT_EQ(run_all(*head_engine).size(), 1u);
+  expect_head(weights_of(next).at(head_name));
+  EXPECT_EQ(weights_of(head_policy).at(head_name).scalar_type(), torch::kBFloat16);
+
+  // Under autocast the head's product would not be fp32: refused.
+  EngineOptions o = base_options();
+  o.dtype = EngineDtype::kBFloat16;
+  o.fp32_lm_head = true;
+  o.autocast = model::Autocast::kBFloat16;
+  model::Policy p = make_policy(3);
+  auto refused = Engine::create(p, o, 0, 0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.status().message()).find("rollout.fp32_lm_head"),
+            std::string::npos);
+}
+
 // A precision LibTorch cannot multiply in on the policy's device is refused
 // when the engine is created, naming the key, not at its first prefill.
 TEST(EngineDtypeTest, APrecisionWithoutMatrixProductsHereIsRefusedAtCreate) {
