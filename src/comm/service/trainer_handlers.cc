@@ -158,8 +158,7 @@ TrainerHandlers::PendingSubmit TrainerHandlers::begin_submit_group(
     const v1::SubmitGroupRequest& req) {
   PendingSubmit p;
   p.lease_id = req.lease_id();
-  p.refused = begin_accept(req, p);
-  if (!p.refused.ok()) p.submission.reset();
+  p.refused = begin_accept(req, p);  // the submission is set only when it is OK
   return p;
 }
 
