@@ -146,36 +146,35 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
     }
   }
 
-  // rollout.dtype: the engine's copy in its own precision, before the KV
-  // cache takes the weights' dtype. (The LoRA base digest above is the
-  // trainer's weights', as published.)
   // rollout.fp32_lm_head: the head taken before any conversion, so that it
   // keeps the fp32 values the engine was given.
-  const std::optional<model::Precision> engine_dtype = engine_precision(options.dtype);
-  const c10::ScalarType held = engine_dtype ? model::scalar_type(*engine_dtype)
-                                            : policy->model->embed_tokens->weight.scalar_type();
+  const std::optional<model::Precision> precision = engine_precision(options.dtype);
+  const c10::ScalarType held = precision ? model::scalar_type(*precision)
+                                         : policy->model->embed_tokens->weight.scalar_type();
   const bool fp32_head = options.fp32_lm_head && held != torch::kFloat32;
   if (fp32_head && options.autocast != model::Autocast::kNone) {
     return InvalidArgumentError(
         "rollout.fp32_lm_head: not with run.autocast, under which the head's product would run "
         "in the autocast precision; hold the weights in bf16 with rollout.dtype instead");
   }
+  if (precision) {
+    RELAY_RETURN_IF_ERROR(
+        check_products_in(*precision, policy->model->embed_tokens->weight.device()));
+  }
+  // Every refusal is above: from here on the policy changes.
   if (fp32_head) {
     torch::NoGradGuard no_grad;
     policy->set_fp32_lm_head(policy->named_parameters()[policy->lm_head_parameter_name()]);
   }
-  if (const std::optional<model::Precision> precision = engine_precision(options.dtype)) {
-    const c10::ScalarType want = model::scalar_type(*precision);
-    RELAY_RETURN_IF_ERROR(
-        check_products_in(*precision, policy->model->embed_tokens->weight.device()));
-    if (policy->model->embed_tokens->weight.scalar_type() != want) {
-      torch::NoGradGuard no_grad;
-      policy->to(want);
-      // The weights in the old dtype, which nothing will reuse.
-      model::release_free_cpu_memory();
-    }
+  // rollout.dtype: the engine's copy in its own precision, before the KV
+  // cache takes the weights' dtype. (The LoRA base digest above is the
+  // trainer's weights', as published.)
+  if (policy->model->embed_tokens->weight.scalar_type() != held) {
+    torch::NoGradGuard no_grad;
+    policy->to(held);
+    // The weights in the old dtype, which nothing will reuse.
+    model::release_free_cpu_memory();
   }
-
   RELAY_ASSIGN_OR_RETURN(const model::KVCacheOptions kv, kv_cache_options(*policy, options));
   policy->eval();
   std::unique_ptr<Engine> engine(
