@@ -138,9 +138,12 @@ int64_t PromptDispenser::expire_locked(int64_t now) {
 }
 
 void PromptDispenser::enqueue_locked(Commit* c) {
-  c->state = encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_);
   std::lock_guard<std::mutex> lock(commit_mu_);
   queued_.push_back(c);
+}
+
+std::string PromptDispenser::encode_state_locked() const {
+  return encode_state(stats_.next_prompt, next_lease_id_, leases_, retry_);
 }
 
 Status PromptDispenser::commit(Commit* c) {
@@ -150,22 +153,31 @@ Status PromptDispenser::commit(Commit* c) {
       commit_cv_.wait(lock);
       continue;
     }
-    // Lead: everything queued by now (c among it) goes in one write.
+    // Lead: everything queued by now (c among it) goes in one write, with
+    // the state after those changes and no other. A change is made and
+    // queued under mu_, so with mu_ held the queue and the state agree.
     writing_ = true;
-    std::vector<Commit*> batch(queued_.begin(), queued_.end());
-    queued_.clear();
     lock.unlock();
-    std::vector<RolloutStore::Arrival> groups;
-    for (Commit* b : batch) {
-      if (b->group != nullptr) groups.push_back({b->group, b->trainer_version});
+    std::vector<Commit*> batch;
+    std::string state;
+    {
+      std::lock_guard<std::mutex> state_lock(mu_);
+      std::lock_guard<std::mutex> queue_lock(commit_mu_);
+      batch.assign(queued_.begin(), queued_.end());
+      queued_.clear();
+      state = encode_state_locked();
     }
-    StatusOr<std::vector<uint64_t>> seqs = store_->append_all(groups, &batch.back()->state);
+    std::vector<const RolloutStore::PreparedGroup*> groups;
+    for (Commit* b : batch) {
+      if (b->group) groups.push_back(&*b->group);
+    }
+    StatusOr<std::vector<uint64_t>> seqs = store_->append_prepared(groups, &state);
     if (!seqs.ok()) recover(seqs.status());  // before anyone can queue on the lost state
     lock.lock();
     size_t next = 0;
     for (Commit* b : batch) {
       b->status = seqs.status();
-      if (seqs.ok() && b->group != nullptr) b->seq = (*seqs)[next++];
+      if (seqs.ok() && b->group) b->seq = (*seqs)[next++];
       b->done = true;
     }
     writing_ = false;
@@ -245,6 +257,11 @@ StatusOr<uint64_t> PromptDispenser::submit(uint64_t lease_id, const rollout::Tra
 
 StatusOr<std::unique_ptr<PromptDispenser::Submission>> PromptDispenser::begin_submit(
     uint64_t lease_id, const rollout::TrajectoryGroup& group, int64_t trainer_version) {
+  // Checked and encoded before the lock, on the caller's thread: the
+  // encoding is most of a submission's CPU here, and concurrent submitters
+  // now do theirs in parallel instead of in turn under mu_ or in the one
+  // thread that writes. Its error comes after the lease's, as before.
+  StatusOr<RolloutStore::PreparedGroup> prepared = RolloutStore::prepare(group, trainer_version);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
@@ -268,14 +285,13 @@ StatusOr<std::unique_ptr<PromptDispenser::Submission>> PromptDispenser::begin_su
                                              " trajectories for a lease of k = ", l.k));
   }
   // What the store would refuse is refused here, before anything changes.
-  RELAY_RETURN_IF_ERROR(RolloutStore::check_group(group));
+  if (!prepared.ok()) return prepared.status();
   // Retired in memory now (a second submission on it is refused at once)
   // and durable with the group; a failed write reloads both.
   leases_.erase(it);
   ++stats_.accepted;
   std::unique_ptr<Submission> s(new Submission(this));
-  s->commit_.group = &group;
-  s->commit_.trainer_version = trainer_version;
+  s->commit_.group = *std::move(prepared);
   enqueue_locked(&s->commit_);
   return s;
 }

@@ -128,47 +128,53 @@ Status RolloutStore::check_group(const rollout::TrajectoryGroup& group) {
 
 StatusOr<uint64_t> RolloutStore::append(const rollout::TrajectoryGroup& group,
                                         int64_t trainer_version, const std::string* side_record) {
-  RELAY_ASSIGN_OR_RETURN(std::vector<uint64_t> seqs,
-                         append_all({Arrival{&group, trainer_version}}, side_record));
+  RELAY_RETURN_IF_ERROR(check_writable());
+  RELAY_ASSIGN_OR_RETURN(PreparedGroup p, prepare(group, trainer_version));
+  RELAY_ASSIGN_OR_RETURN(std::vector<uint64_t> seqs, append_prepared({&p}, side_record));
   return seqs.front();
 }
 
-StatusOr<std::vector<uint64_t>> RolloutStore::append_all(const std::vector<Arrival>& groups,
-                                                         const std::string* side_record) {
-  RELAY_RETURN_IF_ERROR(check_writable());
-  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
-  std::vector<StoredGroup> stored(groups.size());
-  for (size_t k = 0; k < groups.size(); ++k) {
-    const rollout::TrajectoryGroup& group = *groups[k].group;
-    RELAY_RETURN_IF_ERROR(check_group(group));
-    StoredGroup& g = stored[k];
-    g.min_version = INT64_MAX;
-    g.max_version = INT64_MIN;
-    for (const rollout::Trajectory& t : group.trajectories) {
-      for (int64_t v : t.token_versions) {
-        g.min_version = std::min(g.min_version, v);
-        g.max_version = std::max(g.max_version, v);
-      }
+StatusOr<RolloutStore::PreparedGroup> RolloutStore::prepare(const rollout::TrajectoryGroup& group,
+                                                            int64_t trainer_version) {
+  RELAY_RETURN_IF_ERROR(check_group(group));
+  StoredGroup g;  // its fields; the group itself is encoded from `group`
+  g.min_version = INT64_MAX;
+  g.max_version = INT64_MIN;
+  for (const rollout::Trajectory& t : group.trajectories) {
+    for (int64_t v : t.token_versions) {
+      g.min_version = std::min(g.min_version, v);
+      g.max_version = std::max(g.max_version, v);
     }
-    if (g.min_version > g.max_version) g.min_version = g.max_version = groups[k].trainer_version;
-    g.arrival_version = groups[k].trainer_version;
-    g.arrival_unix_ms = now_ms;
-    g.group = group;
   }
+  if (g.min_version > g.max_version) g.min_version = g.max_version = trainer_version;
+  g.arrival_version = trainer_version;
+  g.arrival_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  PreparedGroup p;
+  p.group_id = group.group_id;
+  p.min_version = g.min_version;
+  p.unnumbered = encode(g, group);
+  return p;
+}
 
+StatusOr<std::vector<uint64_t>> RolloutStore::append_prepared(
+    const std::vector<const PreparedGroup*>& groups, const std::string* side_record) {
+  RELAY_RETURN_IF_ERROR(check_writable());
   std::lock_guard<std::mutex> lock(mu_);
   rocksdb::WriteBatch batch;
   std::vector<uint64_t> seqs;
-  for (StoredGroup& g : stored) {
-    g.seq = next_seq_ + seqs.size();
-    batch.Put(group_key(g.seq), encode(g));
-    batch.Put(ready_key(g.seq), ready_value(g.min_version));
-    batch.Put(version_key(g.min_version, g.seq), "");
-    seqs.push_back(g.seq);
+  for (const PreparedGroup* g : groups) {
+    const uint64_t seq = next_seq_ + seqs.size();
+    // The record in two parts, so it is copied once (into the batch).
+    const std::string key = group_key(seq), number = seq_field(seq);
+    const rocksdb::Slice key_part(key), value_parts[2] = {number, g->unnumbered};
+    batch.Put(rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2));
+    batch.Put(ready_key(seq), ready_value(g->min_version));
+    batch.Put(version_key(g->min_version, seq), "");
+    seqs.push_back(seq);
   }
-  if (!stored.empty()) {
+  if (!groups.empty()) {
     std::string next;
     put_u64(&next, next_seq_ + seqs.size());
     batch.Put(kNextSeqKey, next);
@@ -176,15 +182,14 @@ StatusOr<std::vector<uint64_t>> RolloutStore::append_all(const std::vector<Arriv
   if (side_record != nullptr) batch.Put(kSideRecordKey, *side_record);
   rocksdb::Status s = db_->Write(write_options(options_), &batch);
   if (!s.ok()) {
-    return rocks_error(stored.size() == 1
-                           ? absl::StrCat("append group '", stored[0].group.group_id, "'")
-                           : absl::StrCat("append ", stored.size(), " groups"),
+    return rocks_error(groups.size() == 1 ? absl::StrCat("append group '", groups[0]->group_id, "'")
+                                          : absl::StrCat("append ", groups.size(), " groups"),
                        s);
   }
   next_seq_ += seqs.size();
-  if (!stored.empty()) ++append_writes_;
+  if (!groups.empty()) ++append_writes_;
   std::map<int64_t, int64_t> added;
-  for (const StoredGroup& g : stored) ++added[g.min_version];
+  for (const PreparedGroup* g : groups) ++added[g->min_version];
   if (!added.empty()) ready_.change(added);
   return seqs;
 }

@@ -123,7 +123,9 @@ StatusOr<v1::StoredGroup> parse_record(const rocksdb::Slice& key, const rocksdb:
   return rec;
 }
 
-std::string encode(const StoredGroup& g) {
+std::string encode(const StoredGroup& g) { return encode(g, g.group); }
+
+std::string encode(const StoredGroup& g, const rollout::TrajectoryGroup& group) {
   v1::StoredGroup rec;
   rec.set_seq(g.seq);
   rec.set_state(state_to_proto(g.state));
@@ -133,8 +135,15 @@ std::string encode(const StoredGroup& g) {
   rec.set_arrival_unix_ms(g.arrival_unix_ms);
   rec.set_consumed_version(g.consumed_version);
   rec.set_reject_reason(g.reject_reason);
-  to_proto(g.group, rec.mutable_group());
+  to_proto(group, rec.mutable_group());
   return rec.SerializeAsString();
+}
+
+std::string seq_field(uint64_t seq) {
+  std::string out(1, static_cast<char>(v1::StoredGroup::kSeqFieldNumber << 3));  // a varint
+  for (; seq >= 0x80; seq >>= 7) out.push_back(static_cast<char>((seq & 0x7f) | 0x80));
+  out.push_back(static_cast<char>(seq));
+  return out;
 }
 
 rocksdb::WriteOptions write_options(const StoreOptions& o) {

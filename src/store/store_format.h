@@ -47,6 +47,14 @@ Status rocks_error(const std::string& what, const rocksdb::Status& s);
 // an unknown state, or (unless REJECTED) fails the trajectory checks.
 StatusOr<StoredGroup> decode(uint64_t seq, const std::string& bytes);
 std::string encode(const StoredGroup& g);
+// encode(g) with `group` for g.group (which is not read), so that a group
+// need not be copied into a StoredGroup to be encoded.
+std::string encode(const StoredGroup& g, const rollout::TrajectoryGroup& group);
+// A record encoded with seq 0 (which proto3 leaves out) is numbered
+// afterwards by putting seq_field(s) in front of it: seq_field(s) +
+// encode(g) is encode(g with seq s) byte for byte, for s >= 1, because seq
+// is field 1 and fields serialize in number order.
+std::string seq_field(uint64_t seq);
 // The raw record under group key `key` (scans that need only its state and
 // versions): DataLoss naming the group when it does not parse.
 StatusOr<v1::StoredGroup> parse_record(const rocksdb::Slice& key, const rocksdb::Slice& value);

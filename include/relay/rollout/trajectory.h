@@ -225,6 +225,10 @@ struct TrajectoryGroup {
 // env_mask empty or sized like the response, its tokens with no log-prob and
 // not forced, and the turns covering the response in order, agreeing with it.
 // Names the field and index of the first violation.
-Status check_trajectory(const Trajectory& t);
+// `max_behavior_logprob` is the ceiling on behavior log-probs: 0, or a
+// caller's tolerance for rounding when it has already refused values above
+// it and will clamp the rest (comm::validate_submission), so that it need
+// not check a clamped copy of the whole trajectory.
+Status check_trajectory(const Trajectory& t, float max_behavior_logprob = 0.0f);
 
 }  // namespace relay::rollout

@@ -20,15 +20,17 @@
 //
 // Group commit. Every change (a lease, a release, an expiry, a submitted
 // group) takes the dispenser's lock only to check and apply it in memory and
-// queue its durable write: the group, if any, and the whole state after the
-// change. The first caller to find no write in progress writes everything
-// queued by then in one RocksDB batch (every group and the newest state, one
-// WAL fsync: RolloutStore::append_all) while the others wait for it; each
-// returns once its own change is durable (invariant 7). States are queued
-// under the lock in the order they were made, so the newest one written is
-// the newest one made. When a write fails, that call and every change queued
-// after it fail, and the in-memory state is read back from the store, so it
-// is again exactly what is durable.
+// queue its durable write: the group's record, if any, encoded beforehand
+// on the caller's thread (RolloutStore::prepare). The first caller to find
+// no write in progress takes everything queued by then and, under the lock,
+// the state after those changes, and writes them in one RocksDB batch
+// (every group and that state, one WAL fsync:
+// RolloutStore::append_prepared) while the others wait for it; each returns
+// once its own change is durable (invariant 7). Changes are made and queued
+// under the lock, so the state the writer reads covers exactly the changes
+// it took. When a write fails, that call and every change queued after it
+// fail, and the in-memory state is read back from the store, so it is again
+// exactly what is durable.
 //
 // Thread-safe.
 
@@ -39,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,8 +119,10 @@ class PromptDispenser {
   // memory and queues its durable write, returning at once; the
   // Submission's wait() returns once the write is durable (the group's
   // arrival number) or failed. Groups begun before any wait() go to the
-  // store together: one write, one WAL fsync. `group` must outlive the
-  // Submission, whose destructor waits when wait() was not called (a queued
+  // store together: one write, one WAL fsync. begin_submit encodes the
+  // group's record itself (RolloutStore::prepare, on the caller's thread and
+  // before it takes the dispenser's lock), so the Submission does not refer
+  // to `group`; its destructor waits when wait() was not called (a queued
   // write is never abandoned). The errors are submit()'s: begin_submit's
   // when nothing changed, wait()'s when the write failed.
   class Submission;
@@ -147,19 +152,22 @@ class PromptDispenser {
   // Groups the staleness bound still allows at `version`.
   int64_t room_locked(int64_t version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One durable change waiting for its write (see "Group commit" above).
+  // It carries no copy of the dispenser's state: the write encodes the
+  // state once for all the changes it takes, not once per change (the
+  // state holds every live lease).
   struct Commit {
-    const rollout::TrajectoryGroup* group = nullptr;  // a submission's, else none
-    int64_t trainer_version = 0;
-    std::string state;  // the dispenser's state after the change
+    std::optional<RolloutStore::PreparedGroup> group;  // a submission's, else none
     Status status;
     uint64_t seq = 0;  // the group's arrival number, once written
     bool done = false;
   };
-  // Queues `c` with the state as it is now.
+  // Queues `c`, a change just made under mu_.
   void enqueue_locked(Commit* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns once `c` is durable (or failed), writing it and whatever else is
   // queued when no write is in progress. Called without mu_.
   Status commit(Commit* c);
+  // The persisted form of the state as it is now.
+  std::string encode_state_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a failed write: fails every queued change and reloads the state
   // from the store.
   void recover(const Status& why);

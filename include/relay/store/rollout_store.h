@@ -124,21 +124,31 @@ class RolloutStore {
                             const std::string* side_record = nullptr);
   // What append() refuses a group for, checked without writing.
   static Status check_group(const rollout::TrajectoryGroup& group);
-  // Several groups (each with the trainer version it arrived at) and
-  // optionally the side record in one durable write, all or nothing: their
-  // arrival numbers in order. This is group commit (PromptDispenser): one
-  // WAL fsync for every submission that arrived meanwhile.
-  struct Arrival {
-    const rollout::TrajectoryGroup* group = nullptr;
-    int64_t trainer_version = 0;
+  // A group checked and encoded for appending: all of its record but the
+  // arrival number, which only the write knows. Group commit writes many
+  // callers' groups on one thread; each caller prepares its own first, on
+  // its own thread and outside every lock, so that the write only numbers
+  // the records and stores them.
+  struct PreparedGroup {
+    std::string group_id;  // for errors
+    int64_t min_version = 0;
+    std::string unnumbered;  // the StoredGroup record without its seq
   };
-  StatusOr<std::vector<uint64_t>> append_all(const std::vector<Arrival>& groups,
-                                             const std::string* side_record);
+  // check_group's errors; the group is READY, arrived at `trainer_version`
+  // now.
+  static StatusOr<PreparedGroup> prepare(const rollout::TrajectoryGroup& group,
+                                         int64_t trainer_version);
+  // Several prepared groups (not null) and optionally the side record in one
+  // durable write, all or nothing: their arrival numbers in order. This is
+  // group commit (PromptDispenser): one WAL fsync for every submission that
+  // arrived meanwhile.
+  StatusOr<std::vector<uint64_t>> append_prepared(const std::vector<const PreparedGroup*>& groups,
+                                                  const std::string* side_record);
 
   // Groups ever appended (arrival numbers handed out), compaction or not.
   uint64_t appended() const;
   // Writes that appended groups since this store opened: with group commit
-  // (append_all), fewer than the groups.
+  // (append_prepared), fewer than the groups.
   uint64_t append_writes() const;
   // Groups marked EXPIRED (never trained on), compaction or not; a rewind
   // adds the groups it drops and subtracts those it makes READY again.

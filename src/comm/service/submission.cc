@@ -1,5 +1,6 @@
 #include "relay/comm/service/submission.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -151,13 +152,12 @@ Status check_logprob_fields(const rollout::Trajectory& t, const std::string& whe
   if (sampled && l.require_teacher_logprobs) {
     RELAY_RETURN_IF_ERROR(check_teacher_scored(t, where));
   }
-  // check_trajectory wants behavior log-probs <= 0: test a clamped copy, so
-  // rounding within the tolerance is not refused here.
-  rollout::Trajectory clamped = t;
-  for (float& lp : clamped.behavior_logprobs) {
-    if (lp > 0) lp = 0;
-  }
-  if (Status s = rollout::check_trajectory(clamped); !s.ok()) {
+  // Behavior log-probs above the tolerance were refused just above, and
+  // normalize_submission clamps those within it to 0 before the store checks
+  // them against 0.
+  if (Status s =
+          rollout::check_trajectory(t, std::max(0.0f, static_cast<float>(l.logprob_tolerance)));
+      !s.ok()) {
     return bad(where, std::string(s.message()));
   }
   return OkStatus();

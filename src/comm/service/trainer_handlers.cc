@@ -238,8 +238,7 @@ Status TrainerHandlers::begin_accept(const v1::SubmitGroupRequest& req, PendingS
     return v.code() == absl::StatusCode::kFailedPrecondition ? release(req.lease_id(), v) : v;
   }
   normalize_submission(*group, options_.limits);
-  p.group = std::make_unique<rollout::TrajectoryGroup>(*std::move(group));
-  RELAY_ASSIGN_OR_RETURN(p.submission, dispenser_->begin_submit(req.lease_id(), *p.group, version));
+  RELAY_ASSIGN_OR_RETURN(p.submission, dispenser_->begin_submit(req.lease_id(), *group, version));
   return OkStatus();
 }
 

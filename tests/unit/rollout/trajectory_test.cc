@@ -69,6 +69,40 @@ TEST(TrajectoryTest, CheckNamesTheFirstViolation) {
   }
 }
 
+// A caller that refused log-probs above its rounding tolerance itself
+// passes it as the ceiling (comm::validate_submission).
+TEST(TrajectoryTest, BehaviorLogprobCeilingIsTheCallers) {
+  Trajectory t = valid();
+  t.behavior_logprobs[1] = 5e-5f;
+  EXPECT_EQ(std::string(check_trajectory(t).message()),
+            "behavior_logprobs[1]: must be finite and <= 0 (or NaN if missing), got 5e-05");
+  EXPECT_TRUE(check_trajectory(t, 1e-4f).ok()) << check_trajectory(t, 1e-4f);
+  t.behavior_logprobs[1] = 2e-4f;
+  EXPECT_EQ(std::string(check_trajectory(t, 1e-4f).message()),
+            "behavior_logprobs[1]: must be finite and <= 0.0001 (or NaN if missing), got 0.0002");
+  t.behavior_logprobs[1] = INFINITY;
+  EXPECT_FALSE(check_trajectory(t, INFINITY).ok());
+}
+
+// Proximal versions v + 1 interleave with token versions v: every version
+// either field uses needs its digest, however they alternate.
+TEST(TrajectoryTest, EveryVersionUsedNeedsADigestHoweverTheyInterleave) {
+  Trajectory t;
+  t.prompt_tokens = {1};
+  t.response_tokens = {5, 6, 7, 8, 9};
+  t.behavior_logprobs = {-1.0f, -1.0f, -1.0f, -1.0f, -1.0f};
+  t.token_versions = {0, 0, 1, 1, 3};
+  t.proximal_logprobs = {-1.0f, -1.0f, -1.0f, -1.0f, -1.0f};
+  t.proximal_versions = {1, 0, 2, 1, 3};
+  t.offpolicy_mask = {0, 0, 0, 0, 0};
+  t.version_digests = {{3, 13}, {1, 11}, {0, 10}};
+  EXPECT_EQ(std::string(check_trajectory(t).message()), "version_digests: no digest for version 2");
+  t.version_digests.push_back({2, 12});
+  EXPECT_TRUE(check_trajectory(t).ok()) << check_trajectory(t);
+  t.version_digests.erase(t.version_digests.begin());  // version 3's
+  EXPECT_EQ(std::string(check_trajectory(t).message()), "version_digests: no digest for version 3");
+}
+
 // An episode of two turns: model [0, 2), environment [2, 4), model [4, 5).
 Trajectory episode() {
   Trajectory t;

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "store/store_format.h"
+
 namespace relay::store {
 namespace {
 
@@ -79,6 +81,40 @@ TEST(RolloutStoreTest, AppendedGroupsComeBackFifoWithEveryField) {
 
   EXPECT_EQ(ids(store->take_ready(5, -1, 2).value()), (std::vector<std::string>{"c"}));
   EXPECT_TRUE(store->take_ready(5, -1, 2).value().empty()) << "consumed groups are not re-read";
+}
+
+// A prepared record is numbered by putting the seq field in front of it:
+// byte for byte the record encoded with that number, at every varint width.
+TEST(RolloutStoreTest, APreparedRecordNumberedLaterIsTheRecordEncodedWithItsNumber) {
+  StoredGroup g;
+  g.min_version = 3;
+  g.max_version = 4;
+  g.arrival_version = 4;
+  g.arrival_unix_ms = 1764000000000;
+  g.group = make_group("g", 3);
+  const std::string unnumbered = encode(g);
+  for (uint64_t seq : {uint64_t{1}, uint64_t{127}, uint64_t{128}, uint64_t{300}, uint64_t{1} << 40,
+                       ~uint64_t{0}}) {
+    StoredGroup numbered = g;
+    numbered.seq = seq;
+    EXPECT_EQ(seq_field(seq) + unnumbered, encode(numbered)) << seq;
+    auto back = decode(seq, seq_field(seq) + unnumbered);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->seq, seq);
+    EXPECT_EQ(back->group.trajectories[1].response_tokens, (std::vector<int64_t>{4, 4}));
+  }
+  // What prepare() refuses, append() refuses, and nothing is written.
+  rollout::TrajectoryGroup bad = make_group("bad", 0);
+  bad.trajectories[1].token_versions.pop_back();
+  const Status refused = RolloutStore::prepare(bad, 0).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(refused.message()).find("group 'bad' trajectory 1: token_versions"),
+            std::string::npos)
+      << refused;
+  const std::string dir = fresh_dir("prepared");
+  auto store = open_store(dir);
+  EXPECT_EQ(store->append(bad, 0).status(), refused);
+  EXPECT_EQ(store->appended(), 0u);
 }
 
 TEST(RolloutStoreTest, StaleGroupsExpireInsteadOfBeingTrainedOn) {

@@ -131,7 +131,6 @@ class TrainerHandlers {
   struct PendingSubmit {
     uint64_t lease_id = 0;
     Status refused;  // begin's refusal; then there is no submission
-    std::unique_ptr<rollout::TrajectoryGroup> group;
     std::unique_ptr<store::PromptDispenser::Submission> submission;
   };
   PendingSubmit begin_submit_group(const v1::SubmitGroupRequest& req);
