@@ -70,6 +70,14 @@
 //                     and no prefill, which overstated them by up to 2x at
 //                     batch 64, where the prefill's GEMMs are as many
 //                     FLOPs as the decode's.)
+//          products   gemm-only with each decode step's products run as
+//                     the engine runs them (model::row_linear: relay's
+//                     few-row kernels up to their row limit, the GEMM
+//                     above; the prefill's stay GEMMs): what the engine's
+//                     decode would take if norms, attention, sampling and
+//                     scheduling cost nothing. At batch 1 the GEMM is the
+//                     wrong bound (OpenBLAS runs one row at ~9 GFLOP/s);
+//                     this one is not.
 //
 //   rollout_bench [--models tiny,qwen2-100m] [--batches 1,8,64] [--only
 //   kv|mixed|py|attn|sampler|dtype]
@@ -126,6 +134,7 @@
 #include "machine_limits.h"
 #include "model/decode_attention.h"
 #include "model/kernel_pool.h"
+#include "model/row_linear.h"
 #include "python_ref.h"
 #include "relay/model/blas_kernels.h"
 #include "relay/model/checkpoint.h"
@@ -687,7 +696,11 @@ std::vector<ForwardMatrix> forward_matrices(Policy& p) {
 // matrix in turn (the model's own, so they come from memory), the LM head on
 // `head_rows` rows; best of `reps` calls. A decode step at batch B is
 // (B, B); the prefill of B prompts of P tokens is (B P, B).
-double step_gemm_seconds(Policy& p, int64_t rows, int64_t head_rows, int reps) {
+// With `kernels`, each product runs as the engine's decode step runs it:
+// model::row_linear (relay's few-row kernels up to their row limit, linear
+// above).
+double step_gemm_seconds(Policy& p, int64_t rows, int64_t head_rows, int reps,
+                         bool kernels = false) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> ws, xs;
   for (const ForwardMatrix& m : forward_matrices(p)) {
@@ -695,7 +708,13 @@ double step_gemm_seconds(Policy& p, int64_t rows, int64_t head_rows, int reps) {
     xs.push_back(torch::randn({m.head ? head_rows : rows, m.weight.size(1)}));
   }
   return time_best(reps, [&] {
-    for (size_t i = 0; i < ws.size(); ++i) torch::nn::functional::linear(xs[i], ws[i]);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (kernels) {
+        relay::model::row_linear(xs[i], ws[i], at::Tensor());
+      } else {
+        torch::nn::functional::linear(xs[i], ws[i]);
+      }
+    }
   });
 }
 
@@ -746,6 +765,7 @@ struct PendingBound {
   double weight_bytes = 0;     // read once per forward
   double gemm_step_s = 0;      // one decode step's weight GEMMs, best of several
   double gemm_prefill_s = 0;   // the prefill's
+  double kernel_step_s = 0;    // one decode step's products as the engine runs them
   double engine_s = 0;
 };
 
@@ -816,6 +836,7 @@ void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
   pb.weight_bytes = 4.0 * (matmul_params + head_params);
   pb.gemm_step_s = step_gemm_seconds(p, B, B, 5);
   pb.gemm_prefill_s = step_gemm_seconds(p, B * P, B, 3);
+  pb.kernel_step_s = step_gemm_seconds(p, B, B, 5, /*kernels=*/true);
   pb.engine_s = engine;
   bounds->push_back(pb);
 }
@@ -842,6 +863,11 @@ void bound_rows(const std::vector<PendingBound>& bounds, const MachineLimits& li
         fmt("prefill's weight GEMMs %.1f ms, one step's %.2f ms = %.1f GFLOP/s",
             1e3 * b.gemm_prefill_s, 1e3 * b.gemm_step_s,
             b.batch * b.weight_bytes / 2.0 / b.gemm_step_s / 1e9));
+    row("products", b.gemm_prefill_s + b.kernel_step_s * (b.steps - 1),
+        fmt("prefill's weight GEMMs %.1f ms, one step's products as the engine runs them %.2f "
+            "ms = %.1f GB/s of weights, %.1f GFLOP/s",
+            1e3 * b.gemm_prefill_s, 1e3 * b.kernel_step_s, b.weight_bytes / b.kernel_step_s / 1e9,
+            b.batch * b.weight_bytes / 2.0 / b.kernel_step_s / 1e9));
   }
 }
 

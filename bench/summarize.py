@@ -252,11 +252,13 @@ def main():
                       num(r["tokens_per_s"], ",.1f"),
                       f"plain-PyTorch generate loop {num(base['tokens_per_s'], ',.1f')}",
                       ratio(r["ratio"])))
-        for bound in ("roofline", "gemm-only"):
+        kinds = {"gemm-only": "weight GEMMs alone",
+                 "products": "weight products as the engine runs them, alone"}
+        for bound in ("roofline", "gemm-only", "products"):
             b = pick(py, model=r["model"], bench="bound", batch=r["batch"], mode=bound)
             if b:
                 kind = ("memory-bound" if "memory-bound" in b.get("notes", "")
-                        else "compute-bound") if bound == "roofline" else "weight GEMMs alone"
+                        else "compute-bound") if bound == "roofline" else kinds[bound]
                 table.append(("decode", f"{r['model']}, batch {r['batch']}: engine tokens/s "
                               f"as a share of the {bound} bound ({kind})",
                               num(r["tokens_per_s"], ",.1f"),
