@@ -200,9 +200,7 @@ Status load_archive_file(const std::string& path, torch::serialize::InputArchive
 }
 }  // namespace
 
-Status Trainer::write_state(const std::function<size_t(const void*, size_t)>& write,
-                            bool* wrote) const {
-  *wrote = false;
+Status Trainer::write_state(const std::function<size_t(const void*, size_t)>& write) const {
   // A half-updated policy must not become a checkpoint (see step()).
   RELAY_RETURN_IF_ERROR(broken_);
   if (optimizer_->save_is_collective()) {
@@ -224,7 +222,6 @@ Status Trainer::write_state(const std::function<size_t(const void*, size_t)>& wr
     }
     if (optimizer_->save_is_collective() && dp_.rank() != 0) return OkStatus();
     archive.save_to(write);
-    *wrote = true;
   } catch (const std::exception& e) {
     return InternalError(
         absl::StrCat("cannot serialize the trainer state: ", model::exception_message(e)));
@@ -234,13 +231,10 @@ Status Trainer::write_state(const std::function<size_t(const void*, size_t)>& wr
 
 StatusOr<std::string> Trainer::save_state() const {
   std::string out;
-  bool wrote = false;
-  RELAY_RETURN_IF_ERROR(write_state(
-      [&out](const void* data, size_t n) {
-        out.append(static_cast<const char*>(data), n);
-        return n;
-      },
-      &wrote));
+  RELAY_RETURN_IF_ERROR(write_state([&out](const void* data, size_t n) {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  }));
   return out;
 }
 
@@ -255,17 +249,14 @@ Status Trainer::save_state_to_file(const std::string& path) const {
   // rest of the archive is taken and dropped: a short count would make the
   // archive throw, and LibTorch's writer can throw again from its
   // destructor and end the process (pytorch/pytorch#175248).
+  // (A follower writes nothing: refused above.)
   Status written = OkStatus();
-  bool wrote = false;
-  const Status s = write_state(
-      [&](const void* data, size_t n) -> size_t {
-        if (written.ok()) written = file.write(data, n);
-        return n;
-      },
-      &wrote);
+  const Status s = write_state([&](const void* data, size_t n) -> size_t {
+    if (written.ok()) written = file.write(data, n);
+    return n;
+  });
   RELAY_RETURN_IF_ERROR(written);
   RELAY_RETURN_IF_ERROR(s);
-  if (!wrote) return InternalError(absl::StrCat(path, ": the trainer state was not written"));
   return file.commit();
 }
 

@@ -189,8 +189,8 @@ class Trainer {
 
   // save_state's archive, written through `write` (the archive's writer:
   // bytes in, the count taken back, 0 for a failure). A follower of a
-  // collective save takes part and writes nothing (`*wrote` false).
-  Status write_state(const std::function<size_t(const void*, size_t)>& write, bool* wrote) const;
+  // collective save takes part and writes nothing.
+  Status write_state(const std::function<size_t(const void*, size_t)>& write) const;
   // restore_state's second half, on a loaded archive (`path` for errors).
   Status restore_archive(torch::serialize::InputArchive& archive, const std::string& path);
 
