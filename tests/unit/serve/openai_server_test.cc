@@ -14,8 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -46,7 +48,9 @@ model::PolicyConfig config() {
 // One model, engine and server per test, with the test's options.
 class Served {
  public:
-  explicit Served(ServeOptions options = {}) : policy_(config()) {
+  explicit Served(ServeOptions options = {},
+                  rollout::EngineDtype dtype = rollout::EngineDtype::kModel)
+      : policy_(config()) {
     model::init_weights(*policy_, 5, 0.3);
     policy_->eval();
     tokenizer_ = std::make_shared<model::BpeTokenizer>(*model::BpeTokenizer::from_json(
@@ -55,6 +59,7 @@ class Served {
     rollout::EngineOptions eo;
     eo.num_slots = 4;
     eo.stop_tokens = {kEndOfText, kImEnd};
+    eo.dtype = dtype;
     auto engine = rollout::Engine::create(model::clone_policy(*policy_), eo, 0, 7);
     EXPECT_TRUE(engine.ok()) << engine.status();
     serving_ = std::make_unique<ServingEngine>(*std::move(engine));
@@ -93,12 +98,19 @@ class Served {
     return it == last_headers_.end() ? "" : it->second;
   }
 
-  // log p(token) of every token after the prompt, from a separate forward pass.
-  std::vector<float> score(const std::vector<int64_t>& prompt, const std::vector<int64_t>& out) {
+  // log p(token) of every token after the prompt, from a separate forward
+  // pass of the served weights (the fp32 policy, or a copy in `dtype`).
+  std::vector<float> score(const std::vector<int64_t>& prompt, const std::vector<int64_t>& out,
+                           std::optional<c10::ScalarType> dtype = std::nullopt) {
     torch::NoGradGuard g;
     std::vector<int64_t> ids = prompt;
     ids.insert(ids.end(), out.begin(), out.end());
-    at::Tensor lp = policy_->score(torch::tensor(ids).view({1, -1}), {}, {})[0];
+    model::Policy scorer = policy_;
+    if (dtype) {
+      scorer = model::clone_policy(*policy_);
+      scorer->to(*dtype);
+    }
+    at::Tensor lp = scorer->score(torch::tensor(ids).view({1, -1}), {}, {})[0];
     std::vector<float> r;
     for (size_t j = 0; j < out.size(); ++j) r.push_back(lp[prompt.size() - 1 + j].item<float>());
     return r;
@@ -175,6 +187,43 @@ TEST(OpenAiServerTest, ChatReturnsTheModelsOwnLogprobsPerTokenId) {
   ASSERT_EQ(again_status, 200);
   EXPECT_EQ(again["choices"][0]["token_ids"], r["choices"][0]["token_ids"]);
   EXPECT_TRUE(again["choices"][0]["logprobs"].is_null());
+}
+
+// `relay serve` with rollout.dtype bfloat16: the engine holds bf16 weights,
+// and the log-probs a client gets are the bf16 model's, not the fp32 one's
+// it was made from (a bf16 rounding step of these logits is up to 0.125).
+TEST(OpenAiServerTest, ABf16EngineServesTheBf16ModelsLogprobs) {
+  Served s({}, rollout::EngineDtype::kBFloat16);
+  auto [status, r] = s.post("/v1/chat/completions",
+                            chat("Hi", {{"n", 2}, {"logprobs", true}, {"temperature", 1.0}}));
+  ASSERT_EQ(status, 200) << r.dump();
+  const std::vector<int64_t> prompt = ids_of(r["prompt_token_ids"]);
+  double to_bf16 = 0, to_fp32 = 0;
+  int64_t n = 0;
+  for (const json& c : r["choices"]) {
+    const std::vector<int64_t> ids = ids_of(c["token_ids"]);
+    ASSERT_FALSE(ids.empty());
+    ASSERT_EQ(c["logprobs"]["content"].size(), ids.size());
+    const std::vector<float> bf16 = s.score(prompt, ids, torch::kBFloat16);
+    const std::vector<float> fp32 = s.score(prompt, ids);
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const double got = c["logprobs"]["content"][j]["logprob"].get<double>();
+      EXPECT_LE(got, 0.0) << j;
+      to_bf16 = std::max(to_bf16, std::fabs(got - bf16[j]));
+      to_fp32 += std::fabs(got - fp32[j]);
+      ++n;
+    }
+  }
+  std::printf(
+      "bf16 engine over HTTP: max |diff| to the bf16 model's scoring %.3g, mean to fp32 %.3g\n",
+      to_bf16, to_fp32 / n);
+  EXPECT_LT(to_bf16, 0.25);
+  EXPECT_GT(to_fp32 / n, 1e-4) << "bf16 weights, not the fp32 ones";
+  // The same seed samples the same tokens from the bf16 weights.
+  auto [again_status, again] =
+      s.post("/v1/chat/completions", chat("Hi", {{"n", 2}, {"temperature", 1.0}}));
+  ASSERT_EQ(again_status, 200);
+  EXPECT_EQ(again["choices"][1]["token_ids"], r["choices"][1]["token_ids"]);
 }
 
 // A stop string ends the text before it; the tokens that made it stay.
