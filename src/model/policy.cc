@@ -353,6 +353,9 @@ at::Tensor PolicyImpl::extend(const at::Tensor& input_ids, const at::Tensor& new
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   TORCH_CHECK(new_lengths.numel() == B && slots.numel() == B,
               "Policy::extend: new_lengths and slots need one entry per row");
+  // A short append of several positions runs the few-row kernels as a
+  // decode step does (row_linear.h).
+  IncrementalRows incremental;
   at::Tensor len_cpu = new_lengths.to(torch::kCPU, torch::kInt64).contiguous();
   at::Tensor slot_cpu = slots.to(torch::kCPU, torch::kInt64).contiguous();
   const int64_t* len_p = len_cpu.data_ptr<int64_t>();

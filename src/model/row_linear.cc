@@ -263,7 +263,12 @@ int64_t max_rows(RowKernel resolved, bool half = false) {
   }
 }
 
+thread_local bool incremental_rows = false;
+
 }  // namespace
+
+IncrementalRows::IncrementalRows() : previous_(incremental_rows) { incremental_rows = true; }
+IncrementalRows::~IncrementalRows() { incremental_rows = previous_; }
 
 RowKernel best_row_kernel() { return resolve(RowKernel::kBest); }
 
@@ -279,7 +284,7 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
   // scoring) leave here.
   if (grad || weight.dim() != 2 || weight.size(1) == 0 || x.dim() < 1 ||
       x.size(-1) != weight.size(1) || (!half && x.numel() / weight.size(1) > kMaxAvx512Rows) ||
-      (x.dim() >= 3 && x.size(-2) != 1) || !x.device().is_cpu() ||
+      (x.dim() >= 3 && x.size(-2) != 1 && (half || !incremental_rows)) || !x.device().is_cpu() ||
       (dtype != torch::kFloat32 && !half) || x.scalar_type() != dtype || !weight.is_contiguous() ||
       (bias.defined() &&
        (bias.scalar_type() != dtype || !bias.is_contiguous() || bias.numel() != weight.size(0))) ||

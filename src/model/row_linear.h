@@ -47,7 +47,13 @@
 // Only decode-shaped inputs take them: [rows, in], or [..., 1, in] (one
 // position per sequence). A longer sequence dimension (prefill, scoring, a
 // recompute) is linear() itself however few its rows, so full-sequence work
-// is the GEMM's whatever its size. And only where nothing else depends on
+// is the GEMM's whatever its size; except, in fp32, within an
+// IncrementalRows scope (Policy::extend): there a short append of several
+// positions (a short prompt, an episode's observation, a few sequences'
+// next tokens together) is few rows like a decode step, and OpenBLAS ran
+// 2-12 rows of qwen2-100m's matrices 2-2.6x slower than the kernel (an
+// extend of 12 positions took longer than one of 16 or 32). Scoring keeps
+// the GEMM at any size. And only where nothing else depends on
 // the GEMM: tensors on the CPU, a contiguous weight, no autograd (no
 // operand requires a gradient while grad mode is on) and CPU autocast off
 // (autocast runs the GEMM in its lower precision).
@@ -90,6 +96,20 @@ enum class RowKernel {
   kSkinnyAvx512,  // AVX-512F: each weight row once for up to 12 input rows
   kSkinnyAvx2,    // AVX2/FMA: each weight row once for up to 4 input rows
   kMatrixVector,  // BLAS addmv (mv) per input row, up to 2
+};
+
+// Within its scope, on this thread, fp32 inputs with a sequence dimension
+// longer than one take the kernels too when their rows fit: they are an
+// incremental append (Policy::extend), not scoring. Nests.
+class IncrementalRows {
+ public:
+  IncrementalRows();
+  ~IncrementalRows();
+  IncrementalRows(const IncrementalRows&) = delete;
+  IncrementalRows& operator=(const IncrementalRows&) = delete;
+
+ private:
+  bool previous_;
 };
 
 // What kBest is on this CPU, and the most rows it takes.

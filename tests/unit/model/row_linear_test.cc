@@ -234,6 +234,43 @@ TEST(RowLinearTest, MatrixVectorKernelIsOneAddmvPerRow) {
   }
 }
 
+// Policy::extend's appends of a few positions (IncrementalRows): an fp32
+// sequence whose rows fit takes the kernel, with the bits its rows give as
+// decode rows; outside the scope, and in bf16, it is linear() itself.
+TEST(RowLinearTest, AShortAppendTakesTheKernelOnlyWithinIncrementalRows) {
+  if (best_row_kernel() == RowKernel::kMatrixVector) {
+    GTEST_SKIP() << "no AVX2/FMA on this CPU: its one-row products are linear's own";
+  }
+  const Operands o = make_operands(96, 64, 3);
+  torch::NoGradGuard no_grad;
+  const int64_t max_rows = max_row_kernel_rows();
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{1, 2, 64}, {2, 2, 64}, {1, max_rows, 64}}) {
+    const at::Tensor seq = torch::randn(shape);
+    const int64_t rows = seq.numel() / 64;
+    if (rows > max_rows) continue;
+    const at::Tensor as_rows =
+        row_linear(seq.reshape({rows, 64}), o.weight, o.bias).view({shape[0], shape[1], 96});
+    const at::Tensor linear = torch::linear(seq, o.weight, o.bias);
+    // The two paths sum in different orders: their bits differ somewhere
+    // in 96 x rows outputs (else this test could not tell them apart).
+    ASSERT_FALSE(torch::equal(as_rows, linear)) << ::testing::PrintToString(shape);
+    EXPECT_TRUE(torch::equal(row_linear(seq, o.weight, o.bias), linear));
+    {
+      IncrementalRows incremental;
+      EXPECT_TRUE(torch::equal(row_linear(seq, o.weight, o.bias), as_rows))
+          << ::testing::PrintToString(shape);
+      { IncrementalRows nested; }
+      EXPECT_TRUE(torch::equal(row_linear(seq, o.weight, o.bias), as_rows)) << "still in scope";
+      const at::Tensor w16 = o.weight.to(torch::kBFloat16), b16 = o.bias.to(torch::kBFloat16);
+      const at::Tensor s16 = seq.to(torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(row_linear(s16, w16, b16), torch::linear(s16, w16, b16)))
+          << "bf16 sequences stay with linear";
+    }
+    EXPECT_TRUE(torch::equal(row_linear(seq, o.weight, o.bias), linear)) << "scope ended";
+  }
+}
+
 TEST(RowLinearTest, MoreRowsGradientsAndAutocastAreLinearItself) {
   const Operands o = make_operands(96, 64, 3);
   {
