@@ -284,8 +284,10 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
   // scoring) leave here.
   if (grad || weight.dim() != 2 || weight.size(1) == 0 || x.dim() < 1 ||
       x.size(-1) != weight.size(1) || (!half && x.numel() / weight.size(1) > kMaxAvx512Rows) ||
-      (x.dim() >= 3 && x.size(-2) != 1 && (half || !incremental_rows)) || !x.device().is_cpu() ||
-      (dtype != torch::kFloat32 && !half) || x.scalar_type() != dtype || !weight.is_contiguous() ||
+      (x.dim() >= 3 && x.size(-2) != 1 &&
+       (!incremental_rows || (half && x.numel() / weight.size(1) > kMaxHalfAppendRows))) ||
+      !x.device().is_cpu() || (dtype != torch::kFloat32 && !half) || x.scalar_type() != dtype ||
+      !weight.is_contiguous() ||
       (bias.defined() &&
        (bias.scalar_type() != dtype || !bias.is_contiguous() || bias.numel() != weight.size(0))) ||
       current_autocast(c10::DeviceType::CPU).has_value()) {

@@ -47,13 +47,18 @@
 // Only decode-shaped inputs take them: [rows, in], or [..., 1, in] (one
 // position per sequence). A longer sequence dimension (prefill, scoring, a
 // recompute) is linear() itself however few its rows, so full-sequence work
-// is the GEMM's whatever its size; except, in fp32, within an
-// IncrementalRows scope (Policy::extend): there a short append of several
-// positions (a short prompt, an episode's observation, a few sequences'
-// next tokens together) is few rows like a decode step, and OpenBLAS ran
-// 2-12 rows of qwen2-100m's matrices 2-2.6x slower than the kernel (an
-// extend of 12 positions took longer than one of 16 or 32). Scoring keeps
-// the GEMM at any size. And only where nothing else depends on
+// is the GEMM's whatever its size; except within an IncrementalRows scope
+// (Policy::extend): there a short append of several positions (a short
+// prompt, an episode's observation, a few sequences' next tokens together)
+// is few rows like a decode step, and takes the kernel when its rows fit.
+// OpenBLAS ran 2-12 fp32 rows of qwen2-100m's matrices 2-2.6x slower than
+// the kernel (an extend of 12 positions took longer than one of 16 or 32);
+// LibTorch's bf16 product, 4-16 rows 1.3-1.7x slower. A longer bf16
+// append (kMaxHalfAppendRows) stays linear() in bf16, not the widened SGEMM
+// that decode rows past the limit take: at 128-256 positions that was
+// 1.6-1.9x slower than linear() on an AVX512-BF16 CPU. Scoring keeps
+// linear() at any size. And
+// only where nothing else depends on
 // the GEMM: tensors on the CPU, a contiguous weight, no autograd (no
 // operand requires a gradient while grad mode is on) and CPU autocast off
 // (autocast runs the GEMM in its lower precision).
@@ -72,7 +77,8 @@
 // rows and 1.3-1.8x at 64, while from ~100 rows on the widening pass plus
 // OpenBLAS's SGEMM beat the kernel (docs/BENCHMARKS.md, "Half-precision
 // weights in the engine"). Sequences longer than one position stay with
-// linear() in every precision, as above. Without a kernel they are linear()
+// linear() in every precision, as above (within IncrementalRows, up to
+// kMaxHalfAppendRows take the kernel). Without a kernel they are linear()
 // itself. The sums run in another
 // order than the GEMM's, so results agree with linear() to fp32 rounding
 // (about 1e-6 relative), not bit for bit. They do not depend on the other
@@ -90,6 +96,11 @@ inline constexpr int64_t kMaxAvx512Rows = 12;
 inline constexpr int64_t kMaxMatrixVectorRows = 2;
 // bf16 and fp16 weights on the AVX-512 kernel (more rows: widened, one SGEMM).
 inline constexpr int64_t kMaxHalfRows = 64;
+// ... and for a bf16 or fp16 append of several positions (IncrementalRows;
+// more rows: linear() in that precision). On the AMD EPYC VM (AVX512-BF16)
+// an extend of T positions at batch 1 on qwen2-100m, kernel over LibTorch's
+// bf16 linear(): T = 4 1.7x, 12 1.5x, 16 1.3x, 32 1.07x, 64 0.89x.
+inline constexpr int64_t kMaxHalfAppendRows = 32;
 
 enum class RowKernel {
   kBest,          // the first of the three below this CPU has
@@ -98,8 +109,8 @@ enum class RowKernel {
   kMatrixVector,  // BLAS addmv (mv) per input row, up to 2
 };
 
-// Within its scope, on this thread, fp32 inputs with a sequence dimension
-// longer than one take the kernels too when their rows fit: they are an
+// Within its scope, on this thread, inputs with a sequence dimension longer
+// than one take the kernels too when their rows fit: they are an
 // incremental append (Policy::extend), not scoring. Nests.
 class IncrementalRows {
  public:

@@ -234,9 +234,10 @@ TEST(RowLinearTest, MatrixVectorKernelIsOneAddmvPerRow) {
   }
 }
 
-// Policy::extend's appends of a few positions (IncrementalRows): an fp32
-// sequence whose rows fit takes the kernel, with the bits its rows give as
-// decode rows; outside the scope, and in bf16, it is linear() itself.
+// Policy::extend's appends of a few positions (IncrementalRows): a sequence
+// whose rows fit takes the kernel, with the bits its rows give as decode
+// rows; outside the scope it is linear() itself, and so is a bf16 one past
+// the kernel's rows (not the widened SGEMM of decode rows).
 TEST(RowLinearTest, AShortAppendTakesTheKernelOnlyWithinIncrementalRows) {
   if (best_row_kernel() == RowKernel::kMatrixVector) {
     GTEST_SKIP() << "no AVX2/FMA on this CPU: its one-row products are linear's own";
@@ -264,8 +265,13 @@ TEST(RowLinearTest, AShortAppendTakesTheKernelOnlyWithinIncrementalRows) {
       EXPECT_TRUE(torch::equal(row_linear(seq, o.weight, o.bias), as_rows)) << "still in scope";
       const at::Tensor w16 = o.weight.to(torch::kBFloat16), b16 = o.bias.to(torch::kBFloat16);
       const at::Tensor s16 = seq.to(torch::kBFloat16);
-      EXPECT_TRUE(torch::equal(row_linear(s16, w16, b16), torch::linear(s16, w16, b16)))
-          << "bf16 sequences stay with linear";
+      EXPECT_TRUE(torch::equal(
+          row_linear(s16, w16, b16),
+          row_linear(s16.reshape({rows, 64}), w16, b16).view_as(torch::linear(s16, w16, b16))))
+          << "bf16: the kernel's bits too";
+      const at::Tensor long16 = torch::randn({1, kMaxHalfAppendRows + 1, 64}).to(torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(row_linear(long16, w16, b16), torch::linear(long16, w16, b16)))
+          << "a long bf16 append is linear() in bf16";
     }
     EXPECT_TRUE(torch::equal(row_linear(seq, o.weight, o.bias), linear)) << "scope ended";
   }
