@@ -45,4 +45,16 @@ inline bool cpu_has_f16c() {
 #endif
 }
 
+// x86-64 with AVX512-BF16 (bf16 dot products in hardware: Zen 4, Cooper
+// Lake, Sapphire Rapids and later), where LibTorch's bf16 product (oneDNN)
+// runs them natively.
+inline bool cpu_has_avx512_bf16() {
+#ifdef RELAY_X86_KERNELS
+  static const bool has = __builtin_cpu_supports("avx512bf16") && cpu_has_avx512f();
+  return has;
+#else
+  return false;
+#endif
+}
+
 }  // namespace relay::model

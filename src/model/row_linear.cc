@@ -252,10 +252,17 @@ RowKernel resolve(RowKernel kernel) {
   return RowKernel::kMatrixVector;
 }
 
-int64_t max_rows(RowKernel resolved, bool half = false) {
+// Whether LibTorch's bf16 product beats widening to an SGEMM here.
+bool native_bf16_gemm(c10::ScalarType dtype) {
+  return dtype == torch::kBFloat16 && cpu_has_avx512_bf16();
+}
+
+int64_t max_rows(RowKernel resolved, c10::ScalarType dtype = torch::kFloat32) {
+  const bool half = dtype == torch::kBFloat16 || dtype == torch::kHalf;
   switch (resolved) {
     case RowKernel::kSkinnyAvx512:
-      return half ? kMaxHalfRows : kMaxAvx512Rows;
+      if (!half) return kMaxAvx512Rows;
+      return native_bf16_gemm(dtype) ? kMaxBf16RowsNative : kMaxHalfRows;
     case RowKernel::kSkinnyAvx2:
       return kMaxAvx2Rows;
     default:
@@ -297,11 +304,13 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
   const int64_t rows = x.numel() / in;
   const RowKernel resolved = resolve(kernel);
   if (rows < 1) return torch::linear(x, weight, bias);
-  if (rows > max_rows(resolved, half)) {
+  if (rows > max_rows(resolved, dtype)) {
     if (!half) return torch::linear(x, weight, bias);
     // Many rows of bf16 or fp16 on an AVX-512 CPU: the weights widened to
-    // fp32 for one SGEMM, its sums rounded once, as the kernel's are.
-    if (resolved == RowKernel::kSkinnyAvx512) {
+    // fp32 for one SGEMM, its sums rounded once, as the kernel's are; or,
+    // where the CPU has bf16 products, LibTorch's own (also fp32 sums
+    // rounded once), twice as fast as the widening.
+    if (resolved == RowKernel::kSkinnyAvx512 && !native_bf16_gemm(dtype)) {
       return torch::linear(x.to(torch::kFloat32), weight.to(torch::kFloat32),
                            bias.defined() ? bias.to(torch::kFloat32) : bias)
           .to(dtype);

@@ -173,12 +173,19 @@ TEST(RowLinearTest, HalfPrecisionWeightsGiveFp32SumsRoundedOnce) {
         const at::Tensor bias = with_bias ? b : at::Tensor();
         const at::Tensor bias32 = with_bias ? b.to(torch::kFloat32) : at::Tensor();
         // The AVX-512 kernel takes up to kMaxHalfRows rows of half-precision
-        // weights; more are one widened SGEMM.
+        // weights; more are one widened SGEMM. bf16 where the CPU has bf16
+        // products: up to kMaxBf16RowsNative, then LibTorch's bf16 product.
         const bool avx512 = k.kernel == RowKernel::kSkinnyAvx512;
-        const int64_t kernel_rows = avx512 ? kMaxHalfRows : k.max_rows;
+        const bool native = avx512 && dtype == torch::kBFloat16 && cpu_has_avx512_bf16();
+        const int64_t kernel_rows = !avx512  ? k.max_rows
+                                    : native ? kMaxBf16RowsNative
+                                             : kMaxHalfRows;
         std::vector<int64_t> counts;
         for (int64_t rows = 1; rows <= k.max_rows; ++rows) counts.push_back(rows);
-        if (avx512) counts.insert(counts.end(), {13, 17, kMaxHalfRows, kMaxHalfRows + 1});
+        if (avx512) {
+          counts.insert(counts.end(), {13, 17, kMaxBf16RowsNative, kMaxBf16RowsNative + 1,
+                                       kMaxHalfRows, kMaxHalfRows + 1});
+        }
         for (const int64_t rows : counts) {
           SCOPED_TRACE(std::string(k.name) + (dtype == torch::kHalf ? " fp16 " : " bf16 ") +
                        std::to_string(rows) + " rows" + (with_bias ? " bias" : ""));
@@ -199,6 +206,9 @@ TEST(RowLinearTest, HalfPrecisionWeightsGiveFp32SumsRoundedOnce) {
           if (rows <= kernel_rows) {
             // A row alone gives the bits it gives in the batch.
             EXPECT_TRUE(torch::equal(row_linear(x[rows - 1], w, bias, k.kernel), y[rows - 1]));
+          } else if (native) {
+            EXPECT_TRUE(torch::equal(y, torch::linear(x, w, bias)))
+                << "not LibTorch's bf16 product";
           } else {
             EXPECT_TRUE(torch::equal(y, torch::linear(x32, w32, bias32).to(dtype)))
                 << "not the widened SGEMM's sums rounded once";
