@@ -76,7 +76,10 @@
 // and over qwen2-100m's matrices the kernel was 2.5x as fast as it at 12
 // rows and 1.3-1.8x at 64, while from ~100 rows on the widening pass plus
 // OpenBLAS's SGEMM beat the kernel (docs/BENCHMARKS.md, "Half-precision
-// weights in the engine"). Sequences longer than one position stay with
+// weights in the engine"). A CPU with AVX512-BF16 is the exception for
+// bf16: there LibTorch's own product is native, and bf16 inputs of more
+// than kMaxBf16RowsNative rows are linear() in bf16 (twice as fast as the
+// widening from 96 rows on, on Zen 4). Sequences longer than one position stay with
 // linear() in every precision, as above (within IncrementalRows, up to
 // kMaxHalfAppendRows take the kernel). Without a kernel they are linear()
 // itself. The sums run in another
