@@ -127,10 +127,11 @@ Status check_trajectory(const Trajectory& t, float max_behavior_logprob) {
   if (!t.teacher_logprobs.empty()) {
     RELAY_RETURN_IF_ERROR(sized(t.teacher_logprobs.size(), "teacher_logprobs"));
   }
-  // The versions that need a digest, collected where they change: token
-  // versions are non-decreasing and a proximal version is v or v + 1, so a
-  // response of any length adds a handful (a set per token cost validation
-  // ~10% of a group's ingest CPU).
+  // The versions that need a digest, collected where they change and sorted
+  // once: token versions are non-decreasing and a proximal version is v or
+  // v + 1, so a response usually adds a handful (at most two a token, when
+  // proximal versions alternate). A set insert per token cost validation
+  // ~10% of a group's ingest CPU.
   std::vector<int64_t> used;
   auto use = [&used](int64_t v) {
     if (used.empty() || used.back() != v) used.push_back(v);
