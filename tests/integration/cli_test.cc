@@ -1052,12 +1052,12 @@ TEST_F(CliTest, LoraConfigLearnsOnTheWarmStartedBase) {
 // The agent config: a fresh model with a task-trained tokenizer learns to
 // call the calculator tool in its warm start (whole episodes demonstrated:
 // the call, the tool's answer, the result) and keeps using it through RL.
-// Three seeds on this machine: greedy accuracy 0.75-0.84 after the warm
-// start, 0.83-0.84 at the end, every greedy episode calling the tool. The
-// run is asynchronous, so seed 0 varies too: eight runs in a row on
-// 2026-11-29 ended at accuracy 0.81-0.83 and tool use 0.98-1.0, with evals
-// along the way as low as 0.92 tool use (0.42 accuracy once), and one CI run
-// ended at 0.875 tool use; hence 0.8 below, against 0 for a fresh model.
+// At lr 1e-3 (the config's until 2026-11-30) eight runs of seed 0 ended at
+// accuracy 0.81-0.83 and tool use 0.98-1.0, with evals along the way as low
+// as 0.92 tool use (0.42 accuracy once), and one CI run ended at 0.875 tool
+// use. At 3e-4, seeds 0 and 2 ended at 0.83 and 0.84 with every eval at or
+// above the warm start's and tool use 1.0 throughout (docs/BENCHMARKS.md);
+// the bounds below are 0 for a fresh model.
 TEST_F(CliTest, AgentConfigLearnsToUseTheCalculator) {
   const std::string base = ::testing::TempDir() + "/agent_job_" + std::to_string(::getpid());
   fs::remove_all(base);
@@ -1098,8 +1098,9 @@ TEST_F(CliTest, AgentConfigLearnsToUseTheCalculator) {
 // worker's OpenAI endpoint; the agent runs the calculator itself and posts
 // the reward. The tickets' messages plus the agent's tool render the prompts
 // relay's own episodes use, so the warm-started model keeps its accuracy
-// (its first 10 steps by hand: rewards 0.51-0.87, held-out 0.81 after, as
-// with the built-in environment).
+// (eight 10-step runs on 2026-11-30, four of them two at a time: step
+// rewards 0.46-0.81, 0.66-0.70 on average, tool use 0.91-1.0 a step,
+// held-out accuracy 0.80-0.81 after, as with the built-in environment).
 TEST_F(CliTest, AgentsPlayTheTrainingEpisodesThroughTheEndpoint) {
   const std::string base = ::testing::TempDir() + "/agents_" + std::to_string(::getpid());
   fs::remove_all(base);
@@ -1146,35 +1147,30 @@ TEST_F(CliTest, AgentsPlayTheTrainingEpisodesThroughTheEndpoint) {
     if (j["phase"] == "rl") {
       ++steps;
       reward += j["reward/mean"].get<double>();
-      // The agent's tool calls, its results as environment tokens, at every
-      // step; how often, on average (one step of an asynchronous run may
-      // dip: a CI run once saw 0.41 at step 4, mostly from version-2 groups).
-      EXPECT_GT(j["episode/tool_use"].get<double>(), 0.0) << line;
-      EXPECT_GT(j["episode/env_token_fraction"].get<double>(), 0.0) << line;
+      // The agent's tool calls, its results as environment tokens, and the
+      // rewards it posted, at every step. Until the config's lr went from
+      // 1e-3 to 3e-4, one step could move the policy by a k3 of 0.6 and the
+      // next steps scored 0 (a CI run: reward 0.64, then 0.000 from step 4
+      // on, held-out accuracy 0 after); these bounds would have caught it.
+      EXPECT_GT(j["episode/tool_use"].get<double>(), 0.5) << line;
+      EXPECT_GT(j["episode/env_token_fraction"].get<double>(), 0.2) << line;
+      EXPECT_GE(j["reward/mean"].get<double>(), 0.2) << line;
+      EXPECT_LT(j["mismatch/staleness_k3"].get<double>(), 0.2) << line;
       tool_use += j["episode/tool_use"].get<double>();
       env_tokens += j["episode/env_token_fraction"].get<double>();
       EXPECT_EQ(j["frac_old_logprobs_valid"].get<double>(), 1.0) << line;
     }
   }
   ASSERT_EQ(steps, 10);
-  EXPECT_GT(tool_use / steps, 0.5);
-  EXPECT_GT(env_tokens / steps, 0.2);
-  // The agent's rewards, as the warm start earns them (0.5-0.65 a step),
-  // averaged over 10 steps that may hold a dip: this config's RL (lr 1e-3,
-  // staleness 2) sometimes takes a step that moves the policy by a k3 of
-  // 0.4-0.6 and scores near 0 for a step or two before it recovers (0.27
-  // and 0.41 on average in 2 of 3 runs on 2026-11-29; the smooth one 0.51).
-  // The test is about the endpoint path, not that: a reward the agent failed
-  // to post reads 0 throughout.
-  EXPECT_GE(reward / steps, 0.2) << "the agent's rewards, as the warm start earns them";
+  EXPECT_GT(tool_use / steps, 0.8);
+  EXPECT_GT(env_tokens / steps, 0.3);
+  // A reward the agent failed to post reads 0 throughout.
+  EXPECT_GE(reward / steps, 0.45) << "the agent's rewards, as the warm start earns them";
   ASSERT_GE(accuracy.size(), 3u) << r.out;
-  // Held-out accuracy after these 10 steps came out 0.56-0.83 over ~60 runs
-  // (mean 0.75; 0.594 twice under a loaded ctest -j 2; 0.61 after the dip
-  // above), where a fresh model scores 0: 0.5 still says the agents'
-  // episodes kept the warm start's skill. One run out of those scored 0.000,
-  // never reproduced: a failing run keeps its directory (metrics.jsonl) for
+  // A fresh model scores 0; 0.7 says the agents' episodes kept the warm
+  // start's skill. A failing run keeps its directory (metrics.jsonl) for
   // whoever sees it next.
-  EXPECT_GE(accuracy.back(), 0.5) << r.out;
+  EXPECT_GE(accuracy.back(), 0.7) << r.out;
   if (HasFailure()) {
     std::cerr << "kept for inspection: " << base << "\n";
   } else {
