@@ -203,6 +203,15 @@ def main():
                           num(f["gb_per_s"], ".2f"), base,
                           f"{ratio(f['vs_tcp'])} ({ratio(f.get('vs_gloo'))} of Gloo)"))
 
+    for r in ws:
+        if r.get("mode") != "decode_through_fetch":
+            continue
+        table.append(("weight sync", f"decoding through a fetched version (loopback), batch "
+                      f"{r['batch']}: tokens/s, fetched on a thread",
+                      num(r["background_tokens_per_s"]),
+                      f"the loop stops for the fetch {num(r['loop_tokens_per_s'])}",
+                      ratio(r["vs_loop"])))
+
     # Version switch.
     for r in rows_of(os.path.join(out_dir, "version_switch.out")):
         extra = ""

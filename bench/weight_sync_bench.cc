@@ -27,9 +27,16 @@
 // The first repetition is not timed (it warms connections and pages, and
 // relay's forms its group). Figures are medians of --reps.
 //
+// Last, unless --skip-grpc: decoding through a fetched version (see
+// fetch_while_decoding), a worker that stops for the download against one
+// that fetches on a thread (RolloutWorkerOptions::fetch_in_background).
+//
 //   weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] [--fetch-chunk-kb N]
+//                     [--decode-batch 8] [--decode-steps 32]
 //                     [--skip-grpc] [--cpu-memory keep|return] [--quick] [--json]
 // --fetch-chunk-kb: FetchWeights' chunk (default: the trainer's, 256 KiB).
+// --decode-batch, --decode-steps: the sequences decoding through the fetch,
+// and the steps they must make after the version is announced.
 // --cpu-memory: the process's malloc policy (bench_util.h), keep as relay's
 // binaries.
 // --quick = --clients 1 --bucket-mb 64 --reps 3. --json prints one JSON object
@@ -57,6 +64,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,7 +76,9 @@
 #include "relay/comm/weight_sync/weight_buckets.h"
 #include "relay/comm/weight_sync/weight_publisher.h"
 #include "relay/comm/weight_sync/weight_sync.h"
+#include "relay/comm/worker/weight_fetcher.h"
 #include "relay/model/policy.h"
+#include "relay/model/threads.h"
 #include "relay/rollout/engine.h"
 #include "relay/store/dispenser.h"
 #include "relay/store/rollout_store.h"
@@ -438,6 +448,8 @@ class GrpcFetch {
     std::filesystem::remove_all(dir_);
   }
 
+  TrainerClient& client(size_t c) { return *clients_[c]; }
+
   double run() {
     std::vector<std::thread> threads;
     const auto start = Clock::now();
@@ -459,6 +471,144 @@ class GrpcFetch {
   std::vector<std::unique_ptr<TrainerClient>> clients_;
 };
 
+// ---- decoding through a version fetched over gRPC ----
+// What a rollout worker with services.weight_sync fetch produces while a
+// version arrives (comm/worker/rollout_worker.cc): an engine decodes B
+// sequences of qwen2-100m; version 1 is announced; the engine must decode
+// S more steps and have the version applied (rollout.interrupt recompute:
+// the sequences in flight re-run under it). Two ways, as
+// RolloutWorkerOptions::fetch_in_background says:
+//   loop        the loop fetches (FetchWeights, verified), stages, then
+//               decodes: nothing is decoded during the download (how the
+//               worker fetched until 2026-11-30; the baseline);
+//   background  a WeightFetcher downloads on its thread while the loop
+//               decodes, and the loop stages the version at the first step
+//               after it arrived; steps continue until S are done and the
+//               version is applied.
+// Each repetition runs both, in alternating order, each on a fresh group.
+// Reported: the medians of wall time and of tokens decoded; "vs loop" is
+// background tokens/s over loop tokens/s.
+struct ThroughFetch {
+  double seconds = 0;
+  int64_t steps = 0;
+  double fetch_s = 0;              // announcement to staging
+  int64_t steps_during_fetch = 0;  // decode steps while the download ran
+};
+
+ThroughFetch decode_through_a_fetch(rollout::Engine& engine, TrainerClient& client, int64_t version,
+                                    bool background, int64_t batch, int64_t steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  rollout::PromptGroup g;
+  g.group_id = "g" + std::to_string(seed);
+  g.k = static_cast<int>(batch);
+  g.seed = seed;
+  for (int i = 0; i < 16; ++i) g.prompt.push_back(static_cast<int64_t>(rng() % 32000));
+  if (Status st = engine.submit(std::move(g)); !st.ok()) {
+    std::fprintf(stderr, "submit: %s\n", std::string(st.message()).c_str());
+    std::exit(1);
+  }
+  for (int i = 0; i < 8; ++i) check(engine.step(), "step");  // prefill, then a few tokens
+  ThroughFetch r;
+  const auto start = Clock::now();
+  auto stage = [&](FetchedWeights w) {
+    if (!engine.update_weights(w.manifest.version, w.manifest.digest, std::move(w.tensors)).ok()) {
+      std::exit(1);
+    }
+    r.fetch_s = seconds_since(start);
+  };
+  if (!background) {
+    stage(check(fetch_verified(client, "bench", version, 0), "fetch_weights"));
+    for (; r.steps < steps; ++r.steps) check(engine.step(), "step");
+  } else {
+    WeightFetcher fetcher(&client, "bench", 0);
+    fetcher.want(version);
+    bool staged = false, applied = false;
+    while (r.steps < steps || !applied) {
+      if (!staged) {
+        if (auto w = fetcher.take()) {
+          stage(check(std::move(*w), "fetch_weights"));
+          staged = true;
+        } else {
+          ++r.steps_during_fetch;
+        }
+      }
+      check(engine.step(), "step");
+      ++r.steps;
+      applied = staged;  // a step after staging applies the version
+    }
+  }
+  r.seconds = seconds_since(start);
+  engine.abort();
+  check(engine.run(), "abort");
+  return r;
+}
+
+void fetch_while_decoding(WeightPublisher& publisher, const WeightSnapshot& snap, int reps,
+                          int64_t batch, int64_t steps, std::FILE* out, bool json) {
+  GrpcFetch service(publisher, 1, 0);
+  model::Policy policy(qwen2_100m_config());
+  model::init_weights(*policy, 0);
+  rollout::EngineOptions eo;
+  eo.num_slots = batch;
+  eo.max_new_tokens = 8 + 4 * steps + 64;  // never reached: the group is aborted
+  auto engine = check(rollout::Engine::create(policy, eo, 1, snap.manifest.digest), "engine");
+  // Versions 2, 3, ...: the same bytes under new numbers, so that each
+  // repetition fetches and applies a version the engine does not have.
+  std::vector<ThroughFetch> loop, bg;
+  for (int rep = 0; rep < reps + 1; ++rep) {
+    for (int m = 0; m < 2; ++m) {
+      const bool background = (rep + m) % 2 == 1;
+      const int64_t v = 2 + 2 * rep + m;
+      std::unordered_map<std::string, at::Tensor> tensors;
+      for (size_t i = 0; i < snap.tensors.size(); ++i) {
+        tensors[snap.manifest.tensors[i].name] = snap.tensors[i];
+      }
+      if (!publisher.publish(v, tensors).ok()) std::exit(1);
+      ThroughFetch r = decode_through_a_fetch(*engine, service.client(0), v, background, batch,
+                                              steps, 100 + static_cast<uint64_t>(v));
+      if (rep > 0) (background ? bg : loop).push_back(r);
+    }
+  }
+  auto med = [](const std::vector<ThroughFetch>& rs, auto field) {
+    std::vector<double> xs;
+    for (const ThroughFetch& r : rs) xs.push_back(static_cast<double>(field(r)));
+    return median(xs);
+  };
+  const double loop_s = med(loop, [](const ThroughFetch& r) { return r.seconds; });
+  const double bg_s = med(bg, [](const ThroughFetch& r) { return r.seconds; });
+  const double bg_steps = med(bg, [](const ThroughFetch& r) { return r.steps; });
+  const double loop_tps = static_cast<double>(batch * steps) / loop_s;
+  const double bg_tps = static_cast<double>(batch) * bg_steps / bg_s;
+  const double loop_fetch = med(loop, [](const ThroughFetch& r) { return r.fetch_s; });
+  const double bg_fetch = med(bg, [](const ThroughFetch& r) { return r.fetch_s; });
+  const double during = med(bg, [](const ThroughFetch& r) { return r.steps_during_fetch; });
+  std::fprintf(out,
+               "decoding through a fetched version (qwen2-100m, batch %lld, %lld steps after the "
+               "announcement, median of %d):\n"
+               "  loop        %.3f s, %.0f tokens/s (fetch %.3f s, no step meanwhile)\n"
+               "  background  %.3f s, %.0f steps, %.0f tokens/s (fetch %.3f s, %.0f steps "
+               "meanwhile)  vs loop %.2f\n",
+               (long long)batch, (long long)steps, reps, loop_s, loop_tps, loop_fetch, bg_s,
+               bg_steps, bg_tps, bg_fetch, during, bg_tps / loop_tps);
+  if (json) {
+    relay::bench::JsonRow("weight_sync")
+        .add("mode", "decode_through_fetch")
+        .add("batch", batch)
+        .add("steps", steps)
+        .add("loop_s", loop_s)
+        .add("loop_tokens_per_s", loop_tps)
+        .add("loop_fetch_s", loop_fetch)
+        .add("background_s", bg_s)
+        .add("background_steps", bg_steps)
+        .add("background_tokens_per_s", bg_tps)
+        .add("background_fetch_s", bg_fetch)
+        .add("background_steps_during_fetch", during)
+        .add("vs_loop", bg_tps / loop_tps)
+        .add("reps", reps)
+        .print();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -468,6 +618,7 @@ int main(int argc, char** argv) {
   uint64_t fetch_chunk = 0;
   bool grpc = true;
   bool json = false;
+  int64_t decode_batch = 8, decode_steps = 32;
   const char* cpu_memory = nullptr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -481,6 +632,10 @@ int main(int argc, char** argv) {
       fetch_chunk = static_cast<uint64_t>(std::atoll(argv[++i])) << 10;
     } else if (a == "--cpu-memory" && i + 1 < argc) {
       cpu_memory = argv[++i];
+    } else if (a == "--decode-batch" && i + 1 < argc) {
+      decode_batch = std::max<int64_t>(1, std::atoll(argv[++i]));
+    } else if (a == "--decode-steps" && i + 1 < argc) {
+      decode_steps = std::max<int64_t>(1, std::atoll(argv[++i]));
     } else if (a == "--skip-grpc") {
       grpc = false;
     } else if (a == "--quick") {
@@ -492,8 +647,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] "
-                   "[--fetch-chunk-kb N] [--skip-grpc] [--cpu-memory keep|return] [--quick] "
-                   "[--json]\n");
+                   "[--fetch-chunk-kb N] [--decode-batch 8] [--decode-steps 32] [--skip-grpc] "
+                   "[--cpu-memory keep|return] [--quick] [--json]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -579,6 +734,11 @@ int main(int argc, char** argv) {
                    apply, f + apply);
     }
     std::fflush(out);
+  }
+  if (grpc) {
+    // Decoding as relay-rollout does: every core, as its binaries set them.
+    model::configure_threads(0);
+    fetch_while_decoding(publisher, *snap, reps, decode_batch, decode_steps, out, json);
   }
   std::fprintf(out, "weight_sync_bench: %.0f s\n", seconds_since(begin));
   return 0;

@@ -4,14 +4,17 @@
 // (relay/comm/rpc/trainer_client.h), for testing RolloutWorker without a
 // server: the test fills FakeTrainer with leases and weight versions, says
 // how submissions are judged and whether the trainer is down, and reads back
-// what the worker sent. One thread: the worker's calls and the test's reads
-// must not overlap (run the worker on the test's thread with a stop
-// predicate).
+// what the worker sent. The worker's calls and the test's reads must not
+// overlap (run the worker on the test's thread with a stop predicate), but
+// for fetch_weights, which the worker makes on its fetch thread: it holds
+// `mu` while it reads `versions` and writes `fetched`, and a test that
+// publishes while the worker runs holds it too.
 
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -32,6 +35,12 @@ struct FakeTrainer {
   std::function<v1::SubmitGroupAck(uint64_t lease_id, const rollout::TrajectoryGroup&)> judge;
   Status down;                 // not OK: every call fails with it (a dead trainer)
   bool forgot_worker = false;  // heartbeats answer "register again"
+  // Each fetch first calls this with the version asked for (outside `mu`: a
+  // test may hold a download here), then fails with the next of
+  // fetch_errors if there is one (DataLoss: a version that failed its digest).
+  std::function<void(int64_t version)> on_fetch;
+  std::deque<Status> fetch_errors;
+  std::mutex mu;  // fetch_weights' (see above)
 
   // ---- Read by the test.
   int registrations = 0;
@@ -108,8 +117,15 @@ class FakeTrainerClient final : public comm::TrainerClient {
 
   StatusOr<comm::FetchedWeights> fetch_weights(const std::string&, int64_t version, uint64_t,
                                                const model::WeightManifest* held) override {
+    if (t_->on_fetch) t_->on_fetch(version);
+    std::lock_guard<std::mutex> lock(t_->mu);
     RELAY_RETURN_IF_ERROR(t_->down);
     t_->fetched.push_back(version);
+    if (!t_->fetch_errors.empty()) {
+      Status s = t_->fetch_errors.front();
+      t_->fetch_errors.pop_front();
+      return s;
+    }
     auto it = t_->versions.find(version < 0 ? t_->version : version);
     if (it == t_->versions.end()) {
       return NotFoundError("fake trainer: version " + std::to_string(version) + " not published");

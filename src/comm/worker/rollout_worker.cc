@@ -85,8 +85,10 @@ Status RolloutWorker::start() {
   stop_agents();
   engine_.reset();
   receiver_.reset();
+  fetcher_.reset();  // a download of the old registration's ends first
   waiting_for_ = -1;
   in_flight_.clear();
+  waiting_.clear();
   wait_for_version_ = -1;
   retry_lease_at_ms_ = 0;
   last_heartbeat_ms_ = 0;
@@ -131,6 +133,10 @@ Status RolloutWorker::start() {
   latest_known_ = staged_version_ = w.manifest.version;
   running_digest_ = w.manifest.digest;
   if (options_.agents) RELAY_RETURN_IF_ERROR(start_agents());
+  if (options_.fetch_in_background) {
+    fetcher_ = std::make_unique<WeightFetcher>(client_.get(), worker_id_,
+                                               static_cast<uint64_t>(options_.fetch_chunk_bytes));
+  }
   RELAY_RETURN_IF_ERROR(join_weight_sync(reg.weight_sync_endpoint()));
   spdlog::info("worker {}: registered, running version {} (digest {:x})", worker_id_,
                w.manifest.version, w.manifest.digest);
@@ -209,7 +215,8 @@ Status RolloutWorker::fill_leases() {
   RELAY_ASSIGN_OR_RETURN(v1::LeasePromptsResponse resp, client_->lease_prompts(worker_id_, want));
   wait_for_version_ = resp.leases_size() == 0 ? resp.wait_for_version() : -1;
   retry_lease_at_ms_ = now_ms() + options_.idle_wait_ms;
-  // Stage a newer version before admitting the new groups, so they start on it.
+  // Stage a newer version before admitting the new groups, so they start on
+  // it; while it downloads they wait for it.
   latest_known_ = std::max(latest_known_, resp.latest_version());
   RELAY_RETURN_IF_ERROR(maybe_update_weights(latest_known_));
   for (const v1::PromptLease& l : resp.leases()) {
@@ -221,34 +228,73 @@ Status RolloutWorker::fill_leases() {
     g.k = l.k();
     g.seed = l.seed();
     g.greedy_baseline = l.greedy_baseline();
-    if (agent_episodes_) {
-      agent_episodes_->add_group(l.group_id(), l.lease_id(), prompt, g.k, engine()->version());
-      in_flight_[l.group_id()] = Leased{l.lease_id(), std::move(prompt)};
-      continue;
-    }
-    if (episodes_) {
-      g.episode = true;
-      episodes_->begin_group(l.group_id(), {prompt.id, prompt.prompt, prompt.reference});
-    }
-    RELAY_RETURN_IF_ERROR(engine()->submit(std::move(g)));
     in_flight_[l.group_id()] = Leased{l.lease_id(), std::move(prompt)};
+    if (fetching_newer()) {
+      waiting_.push_back(Waiting{std::move(g), l.lease_id(), latest_known_});
+    } else {
+      RELAY_RETURN_IF_ERROR(admit(std::move(g), l.lease_id()));
+    }
+  }
+  return admit_waiting();
+}
+
+Status RolloutWorker::admit(rollout::PromptGroup g, uint64_t lease_id) {
+  const rollout::TaskPrompt& prompt = in_flight_.at(g.group_id).prompt;
+  if (agent_episodes_) {
+    agent_episodes_->add_group(g.group_id, lease_id, prompt, g.k, engine()->version());
+    return OkStatus();
+  }
+  if (episodes_) {
+    g.episode = true;
+    episodes_->begin_group(g.group_id, {prompt.id, prompt.prompt, prompt.reference});
+  }
+  return engine()->submit(std::move(g));
+}
+
+Status RolloutWorker::admit_waiting() {
+  // Without a download under way (it failed as superseded, say), waiting
+  // for the version would wait for nothing: they start on what is staged.
+  const bool downloading = fetching_newer();
+  while (!waiting_.empty() && (waiting_.front().version <= staged_version_ || !downloading)) {
+    Waiting w = std::move(waiting_.front());
+    waiting_.pop_front();
+    RELAY_RETURN_IF_ERROR(admit(std::move(w.group), w.lease_id));
   }
   return OkStatus();
+}
+
+bool RolloutWorker::fetching_newer() const {
+  return fetcher_ && fetcher_->pending() && fetcher_->wanted() > staged_version_;
+}
+
+Status RolloutWorker::stage(int64_t version, uint64_t digest,
+                            std::unordered_map<std::string, at::Tensor> tensors) {
+  RELAY_RETURN_IF_ERROR(engine()->update_weights(version, digest, std::move(tensors)));
+  running_digest_ = digest;
+  staged_version_ = version;
+  latest_known_ = std::max(latest_known_, version);
+  ++stats_.versions_applied;
+  return OkStatus();
+}
+
+Status RolloutWorker::stage_fetched() {
+  std::optional<StatusOr<FetchedWeights>> w = fetcher_->take();
+  if (!w) return OkStatus();
+  if (!w->ok()) return w->status();
+  // A version that came by broadcast meanwhile may be as new.
+  if ((*w)->manifest.version <= staged_version_) return OkStatus();
+  return stage((*w)->manifest.version, (*w)->manifest.digest, std::move((*w)->tensors));
 }
 
 Status RolloutWorker::maybe_update_weights(int64_t latest) {
   // A version that came by broadcast is staged first, whatever `latest` says.
   if (receiver_) {
     if (std::optional<ReceivedVersion> r = receiver_->take(staged_version_)) {
-      RELAY_RETURN_IF_ERROR(
-          engine()->update_weights(r->version, r->manifest.digest, std::move(r->tensors)));
-      running_digest_ = r->manifest.digest;
-      staged_version_ = r->version;
-      latest_known_ = std::max(latest_known_, r->version);
-      ++stats_.versions_applied;
+      RELAY_RETURN_IF_ERROR(stage(r->version, r->manifest.digest, std::move(r->tensors)));
       ++stats_.versions_broadcast;
     }
   }
+  if (fetcher_) RELAY_RETURN_IF_ERROR(stage_fetched());
   // The engine applies a staged version at its next step: compare with the
   // newest version handed to it, not the one it samples with now.
   if (latest <= staged_version_) return OkStatus();
@@ -261,24 +307,17 @@ Status RolloutWorker::maybe_update_weights(int64_t latest) {
     }
     if (now - waiting_since_ms_ < options_.broadcast_grace_ms) return OkStatus();
   }
-  // A version that fails its digest is fetched once more, then it is an error.
-  StatusOr<FetchedWeights> w =
-      client_->fetch_weights(worker_id_, latest, options_.fetch_chunk_bytes);
-  if (!w.ok() && w.status().code() == absl::StatusCode::kDataLoss) {
-    spdlog::warn("worker {}: {}; fetching again", worker_id_, std::string(w.status().message()));
-    w = client_->fetch_weights(worker_id_, latest, options_.fetch_chunk_bytes);
+  if (fetcher_) {
+    fetcher_->want(latest);
+    return OkStatus();
   }
+  StatusOr<FetchedWeights> w = fetch_verified(*client_, worker_id_, latest,
+                                              static_cast<uint64_t>(options_.fetch_chunk_bytes));
   if (!w.ok() && w.status().code() == absl::StatusCode::kNotFound) {
     return OkStatus();  // superseded while we asked; the next heartbeat names the newer one
   }
   if (!w.ok()) return w.status();
-  RELAY_RETURN_IF_ERROR(
-      engine()->update_weights(w->manifest.version, w->manifest.digest, std::move(w->tensors)));
-  running_digest_ = w->manifest.digest;
-  staged_version_ = w->manifest.version;
-  latest_known_ = std::max(latest_known_, w->manifest.version);
-  ++stats_.versions_applied;
-  return OkStatus();
+  return stage(w->manifest.version, w->manifest.digest, std::move(w->tensors));
 }
 
 Status RolloutWorker::submit_finished(std::vector<rollout::TrajectoryGroup> groups) {
@@ -371,6 +410,7 @@ StatusOr<int32_t> RolloutWorker::drain() {
   std::vector<uint64_t> ids;
   for (const auto& [group_id, leased] : in_flight_) ids.push_back(leased.lease_id);
   in_flight_.clear();
+  waiting_.clear();
   if (ids.empty()) return 0;
   return client_->release_leases(worker_id_, ids);
 }
@@ -392,6 +432,14 @@ Status RolloutWorker::run(const std::function<bool()>& stop) {
     RELAY_RETURN_IF_ERROR(heartbeat_if_due());
     RELAY_RETURN_IF_ERROR(fill_leases());
     if (engine_->idle()) {
+      if (fetching_newer()) {
+        // Nothing to decode until the version downloading is staged (the
+        // groups leased meanwhile wait for it).
+        fetcher_->wait(std::chrono::milliseconds(options_.idle_wait_ms));
+        RELAY_RETURN_IF_ERROR(maybe_update_weights(latest_known_));
+        RELAY_RETURN_IF_ERROR(admit_waiting());
+        continue;
+      }
       // Nothing to do until the trainer publishes.
       RELAY_RETURN_IF_ERROR(wait_for_version());
       continue;

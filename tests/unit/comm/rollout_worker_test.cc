@@ -9,9 +9,13 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,7 +75,9 @@ struct Rig {
   void publish(int64_t v) {
     torch::NoGradGuard no_grad;
     for (auto& p : trainer_policy->parameters()) p.mul_(0.9);
-    trainer.versions[v] = as_version(trainer_policy, v);
+    FetchedWeights w = as_version(trainer_policy, v);
+    std::lock_guard<std::mutex> lock(trainer.mu);  // the worker's fetch thread reads versions
+    trainer.versions[v] = std::move(w);
     trainer.version = v;
   }
 
@@ -159,25 +165,148 @@ TEST(RolloutWorkerTest, SubmitsEachLeaseWithItsPromptVersionAndLogProbs) {
   EXPECT_TRUE(rig.trainer.released.empty());
 }
 
+// Both ways of fetching: on the fetch thread (the default) and in the loop.
 TEST(RolloutWorkerTest, FetchesANewVersionAndSamplesTheNextLeasesWithIt) {
+  for (bool background : {true, false}) {
+    SCOPED_TRACE(background ? "fetched in the background" : "fetched by the loop");
+    Rig rig(1);
+    RolloutWorkerOptions wo;
+    wo.fetch_in_background = background;
+    std::unique_ptr<RolloutWorker> worker = rig.make_worker(wo);
+    ASSERT_TRUE(worker->start().ok());
+    ASSERT_TRUE(Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 1; }).ok());
+    rig.publish(1);
+    rig.trainer.to_lease.push_back(rig.lease(1));
+    Status st = Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 2; });
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(worker->version(), 1);
+    EXPECT_EQ(worker->stats().versions_applied, 1);
+    EXPECT_EQ(rig.trainer.fetched.back(), 1);
+    ASSERT_EQ(rig.trainer.submitted.size(), 2u);
+    const uint64_t digest1 = rig.trainer.versions[1].manifest.digest;
+    for (const rollout::Trajectory& t : rig.trainer.submitted[1].second.trajectories) {
+      EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 1));
+      EXPECT_EQ(t.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{1, digest1}}));
+      expect_logprobs_under(t, rig.trainer.versions[1], rig.cfg);
+    }
+  }
+}
+
+// Holds the fake trainer's downloads of one version until opened (or for at
+// most 10 s, so that a worker that fetches in its loop fails the test
+// instead of hanging it).
+class FetchGate {
+ public:
+  FetchGate(FakeTrainer& trainer, int64_t version) {
+    trainer.on_fetch = [this, version](int64_t v) {
+      if (v != version) return;
+      ++held_;
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; });
+    };
+  }
+  ~FetchGate() { open(); }
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  int held() const { return held_.load(); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::atomic<int> held_{0};
+};
+
+// A version downloads on the fetch thread: the group in flight finishes on
+// the version it started with while the download is held, and the next
+// lease is sampled with the new version once it is staged.
+TEST(RolloutWorkerTest, KeepsDecodingWhileANewVersionDownloads) {
   Rig rig(1);
+  FetchGate gate(rig.trainer, 1);
   std::unique_ptr<RolloutWorker> worker = rig.make_worker();
   ASSERT_TRUE(worker->start().ok());
-  ASSERT_TRUE(Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 1; }).ok());
+  ASSERT_TRUE(Rig::run_until(*worker, [&] { return worker->stats().engine_steps >= 1; }).ok());
+  ASSERT_TRUE(rig.trainer.submitted.empty()) << "the group is still decoding";
+  const int64_t steps_before = worker->stats().engine_steps;
   rig.publish(1);
+  Status st =
+      Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 1 && gate.held() > 0; });
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(rig.trainer.submitted.size(), 1u);
+  EXPECT_EQ(gate.held(), 1) << "the download of version 1 began and is still held";
+  EXPECT_GT(worker->stats().engine_steps, steps_before) << "decoding went on meanwhile";
+  EXPECT_EQ(worker->version(), 0);
+  EXPECT_EQ(worker->stats().versions_applied, 0);
+  for (const rollout::Trajectory& t : rig.trainer.submitted[0].second.trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 0));
+  }
+  gate.open();
   rig.trainer.to_lease.push_back(rig.lease(1));
-  Status st = Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 2; });
+  st = Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 2; });
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(worker->version(), 1);
-  EXPECT_EQ(worker->stats().versions_applied, 1);
-  EXPECT_EQ(rig.trainer.fetched.back(), 1);
   ASSERT_EQ(rig.trainer.submitted.size(), 2u);
-  const uint64_t digest1 = rig.trainer.versions[1].manifest.digest;
   for (const rollout::Trajectory& t : rig.trainer.submitted[1].second.trajectories) {
     EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 1));
-    EXPECT_EQ(t.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{1, digest1}}));
     expect_logprobs_under(t, rig.trainer.versions[1], rig.cfg);
   }
+}
+
+// A lease taken while a newer version downloads waits for it: nothing of it
+// is sampled with the old version (which would only make it staler).
+TEST(RolloutWorkerTest, GroupsLeasedWhileAVersionDownloadsWaitForIt) {
+  Rig rig(0);
+  FetchGate gate(rig.trainer, 1);
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  ASSERT_TRUE(worker->start().ok());
+  rig.publish(1);
+  rig.trainer.to_lease.push_back(rig.lease(0));
+  int turns = 0;
+  Status st = worker->run([&] { return gate.held() > 0 && ++turns > 200; });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(rig.trainer.to_lease.empty()) << "leased";
+  EXPECT_EQ(worker->stats().engine_steps, 0) << "but not started on version 0";
+  gate.open();
+  st = Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 1; });
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(rig.trainer.submitted.size(), 1u);
+  EXPECT_EQ(rig.trainer.submitted[0].first, 100u);
+  for (const rollout::Trajectory& t : rig.trainer.submitted[0].second.trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 1));
+    expect_logprobs_under(t, rig.trainer.versions[1], rig.cfg);
+  }
+}
+
+// A version that fails its digest is fetched once more; failing twice ends
+// run() with the error (and nothing of it is staged).
+TEST(RolloutWorkerTest, AVersionThatFailsItsDigestTwiceEndsRun) {
+  Rig rig(0);
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  ASSERT_TRUE(worker->start().ok());
+  {
+    std::lock_guard<std::mutex> lock(rig.trainer.mu);
+    rig.trainer.fetch_errors.push_back(DataLossError("chunk at offset 0 fails its digest"));
+  }
+  rig.publish(1);
+  Status st = Rig::run_until(*worker, [&] { return worker->stats().versions_applied >= 1; });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(rig.trainer.fetched, (std::vector<int64_t>{-1, 1, 1}));
+  {
+    std::lock_guard<std::mutex> lock(rig.trainer.mu);
+    rig.trainer.fetch_errors.push_back(DataLossError("chunk at offset 0 fails its digest"));
+    rig.trainer.fetch_errors.push_back(DataLossError("chunk at offset 64 fails its digest"));
+  }
+  rig.publish(2);
+  st = Rig::run_until(*worker, [] { return false; });
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(std::string(st.message()).find("offset 64"), std::string::npos) << st;
+  EXPECT_EQ(rig.trainer.fetched, (std::vector<int64_t>{-1, 1, 1, 2, 2}));
+  EXPECT_EQ(worker->stats().versions_applied, 1);
 }
 
 // A malformed group (InvalidArgument) keeps its lease on the trainer: the

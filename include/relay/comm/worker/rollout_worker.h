@@ -3,22 +3,28 @@
 // The rollout worker's loop (what `relay-rollout` runs): register with the
 // trainer, fetch and verify its weights, then lease prompts, generate K
 // samples per prompt with the rollout engine, score them with the task's
-// verifier and submit each group on its lease. New versions are fetched
-// (digest-checked) and staged into the engine, which applies them between
-// decode steps (interruptible generation, docs/rollout.md); the trainer does
-// not wait for them.
+// verifier and submit each group on its lease. New versions arrive by
+// broadcast or are fetched (digest-checked), both off the loop's thread, and
+// are staged into the engine, which applies them between decode steps
+// (interruptible generation, docs/rollout.md); the trainer does not wait for
+// them. Groups leased while a newer version than the engine's downloads
+// wait for it, so that they are sampled with it; the groups in flight go
+// on decoding meanwhile.
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "relay/comm/rpc/trainer_client.h"
 #include "relay/comm/weight_sync/weight_receiver.h"
 #include "relay/comm/weight_sync/weight_sync_mode.h"
 #include "relay/comm/worker/agent_episodes.h"
+#include "relay/comm/worker/weight_fetcher.h"
 #include "relay/common/status.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
@@ -45,6 +51,11 @@ struct RolloutWorkerOptions {
   // While the broadcast works, a version the trainer announced is fetched
   // over gRPC only if it has not arrived by broadcast within this long.
   int64_t broadcast_grace_ms = 2000;
+  // Versions are fetched on a thread of their own (WeightFetcher) while the
+  // loop decodes. false: the loop fetches them itself and decodes nothing
+  // meanwhile (how the worker fetched until 2026-11-30; the benchmark's
+  // baseline).
+  bool fetch_in_background = true;
   // rollout.agent: agents play the samples through this endpoint (its
   // run_sampling is set from the engine's options); nullopt = the engine
   // samples them itself.
@@ -114,6 +125,19 @@ class RolloutWorker {
   Status join_weight_sync(const std::string& endpoint);
   Status fill_leases();
   Status maybe_update_weights(int64_t latest);
+  // The fetcher's finished download, staged if it is newer than the staged
+  // version; its error if it failed.
+  Status stage_fetched();
+  // Hands a verified version to the engine (applied at its next step).
+  Status stage(int64_t version, uint64_t digest,
+               std::unordered_map<std::string, at::Tensor> tensors);
+  // A download of a version newer than the staged one is under way.
+  bool fetching_newer() const;
+  // Starts a leased group on the engine (or offers it to the agents).
+  Status admit(rollout::PromptGroup group, uint64_t lease_id);
+  // Admits the groups waiting for a version once it is staged, or once no
+  // download is under way any more.
+  Status admit_waiting();
   Status submit_finished(std::vector<rollout::TrajectoryGroup> groups);
   Status heartbeat_if_due();
   Status wait_for_version();
@@ -124,6 +148,9 @@ class RolloutWorker {
   rollout::Engine* engine() const { return serving_ ? &serving_->engine() : engine_.get(); }
 
   std::unique_ptr<TrainerClient> client_;
+  // Declared after client_, which it calls: it goes (and its thread ends)
+  // first. Null with fetch_in_background false, and before start().
+  std::unique_ptr<WeightFetcher> fetcher_;
   model::Policy policy_;
   std::optional<uint64_t> base_digest_;  // LoRA: this worker's frozen base, hashed once
   rollout::EngineOptions engine_options_;
@@ -157,7 +184,14 @@ class RolloutWorker {
     uint64_t lease_id;
     rollout::TaskPrompt prompt;
   };
-  std::map<std::string, Leased> in_flight_;  // by group id
+  std::map<std::string, Leased> in_flight_;  // by group id, those waiting too
+  // Leased while a newer version downloaded: started once it is staged.
+  struct Waiting {
+    rollout::PromptGroup group;
+    uint64_t lease_id;
+    int64_t version;  // the version they wait for
+  };
+  std::deque<Waiting> waiting_;
   int64_t last_heartbeat_ms_ = 0;
   RolloutWorkerStats stats_;
 };
