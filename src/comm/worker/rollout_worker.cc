@@ -202,6 +202,8 @@ Status RolloutWorker::join_weight_sync(const std::string& endpoint) {
 }
 
 Status RolloutWorker::fill_leases() {
+  // Groups waiting for a version the heartbeat staged start first, full or not.
+  RELAY_RETURN_IF_ERROR(admit_waiting());
   const int want = options_.max_groups_in_flight - static_cast<int>(in_flight_.size());
   if (want <= 0) return OkStatus();
   // After an empty answer, ask again when the version the trainer named

@@ -262,7 +262,11 @@ TEST(RolloutWorkerTest, KeepsDecodingWhileANewVersionDownloads) {
 TEST(RolloutWorkerTest, GroupsLeasedWhileAVersionDownloadsWaitForIt) {
   Rig rig(0);
   FetchGate gate(rig.trainer, 1);
-  std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+  // One lease at a time: the waiting group fills the worker, which must
+  // still start it once the version is staged.
+  RolloutWorkerOptions wo;
+  wo.max_groups_in_flight = 1;
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker(wo);
   ASSERT_TRUE(worker->start().ok());
   rig.publish(1);
   rig.trainer.to_lease.push_back(rig.lease(0));
