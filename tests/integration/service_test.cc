@@ -22,6 +22,7 @@
 #include "relay/comm/service/trainer_service.h"
 #include "relay/comm/weight_sync/weight_broadcaster.h"
 #include "relay/comm/worker/rollout_worker.h"
+#include "relay/comm/worker/weight_fetcher.h"
 #include "relay/config/config.h"
 #include "relay/model/policy.h"
 #include "relay/model/tokenizer.h"
@@ -1060,6 +1061,59 @@ TEST(FetchWeightsTimeoutTest, SlowStreamsCompleteAndStalledOnesFailFast) {
     }
     server->shutdown(0);
   }
+}
+
+// A download nobody will stage is cancelled, not waited for: FetchCancel
+// ends a stalled stream at once (and a later call right away), and a
+// WeightFetcher destroyed mid-download returns without waiting for the
+// stream's timeout.
+TEST(FetchWeightsTimeoutTest, ACancelledDownloadEndsAtOnce) {
+  torch::manual_seed(3);
+  model::Policy policy(relay::testing::TinyConfig());
+  WeightPublisher publisher;
+  ASSERT_TRUE(publisher.publish(0, model::parameter_tensors(*policy)).ok());
+  PacedWeights service(publisher.snapshot(0).value(), std::chrono::milliseconds(0),
+                       /*stall=*/true);
+  auto server = RpcServer::start(ServerOptions{}, {&service}).value();
+  ClientOptions c;
+  c.address = "127.0.0.1:" + std::to_string(server->port());
+  c.timeout_ms = 20000;  // the stall would fail only after this
+  auto client = GrpcTrainerClient::connect(c).value();
+  auto seconds_since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+
+  FetchCancel cancel;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    cancel.cancel();
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto w = client->fetch_weights("w", -1, 0, nullptr, &cancel);
+  canceller.join();
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kCancelled) << w.status();
+  EXPECT_LT(seconds_since(t0), 5.0);
+  w = client->fetch_weights("w", -1, 0, nullptr, &cancel);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kCancelled) << w.status();
+
+  // Without a cancel the same client still downloads (the stall is the
+  // server's): a fresh server that does not stall.
+  PacedWeights fine(publisher.snapshot(0).value(), std::chrono::milliseconds(0), false);
+  auto server2 = RpcServer::start(ServerOptions{}, {&fine}).value();
+  c.address = "127.0.0.1:" + std::to_string(server2->port());
+  auto client2 = GrpcTrainerClient::connect(c).value();
+  ASSERT_TRUE(client2->fetch_weights("w", -1).ok());
+
+  t0 = std::chrono::steady_clock::now();
+  {
+    WeightFetcher fetcher(client.get(), "w", 0);
+    fetcher.want(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_TRUE(fetcher.pending());
+  }
+  EXPECT_LT(seconds_since(t0), 5.0) << "the fetcher's destructor waited for the stalled stream";
+  server->shutdown(0);
+  server2->shutdown(0);
 }
 
 }  // namespace

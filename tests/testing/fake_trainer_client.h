@@ -116,8 +116,10 @@ class FakeTrainerClient final : public comm::TrainerClient {
   }
 
   StatusOr<comm::FetchedWeights> fetch_weights(const std::string&, int64_t version, uint64_t,
-                                               const model::WeightManifest* held) override {
+                                               const model::WeightManifest* held,
+                                               comm::FetchCancel* cancel) override {
     if (t_->on_fetch) t_->on_fetch(version);
+    if (cancel != nullptr && cancel->cancelled()) return CancelledError("fake trainer: cancelled");
     std::lock_guard<std::mutex> lock(t_->mu);
     RELAY_RETURN_IF_ERROR(t_->down);
     t_->fetched.push_back(version);

@@ -255,7 +255,8 @@ StatusOr<std::vector<v1::SubmitGroupAck>> GrpcTrainerClient::submit_groups(
 
 StatusOr<FetchedWeights> GrpcTrainerClient::fetch_weights(const std::string& worker_id,
                                                           int64_t version, uint64_t chunk_bytes,
-                                                          const model::WeightManifest* held) {
+                                                          const model::WeightManifest* held,
+                                                          FetchCancel* cancel) {
   v1::FetchWeightsRequest req;
   req.set_worker_id(worker_id);
   req.set_version(version);
@@ -263,6 +264,16 @@ StatusOr<FetchedWeights> GrpcTrainerClient::fetch_weights(const std::string& wor
   auto c = impl_->stream_context();
   const std::chrono::milliseconds idle(impl_->options.timeout_ms);
   StallWatchdog watchdog(c.get(), idle);
+  if (cancel != nullptr && !cancel->arm([ctx = c.get()] { ctx->TryCancel(); })) {
+    return CancelledError("FetchWeights: cancelled");
+  }
+  // Disarmed before the context goes (declared after it: destroyed first).
+  struct Disarm {
+    FetchCancel* cancel;
+    ~Disarm() {
+      if (cancel != nullptr) cancel->clear();
+    }
+  } disarm{cancel};
   // The raw method (weight_chunk_wire.h): chunks are read straight from the
   // slices they arrive in, not parsed into a copy first.
   const grpc::internal::RpcMethod method(impl_->fetch_method.c_str(),
@@ -328,6 +339,10 @@ StatusOr<FetchedWeights> GrpcTrainerClient::fetch_weights(const std::string& wor
         "FetchWeights: nothing arrived from the trainer for ", idle.count() / 1000.0,
         " s (services.rpc_timeout_s) after ", assembler ? assembler->received_bytes() : 0, " of ",
         assembler ? std::to_string(assembler->total_bytes()) : std::string("?"), " bytes"));
+  }
+  if (cancel != nullptr && cancel->cancelled()) {
+    return CancelledError(absl::StrCat("FetchWeights: cancelled after ",
+                                       assembler ? assembler->received_bytes() : 0, " bytes"));
   }
   RELAY_RETURN_IF_ERROR(from_grpc("FetchWeights", finished));
   if (!assembler) return DataLossError("FetchWeights: no manifest received");

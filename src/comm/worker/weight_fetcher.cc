@@ -7,11 +7,13 @@
 namespace relay::comm {
 
 StatusOr<FetchedWeights> fetch_verified(TrainerClient& client, const std::string& worker_id,
-                                        int64_t version, uint64_t chunk_bytes) {
-  StatusOr<FetchedWeights> w = client.fetch_weights(worker_id, version, chunk_bytes);
+                                        int64_t version, uint64_t chunk_bytes,
+                                        FetchCancel* cancel) {
+  StatusOr<FetchedWeights> w =
+      client.fetch_weights(worker_id, version, chunk_bytes, nullptr, cancel);
   if (!w.ok() && w.status().code() == absl::StatusCode::kDataLoss) {
     spdlog::warn("worker {}: {}; fetching again", worker_id, std::string(w.status().message()));
-    w = client.fetch_weights(worker_id, version, chunk_bytes);
+    w = client.fetch_weights(worker_id, version, chunk_bytes, nullptr, cancel);
   }
   return w;
 }
@@ -26,6 +28,9 @@ WeightFetcher::~WeightFetcher() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
+  // A download of a version nobody will stage ends now, not when its last
+  // byte arrives (seconds for a large model on a slow link).
+  cancel_.cancel();
   cv_.notify_all();
   thread_.join();
 }
@@ -76,7 +81,8 @@ void WeightFetcher::loop() {
     started_ = version;
     downloading_ = true;
     lock.unlock();
-    StatusOr<FetchedWeights> w = fetch_verified(*client_, worker_id_, version, chunk_bytes_);
+    StatusOr<FetchedWeights> w =
+        fetch_verified(*client_, worker_id_, version, chunk_bytes_, &cancel_);
     lock.lock();
     downloading_ = false;
     // Superseded while asked for: the loop names the newer version next.

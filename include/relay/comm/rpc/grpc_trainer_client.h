@@ -52,7 +52,8 @@ class GrpcTrainerClient final : public TrainerClient {
   // DeadlineExceeded when nothing arrives for ClientOptions::timeout_ms.
   StatusOr<FetchedWeights> fetch_weights(const std::string& worker_id, int64_t version,
                                          uint64_t chunk_bytes = 0,
-                                         const model::WeightManifest* held = nullptr) override;
+                                         const model::WeightManifest* held = nullptr,
+                                         FetchCancel* cancel = nullptr) override;
   StatusOr<std::optional<v1::VersionAnnouncement>> next_version(const std::string& worker_id,
                                                                 int64_t after_version,
                                                                 int64_t wait_ms) override;

@@ -7,6 +7,8 @@
 // so that the worker's loop is tested without a server.
 
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -31,6 +33,42 @@ class WorkerCapabilities;
 }  // namespace relay::v1
 
 namespace relay::comm {
+
+// Ends a fetch_weights call from another thread: the call returns
+// Cancelled. It stays cancelled, so a call that had not begun when cancel()
+// ran returns at once. One call at a time uses it.
+class FetchCancel {
+ public:
+  // Runs the call's on_cancel under the lock: the call's clear() waits for
+  // it, so it never reaches a context the call has already destroyed.
+  void cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    if (on_cancel_) on_cancel_();
+  }
+  bool cancelled() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_;
+  }
+  // For the call: how to end it (a gRPC context's TryCancel: quick, and it
+  // must not call back into this). False when it is cancelled already
+  // (nothing is registered then); clear() before what it refers to goes.
+  bool arm(std::function<void()> on_cancel) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return false;
+    on_cancel_ = std::move(on_cancel);
+    return true;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_cancel_ = nullptr;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  bool cancelled_ = false;
+  std::function<void()> on_cancel_;
+};
 
 struct FetchedWeights {
   model::WeightManifest manifest;
@@ -61,10 +99,12 @@ class TrainerClient {
   // Downloads `version` (-1 = latest), verified against its digest; DataLoss
   // on any mismatch. With `held` (the manifest of the weights the caller
   // has), a version with the same tensors and digest is not transferred: the
-  // result has already_held set and no tensors.
+  // result has already_held set and no tensors. With `cancel`, another
+  // thread may end the download (Cancelled).
   virtual StatusOr<FetchedWeights> fetch_weights(const std::string& worker_id, int64_t version,
                                                  uint64_t chunk_bytes = 0,
-                                                 const model::WeightManifest* held = nullptr) = 0;
+                                                 const model::WeightManifest* held = nullptr,
+                                                 FetchCancel* cancel = nullptr) = 0;
   // The first version announced after `after_version`, or nullopt when none
   // arrives within `wait_ms`.
   virtual StatusOr<std::optional<v1::VersionAnnouncement>> next_version(

@@ -16,8 +16,8 @@
 // for) is not an error: nothing is handed over and the loop asks for the
 // newer one it learns about next.
 //
-// The destructor waits for a download in progress to end (bounded by the
-// client's stall timeout); the TrainerClient must outlive this. Thread-safe.
+// The destructor cancels a download in progress (FetchCancel) and waits for
+// its thread; the TrainerClient must outlive this. Thread-safe.
 
 #include <chrono>
 #include <condition_variable>
@@ -36,7 +36,8 @@ namespace relay::comm {
 // One download verified against its digest, fetched once more when it fails
 // it (DataLoss); the errors are fetch_weights'.
 StatusOr<FetchedWeights> fetch_verified(TrainerClient& client, const std::string& worker_id,
-                                        int64_t version, uint64_t chunk_bytes);
+                                        int64_t version, uint64_t chunk_bytes,
+                                        FetchCancel* cancel = nullptr);
 
 class WeightFetcher {
  public:
@@ -65,6 +66,7 @@ class WeightFetcher {
   TrainerClient* const client_;
   const std::string worker_id_;
   const uint64_t chunk_bytes_;
+  FetchCancel cancel_;  // the destructor's
   mutable std::mutex mu_;
   std::condition_variable cv_;  // with mu_: wanted_, stop_ or outcome_ changed
   int64_t wanted_ ABSL_GUARDED_BY(mu_) = -1;
