@@ -32,11 +32,13 @@
 // that fetches on a thread (RolloutWorkerOptions::fetch_in_background).
 //
 //   weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] [--fetch-chunk-kb N]
-//                     [--decode-batch 8] [--decode-steps 32]
+//                     [--decode-batch 8] [--decode-steps 32] [--decode-device cpu|cuda[:i]]
 //                     [--skip-grpc] [--cpu-memory keep|return] [--quick] [--json]
 // --fetch-chunk-kb: FetchWeights' chunk (default: the trainer's, 256 KiB).
 // --decode-batch, --decode-steps: the sequences decoding through the fetch,
-// and the steps they must make after the version is announced.
+// and the steps they must make after the version is announced;
+// --decode-device, where the engine decodes them (scripts/gpu/check.sh: cuda,
+// where the decode does not share the download's cores).
 // --cpu-memory: the process's malloc policy (bench_util.h), keep as relay's
 // binaries.
 // --quick = --clients 1 --bucket-mb 64 --reps 3. --json prints one JSON object
@@ -77,6 +79,7 @@
 #include "relay/comm/weight_sync/weight_publisher.h"
 #include "relay/comm/weight_sync/weight_sync.h"
 #include "relay/comm/worker/weight_fetcher.h"
+#include "relay/model/device.h"
 #include "relay/model/policy.h"
 #include "relay/model/threads.h"
 #include "relay/rollout/engine.h"
@@ -544,10 +547,12 @@ ThroughFetch decode_through_a_fetch(rollout::Engine& engine, TrainerClient& clie
 }
 
 void fetch_while_decoding(WeightPublisher& publisher, const WeightSnapshot& snap, int reps,
-                          int64_t batch, int64_t steps, std::FILE* out, bool json) {
+                          int64_t batch, int64_t steps, const c10::Device& device, std::FILE* out,
+                          bool json) {
   GrpcFetch service(publisher, 1, 0);
   model::Policy policy(qwen2_100m_config());
   model::init_weights(*policy, 0);
+  policy->to(device);  // the fetched versions stay on the host until applied
   rollout::EngineOptions eo;
   eo.num_slots = batch;
   eo.max_new_tokens = 8 + 4 * steps + 64;  // never reached: the group is aborted
@@ -583,16 +588,17 @@ void fetch_while_decoding(WeightPublisher& publisher, const WeightSnapshot& snap
   const double bg_fetch = med(bg, [](const ThroughFetch& r) { return r.fetch_s; });
   const double during = med(bg, [](const ThroughFetch& r) { return r.steps_during_fetch; });
   std::fprintf(out,
-               "decoding through a fetched version (qwen2-100m, batch %lld, %lld steps after the "
-               "announcement, median of %d):\n"
+               "decoding through a fetched version (qwen2-100m on %s, batch %lld, %lld steps "
+               "after the announcement, median of %d):\n"
                "  loop        %.3f s, %.0f tokens/s (fetch %.3f s, no step meanwhile)\n"
                "  background  %.3f s, %.0f steps, %.0f tokens/s (fetch %.3f s, %.0f steps "
                "meanwhile)  vs loop %.2f\n",
-               (long long)batch, (long long)steps, reps, loop_s, loop_tps, loop_fetch, bg_s,
-               bg_steps, bg_tps, bg_fetch, during, bg_tps / loop_tps);
+               device.str().c_str(), (long long)batch, (long long)steps, reps, loop_s, loop_tps,
+               loop_fetch, bg_s, bg_steps, bg_tps, bg_fetch, during, bg_tps / loop_tps);
   if (json) {
     relay::bench::JsonRow("weight_sync")
         .add("mode", "decode_through_fetch")
+        .add("device", device.str())
         .add("batch", batch)
         .add("steps", steps)
         .add("loop_s", loop_s)
@@ -619,6 +625,7 @@ int main(int argc, char** argv) {
   bool grpc = true;
   bool json = false;
   int64_t decode_batch = 8, decode_steps = 32;
+  std::string decode_device = "cpu";
   const char* cpu_memory = nullptr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -634,6 +641,8 @@ int main(int argc, char** argv) {
       cpu_memory = argv[++i];
     } else if (a == "--decode-batch" && i + 1 < argc) {
       decode_batch = std::max<int64_t>(1, std::atoll(argv[++i]));
+    } else if (a == "--decode-device" && i + 1 < argc) {
+      decode_device = argv[++i];
     } else if (a == "--decode-steps" && i + 1 < argc) {
       decode_steps = std::max<int64_t>(1, std::atoll(argv[++i]));
     } else if (a == "--skip-grpc") {
@@ -647,11 +656,13 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: weight_sync_bench [--clients 1,2] [--bucket-mb 64,8] [--reps 5] "
-                   "[--fetch-chunk-kb N] [--decode-batch 8] [--decode-steps 32] [--skip-grpc] "
-                   "[--cpu-memory keep|return] [--quick] [--json]\n");
+                   "[--fetch-chunk-kb N] [--decode-batch 8] [--decode-steps 32] "
+                   "[--decode-device cpu|cuda[:i]] [--skip-grpc] [--cpu-memory keep|return] "
+                   "[--quick] [--json]\n");
       return a == "--help" ? 0 : 2;
     }
   }
+  const c10::Device decode_on = check(model::parse_device(decode_device), "--decode-device");
   // As relay's binaries set it; before any thread.
   relay::bench::configure_cpu_memory(cpu_memory);
   std::FILE* out = json ? stderr : stdout;  // the human-readable table
@@ -738,7 +749,7 @@ int main(int argc, char** argv) {
   if (grpc) {
     // Decoding as relay-rollout does: every core, as its binaries set them.
     model::configure_threads(0);
-    fetch_while_decoding(publisher, *snap, reps, decode_batch, decode_steps, out, json);
+    fetch_while_decoding(publisher, *snap, reps, decode_batch, decode_steps, decode_on, out, json);
   }
   std::fprintf(out, "weight_sync_bench: %.0f s\n", seconds_since(begin));
   return 0;

@@ -13,7 +13,8 @@
 #                hidden from /usr (a mount namespace, root only), so that
 #                only the kit can provide them (what it proves: docs/gpu.md)
 #   --all        build every target (default: the binaries, the unit test
-#                programs and rollout_bench: what scripts/gpu/check.sh runs)
+#                programs, rollout_bench and weight_sync_bench: what
+#                scripts/gpu/check.sh runs)
 #   --build-dir  default build-gpu (build-gpu-sim with --simulate)
 #   --prefix     where the kit is unpacked (default /tmp/relay-deps)
 #   --kit        default .gpu-kit/dist/relay-gpu-kit.tar.xz
@@ -289,7 +290,7 @@ targets=()
 if [ -n "${RELAY_GPU_TARGETS:-}" ] && [ "$all" = 0 ]; then
   read -r -a targets <<<"$RELAY_GPU_TARGETS"
 elif [ "$all" = 0 ]; then
-  targets=(relay relay-trainer relay-rollout rollout_bench)
+  targets=(relay relay-trainer relay-rollout rollout_bench weight_sync_bench)
   while read -r t; do targets+=("$t"); done < <(
     ninja -C "$build_dir" -t targets all 2>/dev/null |
       sed -n 's/^\(relay_[a-z_]*_tests\): phony$/\1/p' |

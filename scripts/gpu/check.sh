@@ -25,7 +25,10 @@
 #          relay-trainer on cuda:0 and a relay-rollout on cuda:1; with one,
 #          a broadcast run shows what relay does when NCCL refuses the
 #          group (not counted)
-#   bench  rollout_bench --quick on the GPU (fp32, then bf16)
+#   bench  rollout_bench --quick on the GPU (fp32, then bf16); then
+#          weight_sync_bench --quick decoding on the GPU through a version
+#          fetched over gRPC, fetched on a thread against in the loop (not
+#          counted)
 # Exits 0 when every counted step passed; 1 otherwise.
 set -uo pipefail
 # One block, read whole before it runs: editing this file meanwhile is safe.
@@ -234,6 +237,13 @@ if want bench; then
   awk '$2 == "dtype" && $4 == "bf16" {
          printf "  %s rollout.dtype bfloat16 B=%s: %s tokens/s (%s fp32)\n", $1, $3, $7, $8 }' \
     "$out/rollout-bench-engine-dtype.log" | awk '!seen[$0]++' | tee -a "$summary" >/dev/null
+  # A worker's decoding through a fetched version (docs/BENCHMARKS.md,
+  # "Decoding through a fetched version"): on a GPU the download does not
+  # share the decode's cores, which is what the fetch thread is for.
+  run_step weight-sync-bench-decode 0 timeout 300 "$build_dir/bench/weight_sync_bench" --quick \
+    --decode-device "$dev" --decode-batch 8
+  grep -E '^decoding through|^  (loop|background) ' "$out/weight-sync-bench-decode.log" |
+    sed 's/^/  /' | tee -a "$summary" >/dev/null
 fi
 
 finish

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checklist in one device call, for a session with little device
 # time (docs/gpu.md, "A short session"): builds only what the checks run
-# (the binaries, the CUDA tests, rollout_bench), then the checks in order of
-# what they prove, each phase under its own timeout, until SECONDS run out.
+# (the binaries, the CUDA tests, rollout_bench, weight_sync_bench), then the
+# checks in order of what they prove, each phase under its own timeout,
+# until SECONDS run out.
 # Runs THERE, from the repository root, with .gpu-kit/dist carried.
 #
 #   scripts/gpu/short.sh [SECONDS] [PHASES]
@@ -26,7 +27,7 @@ summary=$out/summary.txt
 : >"$summary"
 
 # RELAY_GPU_TARGETS=all: build.sh's default set (the unit test programs too).
-targets=${RELAY_GPU_TARGETS:-relay relay-trainer relay-rollout relay_cuda_tests rollout_bench}
+targets=${RELAY_GPU_TARGETS:-relay relay-trainer relay-rollout relay_cuda_tests rollout_bench weight_sync_bench}
 [ "$targets" = all ] && targets=""
 export RELAY_GPU_TARGETS=$targets
 timeout "$(left)" bash scripts/gpu/build.sh

@@ -270,11 +270,18 @@ TEST(RolloutWorkerTest, GroupsLeasedWhileAVersionDownloadsWaitForIt) {
   ASSERT_TRUE(worker->start().ok());
   rig.publish(1);
   rig.trainer.to_lease.push_back(rig.lease(0));
-  int turns = 0;
-  Status st = worker->run([&] { return gate.held() > 0 && ++turns > 200; });
+  int turns = 0, heartbeats_held = 0;
+  Status st = worker->run([&] {
+    if (gate.held() == 0) return false;
+    if (heartbeats_held == 0) heartbeats_held = rig.trainer.heartbeats;
+    return ++turns > 200;
+  });
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_TRUE(rig.trainer.to_lease.empty()) << "leased";
   EXPECT_EQ(worker->stats().engine_steps, 0) << "but not started on version 0";
+  // The loop goes on meanwhile: heartbeats (its running version, its groups
+  // in flight) still reach the trainer during the download.
+  EXPECT_GT(rig.trainer.heartbeats, heartbeats_held + 100);
   gate.open();
   st = Rig::run_until(*worker, [&] { return rig.trainer.submitted.size() >= 1; });
   ASSERT_TRUE(st.ok()) << st;
