@@ -202,7 +202,9 @@ Status RolloutWorker::join_weight_sync(const std::string& endpoint) {
 }
 
 Status RolloutWorker::fill_leases() {
-  // Groups waiting for a version the heartbeat staged start first, full or not.
+  // Every turn of the loop, full or not: a version that arrived is staged
+  // (not at the next heartbeat), and the groups waiting for it start.
+  RELAY_RETURN_IF_ERROR(stage_arrived());
   RELAY_RETURN_IF_ERROR(admit_waiting());
   const int want = options_.max_groups_in_flight - static_cast<int>(in_flight_.size());
   if (want <= 0) return OkStatus();
@@ -288,8 +290,7 @@ Status RolloutWorker::stage_fetched() {
   return stage((*w)->manifest.version, (*w)->manifest.digest, std::move((*w)->tensors));
 }
 
-Status RolloutWorker::maybe_update_weights(int64_t latest) {
-  // A version that came by broadcast is staged first, whatever `latest` says.
+Status RolloutWorker::stage_arrived() {
   if (receiver_) {
     if (std::optional<ReceivedVersion> r = receiver_->take(staged_version_)) {
       RELAY_RETURN_IF_ERROR(stage(r->version, r->manifest.digest, std::move(r->tensors)));
@@ -297,6 +298,12 @@ Status RolloutWorker::maybe_update_weights(int64_t latest) {
     }
   }
   if (fetcher_) RELAY_RETURN_IF_ERROR(stage_fetched());
+  return OkStatus();
+}
+
+Status RolloutWorker::maybe_update_weights(int64_t latest) {
+  // A version that arrived is staged first, whatever `latest` says.
+  RELAY_RETURN_IF_ERROR(stage_arrived());
   // The engine applies a staged version at its next step: compare with the
   // newest version handed to it, not the one it samples with now.
   if (latest <= staged_version_) return OkStatus();

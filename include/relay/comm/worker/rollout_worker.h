@@ -128,6 +128,8 @@ class RolloutWorker {
   // The fetcher's finished download, staged if it is newer than the staged
   // version; its error if it failed.
   Status stage_fetched();
+  // What arrived by broadcast, then by download, staged.
+  Status stage_arrived();
   // Hands a verified version to the engine (applied at its next step).
   Status stage(int64_t version, uint64_t digest,
                std::unordered_map<std::string, at::Tensor> tensors);
