@@ -442,11 +442,9 @@ Status RolloutWorker::run(const std::function<bool()>& stop) {
     RELAY_RETURN_IF_ERROR(fill_leases());
     if (engine_->idle()) {
       if (fetching_newer()) {
-        // Nothing to decode until the version downloading is staged (the
-        // groups leased meanwhile wait for it).
+        // Nothing to decode until the version downloading lands; the next
+        // turn's fill_leases stages it and starts the groups waiting for it.
         fetcher_->wait(std::chrono::milliseconds(options_.idle_wait_ms));
-        RELAY_RETURN_IF_ERROR(maybe_update_weights(latest_known_));
-        RELAY_RETURN_IF_ERROR(admit_waiting());
         continue;
       }
       // Nothing to do until the trainer publishes.
