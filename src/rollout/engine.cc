@@ -358,6 +358,14 @@ Status Engine::update_weights(int64_t version, uint64_t digest,
                                                 " (held or staged)"));
   }
   staged_version_ = version;
+  if (open_ids_.empty()) {
+    // No group anywhere in the engine: no sequence can start on the staged
+    // versions or need their proximal values, so only the newest is kept.
+    // Otherwise an idle worker held one copy of the weights per version
+    // published until its next lease.
+    updates_superseded_ += static_cast<int64_t>(updates_.size());
+    updates_.clear();
+  }
   updates_.push_back({version, digest, std::move(tensors)});
   input_cv_.notify_all();
   return OkStatus();
@@ -386,7 +394,9 @@ int64_t Engine::live_sequences() const {
 
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_snapshot_;
+  EngineStats s = stats_snapshot_;
+  s.updates_superseded = updates_superseded_;
+  return s;
 }
 
 double Engine::seconds_since(std::chrono::steady_clock::time_point t) const {

@@ -111,6 +111,9 @@ struct EngineStats {
   int64_t shared_prefills = 0;    // sequences (baselines too) whose prompt context was copied
   int64_t recomputed_tokens = 0;  // positions re-run by recompute after an update
   int64_t updates_applied = 0;
+  // Staged versions replaced by a newer one before any step applied them
+  // (update_weights on an engine holding no group).
+  int64_t updates_superseded = 0;
   int64_t groups_completed = 0;
   int64_t baseline_sequences = 0;  // greedy baselines finished (aborted ones included)
   int64_t baseline_tokens = 0;     // tokens of greedy baselines (also in sampled_tokens)
@@ -183,7 +186,10 @@ class Engine {
   // shape; dtype and device are converted. `version` must exceed the version
   // held and any version already staged. Checked here, so a bad update fails
   // at the call and changes nothing. The engine keeps the tensors until it
-  // has copied them; the caller must not write to them meanwhile.
+  // has copied them; the caller must not write to them meanwhile. An engine
+  // holding no group (idle) keeps only the newest staged version: the older
+  // ones would be applied to no sequence, each a copy of the weights held
+  // until then (a worker without leases stages every version published).
   Status update_weights(int64_t version, uint64_t digest,
                         std::unordered_map<std::string, at::Tensor> tensors);
 
@@ -348,6 +354,7 @@ class Engine {
   std::deque<Submission> submitted_;
   std::deque<PendingUpdate> updates_;
   int64_t staged_version_ = 0;  // highest version held or staged
+  int64_t updates_superseded_ = 0;
   bool abort_requested_ = false;
   std::set<std::string> open_ids_;  // groups submitted and not yet returned
   std::deque<PendingReply> replies_;

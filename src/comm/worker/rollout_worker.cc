@@ -441,6 +441,15 @@ Status RolloutWorker::run(const std::function<bool()>& stop) {
     RELAY_RETURN_IF_ERROR(heartbeat_if_due());
     RELAY_RETURN_IF_ERROR(fill_leases());
     if (engine_->idle()) {
+      if (engine_->version() < staged_version_) {
+        // An engine applies a staged version at its next step, and an idle
+        // one takes none: apply it now, so that the weights are held once,
+        // not twice, while the worker waits, and three times while the
+        // next version downloads.
+        RELAY_RETURN_IF_ERROR(engine_->step().status());
+        ++stats_.engine_steps;
+        continue;
+      }
       if (fetching_newer()) {
         // Nothing to decode until the version downloading lands; the next
         // turn's fill_leases stages it and starts the groups waiting for it.

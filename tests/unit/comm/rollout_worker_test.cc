@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "relay/model/policy.h"
@@ -84,9 +85,9 @@ struct Rig {
   std::unique_ptr<RolloutWorker> make_worker(RolloutWorkerOptions wo = {}) {
     rollout::EngineOptions eo;
     eo.num_slots = 8;
-    eo.max_new_tokens = 6;
-    eo.stop_tokens = {tokenizer->eos_id(), *tokenizer->token_id("#")};
-    wo.heartbeat_ms = 0;  // every loop: the fake answers at once
+    eo.max_new_tokens = max_new_tokens;
+    if (stop_tokens) eo.stop_tokens = {tokenizer->eos_id(), *tokenizer->token_id("#")};
+    wo.heartbeat_ms = heartbeat_ms;
     wo.idle_wait_ms = 1;
     worker_policy = model::Policy(cfg);
     model::init_weights(*worker_policy, 11, 0.3);  // the trainer's version 0
@@ -100,6 +101,11 @@ struct Rig {
     int turns = 0;
     return worker.run([&] { return done() || ++turns > 20000; });
   }
+
+  // The worker's settings make_worker() applies.
+  int64_t heartbeat_ms = 0;  // every loop: the fake answers at once
+  int64_t max_new_tokens = 6;
+  bool stop_tokens = true;  // false: every sample runs max_new_tokens
 
   std::shared_ptr<const model::CharTokenizer> tokenizer;
   std::shared_ptr<const rollout::Task> task;
@@ -189,6 +195,29 @@ TEST(RolloutWorkerTest, FetchesANewVersionAndSamplesTheNextLeasesWithIt) {
       EXPECT_EQ(t.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{1, digest1}}));
       expect_logprobs_under(t, rig.trainer.versions[1], rig.cfg);
     }
+  }
+}
+
+// A worker the trainer gives no lease still follows every version, and its
+// engine applies each one as it is staged: an idle engine steps on nothing,
+// so a staged version would otherwise stay beside the weights it replaces
+// (and the next download beside both) until the next lease.
+TEST(RolloutWorkerTest, AnIdleWorkerAppliesEachVersionItStages) {
+  for (bool background : {true, false}) {
+    SCOPED_TRACE(background ? "fetched in the background" : "fetched by the loop");
+    Rig rig(0);
+    RolloutWorkerOptions wo;
+    wo.fetch_in_background = background;
+    std::unique_ptr<RolloutWorker> worker = rig.make_worker(wo);
+    ASSERT_TRUE(worker->start().ok());
+    for (int64_t v = 1; v <= 3; ++v) {
+      rig.publish(v);
+      Status st = Rig::run_until(*worker, [&] { return worker->version() == v; });
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_EQ(worker->version(), v) << "version " << v << " staged but not applied";
+    }
+    EXPECT_EQ(worker->stats().versions_applied, 3);
+    EXPECT_TRUE(rig.trainer.submitted.empty());
   }
 }
 
@@ -290,6 +319,67 @@ TEST(RolloutWorkerTest, GroupsLeasedWhileAVersionDownloadsWaitForIt) {
   for (const rollout::Trajectory& t : rig.trainer.submitted[0].second.trajectories) {
     EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 1));
     expect_logprobs_under(t, rig.trainer.versions[1], rig.cfg);
+  }
+}
+
+// A download that ends while the worker is full (no lease to ask for, no
+// heartbeat due) is staged at the loop's next turn: the group in flight
+// takes the new version from its next token on (recompute), and the group
+// waiting for it starts. Staged only at a lease or a heartbeat, as before,
+// it waited until the group in flight had finished on the old version.
+TEST(RolloutWorkerTest, AVersionDownloadedWhileTheWorkerIsFullIsStagedAtTheNextTurn) {
+  Rig rig(1);
+  rig.heartbeat_ms = 600000;  // at most the first turn's
+  rig.max_new_tokens = 40;
+  rig.stop_tokens = false;
+  FetchGate gate(rig.trainer, 1);
+  RolloutWorkerOptions wo;
+  wo.max_groups_in_flight = 2;
+  std::unique_ptr<RolloutWorker> worker = rig.make_worker(wo);
+  ASSERT_TRUE(worker->start().ok());
+  bool published = false, opened = false;
+  int turns = 0, heartbeats_at_open = -1, heartbeats_at_v1 = -1;
+  Status st = worker->run([&] {
+    if (opened && heartbeats_at_v1 < 0 && worker->version() == 1) {
+      heartbeats_at_v1 = rig.trainer.heartbeats;
+    }
+    if (!published && worker->stats().engine_steps >= 1) {
+      // The first group decodes on version 0; the next lease learns of 1.
+      rig.publish(1);
+      rig.trainer.to_lease.push_back(rig.lease(1));
+      published = true;
+    }
+    if (published && !opened && gate.held() == 1) {
+      // Full now: the first group in flight, the second waiting for the
+      // download. Let it finish, and wait until the fake has answered.
+      gate.open();
+      for (int i = 0; i < 10000; ++i) {
+        {
+          std::lock_guard<std::mutex> lock(rig.trainer.mu);
+          if (rig.trainer.fetched.back() == 1) break;
+        }
+        std::this_thread::yield();
+      }
+      opened = true;
+      heartbeats_at_open = rig.trainer.heartbeats;
+    }
+    return rig.trainer.submitted.size() >= 2 || ++turns > 20000;
+  });
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(opened);
+  ASSERT_EQ(rig.trainer.submitted.size(), 2u);
+  EXPECT_EQ(heartbeats_at_v1, heartbeats_at_open) << "staged by a heartbeat, not by the turn";
+  for (const auto& [lease_id, g] : rig.trainer.submitted) {
+    for (const rollout::Trajectory& t : g.trajectories) {
+      ASSERT_EQ(t.response_tokens.size(), 40u);
+      const auto on_v1 = std::count(t.token_versions.begin(), t.token_versions.end(), 1);
+      if (lease_id == 100) {
+        EXPECT_EQ(t.token_versions.front(), 0) << "the first group started on version 0";
+        EXPECT_GT(on_v1, 0) << "version 1 was staged only after the first group's decoding";
+      } else {
+        EXPECT_EQ(on_v1, 40) << "the second group started on version 1";
+      }
+    }
   }
 }
 

@@ -406,6 +406,58 @@ TEST(EngineTest, NewGroupsWaitForTheNewestStagedVersion) {
   }
 }
 
+// A worker without leases stages every version the trainer publishes into
+// an engine that steps on none of them. Only the newest is kept: the older
+// ones are released at once (each is a whole copy of the weights), and the
+// next group starts on the newest after one step.
+TEST(EngineTest, AnIdleEngineKeepsOnlyTheNewestStagedVersion) {
+  auto engine = make_engine(1, base_options());
+  auto cloned = [](model::Policy p) {
+    std::unordered_map<std::string, at::Tensor> m;
+    for (auto& [name, t] : weights_of(p)) m[name] = t.detach().clone();
+    return m;
+  };
+  auto w1 = cloned(make_policy(55));
+  const at::Tensor held = w1.at("model.norm.weight");
+  ASSERT_TRUE(engine->update_weights(1, 7, std::move(w1)).ok());
+  EXPECT_EQ(held.use_count(), 2) << "the engine holds version 1 while it is the newest";
+  ASSERT_TRUE(engine->update_weights(2, 8, cloned(make_policy(56))).ok());
+  EXPECT_EQ(held.use_count(), 1) << "version 1 is still held after version 2 replaced it";
+  ASSERT_TRUE(engine->update_weights(3, 9, cloned(make_policy(57))).ok());
+  EXPECT_EQ(engine->stats().updates_superseded, 2);
+  // Still refused: a version at or below the newest staged one.
+  EXPECT_EQ(engine->update_weights(2, 8, cloned(make_policy(56))).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(engine->submit(group("late", {4, 5, 6}, 2, 2)).ok());
+  ASSERT_TRUE(engine->step().ok());
+  EXPECT_EQ(engine->version(), 3);
+  auto groups = by_id(run_all(*engine));
+  EXPECT_EQ(engine->stats().updates_applied, 1);
+  for (const Trajectory& t : groups["late"].trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 3));
+    EXPECT_EQ(t.interruptions, 0);
+    EXPECT_EQ(t.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{3, 9}}));
+  }
+}
+
+// With a group in flight every staged version is applied in turn (each
+// one's tokens get their proximal values from the next): none is dropped.
+TEST(EngineTest, AnEngineWithGroupsInFlightAppliesEveryStagedVersion) {
+  EngineOptions o = base_options();
+  o.max_new_tokens = 16;
+  auto engine = make_engine(1, o);
+  ASSERT_TRUE(engine->submit(group("first", {1, 2, 3}, 2, 1)).ok());
+  ASSERT_TRUE(engine->step().ok());
+  model::Policy w1 = make_policy(55), w2 = make_policy(56);
+  ASSERT_TRUE(engine->update_weights(1, 7, weights_of(w1)).ok());
+  ASSERT_TRUE(engine->update_weights(2, 8, weights_of(w2)).ok());
+  EXPECT_EQ(engine->stats().updates_superseded, 0);
+  run_all(*engine);
+  EXPECT_EQ(engine->stats().updates_applied, 2);
+  EXPECT_EQ(engine->version(), 2);
+}
+
 // `keep`: decoding continues on the old cache with the new weights; tokens
 // after the update carry the new version, and the trajectory says so.
 TEST(EngineTest, KeepPolicyFlagsStaleCacheAndLeavesProximalUnknown) {
