@@ -249,7 +249,9 @@ def main():
 
     # Against plain PyTorch on the same weights (rollout_bench --only py,
     # trainer_bench) and against the machine's limits.
-    py = rows_of(os.path.join(out_dir, "decode_python.out"))
+    # decode_05b: the full pass's Qwen2.5-0.5B directory (batches 1 and 8).
+    py = (rows_of(os.path.join(out_dir, "decode_python.out")) +
+          rows_of(os.path.join(out_dir, "decode_05b.out")))
     for r in py:
         if r.get("bench") != "py" or r.get("mode") != "engine":
             continue

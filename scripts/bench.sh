@@ -195,6 +195,19 @@ elif knows "$bin/rollout_bench" --python; then
   args=(--only py --json)
   [ "$quick" = 1 ] && args+=(--quick)
   step decode_python "$bin/rollout_bench" "${args[@]}"
+  # The realistic yardstick: a Qwen2.5-0.5B-shaped directory (random bf16
+  # weights, the real tokenizer), decoded by both loops; removed after (1 GB).
+  if [ "$quick" = 0 ] && knows "$bin/rollout_bench" --model-dir; then
+    dir05="$out/qwen2.5-0.5b"
+    if RELAY="$build_dir/src/relay" scripts/models/qwen2.5-0.5b.sh "$dir05" \
+        > "$out/model_05b.log" 2>&1; then
+      step decode_05b "$bin/rollout_bench" --model-dir "$dir05" --only py --batches 1,8 \
+        --reps 3 --json
+    else
+      skip decode_05b "scripts/models/qwen2.5-0.5b.sh failed: $(tail -1 "$out/model_05b.log")"
+    fi
+    rm -rf "$dir05"
+  fi
 else
   skip decode_python "$bin/rollout_bench has no --python mode in this build"
 fi
