@@ -696,6 +696,41 @@ TEST_F(ServiceTest, StepReturnsAsSoonAsEnoughGroupsArrive) {
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(30));
 }
 
+// store/wait_s is the time the step waited for its batch, time/train_s the
+// time Trainer::step took; they do not overlap. (store/wait_s used to run
+// to the end of the training, so a run bound by its trainer read as one
+// waiting for its workers.)
+TEST_F(ServiceTest, AStepSaysHowLongItWaitedForGroupsAndHowLongItTrained) {
+  auto trainer = trainer::Trainer::create(policy_, trainer::TrainerOptions{}).value();
+  TrainerHostOptions ho;
+  ho.groups_per_step = 2;
+  ho.group_wait_ms = 60000;
+  ho.limits.vocab_size = 37;
+  TrainerHost host(trainer.get(), store_.get(), &publisher_, ho);
+  std::thread appender;
+  auto workers_present = [&]() -> Status {
+    if (!appender.joinable()) {
+      appender = std::thread([this] {
+        // Late enough that the wait is measurable.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        for (const char* id : {"a", "b"}) {
+          EXPECT_TRUE(store_->append(make_group(id, 2, 0, {1, 2, 3}), 0).ok());
+        }
+      });
+    }
+    return OkStatus();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<trainer::StepMetrics> m = host.step(nullptr, workers_present);
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (appender.joinable()) appender.join();
+  ASSERT_TRUE(m.ok()) << m.status();
+  const double wait_s = m->at("store/wait_s"), train_s = m->at("time/train_s");
+  EXPECT_GE(wait_s, 0.15);
+  EXPECT_GT(train_s, 0.0);
+  EXPECT_LE(wait_s + train_s, total) << "the training counted in the wait";
+}
+
 // What the rollout-worker tests share: a trainer side (tokenizer, task,
 // trainer policy, publisher, store, dispenser, service on a loopback server)
 // and a worker built against it, starting from other weights than the

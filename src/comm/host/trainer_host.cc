@@ -87,19 +87,31 @@ struct TrainerHost::StepState {
   std::chrono::steady_clock::time_point start, deadline;
   int64_t expired = 0;          // groups the store dropped as stale during the step
   int64_t rejected_before = 0;  // rejected_ when the step began
+  // Seconds spent filling the batch and in Trainer::step, over every round:
+  // store/wait_s must not count the training (it used to, and a run whose
+  // trainer was the bottleneck read as one waiting for its workers).
+  double wait_s = 0, train_s = 0;
   std::vector<store::StoredGroup> taken;
 };
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
 
 // Fills the batch: waits for enough READY groups, takes them, quarantines the
 // ones no step could train on, and takes more in their place.
 Status TrainerHost::fill(StepState& s, const std::function<bool()>& stop,
                          const std::function<Status()>& workers_present) {
+  const auto began = std::chrono::steady_clock::now();
   while (static_cast<int64_t>(s.taken.size()) < options_.groups_per_step) {
     const int64_t want = options_.groups_per_step - static_cast<int64_t>(s.taken.size());
     RELAY_RETURN_IF_ERROR(wait_for_ready(want, static_cast<int64_t>(s.taken.size()), s.min_version,
                                          s.deadline, stop, workers_present));
     RELAY_RETURN_IF_ERROR(take(s, want));
   }
+  s.wait_s += seconds_since(began);
   return OkStatus();
 }
 
@@ -130,13 +142,12 @@ Status TrainerHost::take(StepState& s, int64_t want) {
 // to the workers, and every compact_every steps a store compaction.
 Status TrainerHost::finish_step(StepState& s, std::vector<rollout::TrajectoryGroup> groups,
                                 trainer::StepMetrics& m) {
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
   double wait_versions = 0;
   for (const store::StoredGroup& g : s.taken) {
     wait_versions += static_cast<double>(s.version - g.arrival_version);
   }
-  m.insert_or_assign("store/wait_s", waited);
+  m.insert_or_assign("store/wait_s", s.wait_s);
+  m.insert_or_assign("time/train_s", s.train_s);
   m.insert_or_assign("store/expired", static_cast<double>(s.expired));
   m.insert_or_assign("store/rejected", static_cast<double>(rejected_ - s.rejected_before));
   m.insert_or_assign("store/rejected_total", static_cast<double>(store_->rejected_total()));
@@ -190,7 +201,9 @@ StatusOr<trainer::StepMetrics> TrainerHost::step(const std::function<bool()>& st
     RELAY_RETURN_IF_ERROR(fill(s, stop, workers_present));
     std::vector<rollout::TrajectoryGroup> groups;
     for (const store::StoredGroup& g : s.taken) groups.push_back(g.group);
+    const auto trained = std::chrono::steady_clock::now();
     StatusOr<trainer::StepMetrics> m = trainer_->step(groups);
+    s.train_s += seconds_since(trained);
     if (m.ok()) {
       RELAY_RETURN_IF_ERROR(finish_step(s, std::move(groups), *m));
       return m;
