@@ -443,9 +443,9 @@ Status RolloutWorker::run(const std::function<bool()>& stop) {
     if (engine_->idle()) {
       if (engine_->version() < staged_version_) {
         // An engine applies a staged version at its next step, and an idle
-        // one takes none: apply it now, so that the weights are held once,
-        // not twice, while the worker waits, and three times while the
-        // next version downloads.
+        // one takes none: apply it now. The host then holds the weights
+        // once while the worker waits (not the engine's and the staged
+        // copy), and twice, not three times, while the next one downloads.
         RELAY_RETURN_IF_ERROR(engine_->step().status());
         ++stats_.engine_steps;
         continue;
