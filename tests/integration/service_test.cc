@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -114,6 +115,31 @@ class ServiceTest : public ::testing::Test {
     auto r = client_->register_worker("test", caps);
     EXPECT_TRUE(r.ok()) << r.status();
     return r->worker_id();
+  }
+
+  // A host stepping every 2 groups, and what it asks for workers with: the
+  // first call starts a thread that appends groups "a" and "b" after
+  // `delay` (join `appender` after the step).
+  TrainerHostOptions two_group_host_options() const {
+    TrainerHostOptions ho;
+    ho.groups_per_step = 2;
+    ho.group_wait_ms = 60000;  // only a lost wake-up waits this long
+    ho.limits.vocab_size = 37;
+    return ho;
+  }
+  std::function<Status()> groups_arrive(std::thread& appender,
+                                        std::chrono::milliseconds delay = {}) {
+    return [this, &appender, delay]() -> Status {
+      if (!appender.joinable()) {
+        appender = std::thread([this, delay] {
+          std::this_thread::sleep_for(delay);
+          for (const char* id : {"a", "b"}) {
+            EXPECT_TRUE(store_->append(make_group(id, 2, 0, {1, 2, 3}), 0).ok());
+          }
+        });
+      }
+      return OkStatus();
+    };
   }
 
   std::string dir_;
@@ -649,24 +675,10 @@ TEST_F(ServiceTest, WaitingForGroupsFailsSoonOnceEveryWorkerIsGone) {
 // has looked at the store, found too few, and asked after its workers.
 TEST_F(ServiceTest, StepReturnsAsSoonAsEnoughGroupsArrive) {
   auto trainer = trainer::Trainer::create(policy_, trainer::TrainerOptions{}).value();
-  TrainerHostOptions ho;
-  ho.groups_per_step = 2;
-  ho.group_wait_ms = 60000;  // only a lost wake-up waits this long
-  ho.limits.vocab_size = 37;
-  TrainerHost host(trainer.get(), store_.get(), &publisher_, ho);
+  TrainerHost host(trainer.get(), store_.get(), &publisher_, two_group_host_options());
   std::thread appender;
-  auto workers_present = [&]() -> Status {
-    if (!appender.joinable()) {
-      appender = std::thread([this] {
-        for (const char* id : {"a", "b"}) {
-          EXPECT_TRUE(store_->append(make_group(id, 2, 0, {1, 2, 3}), 0).ok());
-        }
-      });
-    }
-    return OkStatus();
-  };
   const auto t0 = std::chrono::steady_clock::now();
-  StatusOr<trainer::StepMetrics> m = host.step(nullptr, workers_present);
+  StatusOr<trainer::StepMetrics> m = host.step(nullptr, groups_arrive(appender));
   const auto waited = std::chrono::steady_clock::now() - t0;
   if (appender.joinable()) appender.join();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -702,26 +714,12 @@ TEST_F(ServiceTest, StepReturnsAsSoonAsEnoughGroupsArrive) {
 // waiting for its workers.)
 TEST_F(ServiceTest, AStepSaysHowLongItWaitedForGroupsAndHowLongItTrained) {
   auto trainer = trainer::Trainer::create(policy_, trainer::TrainerOptions{}).value();
-  TrainerHostOptions ho;
-  ho.groups_per_step = 2;
-  ho.group_wait_ms = 60000;
-  ho.limits.vocab_size = 37;
-  TrainerHost host(trainer.get(), store_.get(), &publisher_, ho);
+  TrainerHost host(trainer.get(), store_.get(), &publisher_, two_group_host_options());
   std::thread appender;
-  auto workers_present = [&]() -> Status {
-    if (!appender.joinable()) {
-      appender = std::thread([this] {
-        // Late enough that the wait is measurable.
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        for (const char* id : {"a", "b"}) {
-          EXPECT_TRUE(store_->append(make_group(id, 2, 0, {1, 2, 3}), 0).ok());
-        }
-      });
-    }
-    return OkStatus();
-  };
   const auto t0 = std::chrono::steady_clock::now();
-  StatusOr<trainer::StepMetrics> m = host.step(nullptr, workers_present);
+  // Late enough that the wait is measurable.
+  StatusOr<trainer::StepMetrics> m =
+      host.step(nullptr, groups_arrive(appender, std::chrono::milliseconds(200)));
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (appender.joinable()) appender.join();
   ASSERT_TRUE(m.ok()) << m.status();
