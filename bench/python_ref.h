@@ -141,22 +141,45 @@ class PythonRef {
   nlohmann::json hello_;
 };
 
-// Writes `policy` as an HF model directory `dir`/`name`, loads it into the
-// Python process and compares logits for two rows of 12 fixed random tokens,
-// through the script's full forward and its KV-cache path. Ends the
-// benchmark when either differs from relay's by more than
-// tol x max(1, max |logit|). Returns the reply: max_abs_diff,
-// max_abs_diff_cached, max_abs_logit.
-inline nlohmann::json save_load_compare(PythonRef& py, model::PolicyImpl& policy,
-                                        const std::string& dir, const std::string& name,
-                                        double tol) {
+// Where and how the Python process runs the model it loads: the CPU in fp32
+// with eager attention unless the benchmark runs relay's models elsewhere
+// (rollout_bench --device, --dtype, --py-attention).
+struct PyPlacement {
+  std::string device = "cpu";       // "cpu", "cuda", "cuda:1"
+  std::string dtype = "float32";    // or "bfloat16"
+  std::string attention = "eager";  // or "sdpa" (torch >= 2.0)
+  bool fp32_cpu() const { return device == "cpu" && dtype == "float32"; }
+  nlohmann::json load(const std::string& dir) const {
+    return {{"cmd", "load"},
+            {"dir", dir},
+            {"device", device},
+            {"dtype", dtype},
+            {"attention", attention}};
+  }
+};
+
+// Writes `policy` as an HF model directory `dir`/`name`; returns its path.
+inline std::string save_model(model::PolicyImpl& policy, const std::string& dir,
+                              const std::string& name) {
   const std::string model_dir = dir + "/" + name;
   model::SaveOptions so;
   so.overwrite = true;
   if (Status s = model::save_policy(policy, model_dir, so); !s.ok()) {
     fail("save_policy: " + std::string(s.message()));
   }
-  py.call({{"cmd", "load"}, {"dir", model_dir}});
+  return model_dir;
+}
+
+// Has the Python process load `model_dir` (`load`: a PyPlacement's command)
+// and compares logits for two rows of 12 fixed random tokens, through the
+// script's full forward and its KV-cache path, with `policy`'s (on whatever
+// device and in whatever dtype it is). Ends the benchmark when either
+// differs from relay's by more than tol x max(1, max |logit|). Returns the
+// reply: max_abs_diff, max_abs_diff_cached, max_abs_logit.
+inline nlohmann::json compare_logits(PythonRef& py, model::PolicyImpl& policy,
+                                     const std::string& model_dir, const nlohmann::json& load,
+                                     double tol) {
+  py.call(load);
   std::mt19937_64 gen(42);
   std::uniform_int_distribution<int64_t> token(0, policy.config().vocab_size - 1);
   at::Tensor ids = at::empty({2, 12}, at::kLong);
@@ -164,7 +187,8 @@ inline nlohmann::json save_load_compare(PythonRef& py, model::PolicyImpl& policy
   at::Tensor logits;
   {
     at::NoGradGuard no_grad;
-    logits = policy.forward(ids).contiguous();
+    const at::Device device = policy.parameters().front().device();
+    logits = policy.forward(ids.to(device)).to(at::kCPU, at::kFloat).contiguous();
   }
   const std::string check = model_dir + ".check.safetensors";
   if (Status s = model::write_safetensors(check, {{"input_ids", ids}, {"logits", logits}});
@@ -174,33 +198,73 @@ inline nlohmann::json save_load_compare(PythonRef& py, model::PolicyImpl& policy
   return py.call({{"cmd", "check_logits"}, {"file", check}, {"tol", tol}});
 }
 
+// The tolerance of the check where both sides run in bfloat16: each rounds
+// its activations at its own points (relay's kernels widen the weights and
+// accumulate in fp32; LibTorch's may not), so they agree to the format's
+// precision, not to fp32's. A wrong RoPE, mask or norm is off by the
+// logits' own scale (the probe model below makes sure of that).
+inline constexpr double kBFloat16Tolerance = 5e-2;
+
 // The equivalence check before a comparison. The benchmark's own random
 // weights (N(0, 0.02)) make attention nearly uniform, so on their own they
 // would let a wrong RoPE or mask pass; a probe model of the same
 // architecture with weights N(0, sqrt(4 / hidden)) (attention scores of
-// standard deviation ~4) is compared first. Then `policy` is written to
-// `dir`/`name`, loaded into the Python process (where it stays) and compared.
-// Returns the comparison's reply plus "probe_max_abs_diff" and a one-line
+// standard deviation ~4) is compared first, on the CPU in fp32. Then
+// `policy` is written to `dir`/`name` and compared the same way. When the
+// benchmark runs elsewhere (`at`: a device, bfloat16), both sides then load
+// that directory there and are compared again at the dtype's tolerance;
+// the Python process keeps the model as `at` says. Returns the fp32
+// comparison's reply plus "probe_max_abs_diff", "placed_max_abs_diff" (the
+// comparison at `at`, when it is not the CPU in fp32) and a one-line
 // "summary".
 inline nlohmann::json load_and_check(PythonRef& py, model::PolicyImpl& policy,
                                      const std::string& dir, const std::string& name,
-                                     double tol = 1e-3) {
+                                     double tol = 1e-3, const PyPlacement& at = {}) {
+  PyPlacement reference = at;
+  reference.device = "cpu";
+  reference.dtype = "float32";
+  auto worst = [](const nlohmann::json& r) {
+    return std::max(r.at("max_abs_diff").get<double>(), r.at("max_abs_diff_cached").get<double>());
+  };
   model::Policy probe(policy.config());
   model::init_weights(*probe, /*seed=*/1, std::sqrt(4.0 / policy.config().hidden_size));
-  const nlohmann::json p = save_load_compare(py, *probe, dir, name + ".probe", tol);
-  nlohmann::json r = save_load_compare(py, policy, dir, name, tol);
-  r["probe_max_abs_diff"] =
-      p.at("max_abs_diff_cached").get<double>() > p.at("max_abs_diff").get<double>()
-          ? p.at("max_abs_diff_cached")
-          : p.at("max_abs_diff");
-  char buf[256];
+  const std::string probe_dir = save_model(*probe, dir, name + ".probe");
+  const nlohmann::json p = compare_logits(py, *probe, probe_dir, reference.load(probe_dir), tol);
+
+  const std::string model_dir = save_model(policy, dir, name);
+  nlohmann::json r, placed;
+  if (at.fp32_cpu()) {
+    r = compare_logits(py, policy, model_dir, at.load(model_dir), tol);
+  } else {
+    // The saved weights (rounded to the policy's dtype) in fp32 on the CPU
+    // on both sides, then both as `at` says.
+    {  // the fp32 copy is freed before the placed load
+      auto copy = model::load_policy(model_dir, model::LoadOptions{});
+      if (!copy.ok())
+        fail("load_policy " + model_dir + ": " + std::string(copy.status().message()));
+      (*copy)->eval();
+      r = compare_logits(py, **copy, model_dir, reference.load(model_dir), tol);
+    }
+    placed = compare_logits(py, policy, model_dir, at.load(model_dir),
+                            at.dtype == "bfloat16" ? kBFloat16Tolerance : tol);
+    r["placed_max_abs_diff"] = worst(placed);
+  }
+  r["probe_max_abs_diff"] = worst(p);
+  char buf[384];
   std::snprintf(buf, sizeof(buf),
                 "python vs relay logits: max |diff| %.1e (cached path %.1e, max |logit| %.2f); "
                 "probe weights %.1e (max |logit| %.1f)",
                 r.at("max_abs_diff").get<double>(), r.at("max_abs_diff_cached").get<double>(),
                 r.at("max_abs_logit").get<double>(), r["probe_max_abs_diff"].get<double>(),
                 p.at("max_abs_logit").get<double>());
-  r["summary"] = buf;
+  std::string summary = buf;
+  if (!placed.is_null()) {
+    std::snprintf(buf, sizeof(buf), "; on %s in %s, %s attention: %.1e (max |logit| %.2f)",
+                  at.device.c_str(), at.dtype.c_str(), at.attention.c_str(), worst(placed),
+                  placed.at("max_abs_logit").get<double>());
+    summary += buf;
+  }
+  r["summary"] = summary;
   return r;
 }
 

@@ -59,7 +59,8 @@
 //          roofline   max(prefill FLOPs / peak, W / bw) + (N - 1) max(B F /
 //                     peak, W / bw): F = decode FLOPs per token (2 x matmul
 //                     parameters, LM head included, + attention at the mean
-//                     context), peak = fp32 GEMM GFLOP/s of a 2048^3 matmul,
+//                     context), peak = GEMM GFLOP/s of a 2048^3 fp32
+//                     matmul (with --device cuda: 8192^3 in --dtype),
 //                     W = bytes of the weight matrices, read once per
 //                     forward, bw = streaming bandwidth (the larger of a
 //                     256 MB GEMV and a 256 MB copy);
@@ -85,7 +86,7 @@
 //                 [--threads N] [--blas-threads T] [--kernel-threads K] [--reps R] [--prompt P]
 //                 [--new N] [--json]
 //                 [--device cpu|cuda[:i]] [--dtype float32|bfloat16] [--model-dir DIR]
-//                 [--cpu-memory keep|return]
+//                 [--cpu-memory keep|return] [--py-attention eager|sdpa]
 //
 // --cpu-memory: how relay's side holds freed tensor memory, as relay's
 // binaries do (bench_util.h, configure_cpu_memory); default keep.
@@ -100,7 +101,12 @@
 //
 // --device runs the models (weights, KV caches) on a GPU (scripts/gpu/check.sh);
 // timings then wait for the device. --dtype sets the weights' and caches'
-// dtype. The Python comparison (py) and the bound rows are CPU-only.
+// dtype. The Python loop of the py rows runs there too, in the same dtype,
+// after the logits check has passed in fp32 on the CPU and again where it
+// runs (python_ref.h); its attention is transformers' eager unless
+// --py-attention sdpa (transformers' default on a GPU; torch >= 2.0). The
+// bound rows then use the device's own limits, measured in that dtype
+// (machine_limits.h), and the memory rows (host resident sets) are left out.
 //
 // --quick: fewer repetitions (tiny 3, qwen2-100m 1) for a smoke run of the
 // same rows. --only py implies --python.
@@ -705,7 +711,7 @@ double step_gemm_seconds(Policy& p, int64_t rows, int64_t head_rows, int reps,
   std::vector<at::Tensor> ws, xs;
   for (const ForwardMatrix& m : forward_matrices(p)) {
     ws.push_back(m.weight);
-    xs.push_back(torch::randn({m.head ? head_rows : rows, m.weight.size(1)}));
+    xs.push_back(torch::randn({m.head ? head_rows : rows, m.weight.size(1)}, m.weight.options()));
   }
   return time_best(reps, [&] {
     for (size_t i = 0; i < ws.size(); ++i) {
@@ -715,6 +721,7 @@ double step_gemm_seconds(Policy& p, int64_t rows, int64_t head_rows, int reps,
         torch::nn::functional::linear(xs[i], ws[i]);
       }
     }
+    sync_device();
   });
 }
 
@@ -763,6 +770,7 @@ struct PendingBound {
   double flops_per_token = 0;  // 2 x matmul parameters + attention at the mean context
   double prefill_flops = 0;    // the B x P prompt positions, the head on B of them
   double weight_bytes = 0;     // read once per forward
+  double weight_params = 0;    // the matrices' parameters (2 FLOPs each per row)
   double gemm_step_s = 0;      // one decode step's weight GEMMs, best of several
   double gemm_prefill_s = 0;   // the prefill's
   double kernel_step_s = 0;    // one decode step's products as the engine runs them
@@ -833,7 +841,8 @@ void bench_py(const Workload& w, Policy& p, int64_t B, int reps, int64_t N,
                            static_cast<double>(cfg.resolved_head_dim());
   pb.flops_per_token = 2.0 * (matmul_params + head_params) + attention * (P + N / 2.0);
   pb.prefill_flops = B * (P * (2.0 * matmul_params + attention * P / 2.0) + 2.0 * head_params);
-  pb.weight_bytes = 4.0 * (matmul_params + head_params);
+  pb.weight_params = matmul_params + head_params;
+  pb.weight_bytes = static_cast<double>(c10::elementSize(g_dtype)) * pb.weight_params;
   pb.gemm_step_s = step_gemm_seconds(p, B, B, 5);
   pb.gemm_prefill_s = step_gemm_seconds(p, B * P, B, 3);
   pb.kernel_step_s = step_gemm_seconds(p, B, B, 5, /*kernels=*/true);
@@ -862,12 +871,12 @@ void bound_rows(const std::vector<PendingBound>& bounds, const MachineLimits& li
     row("gemm-only", gemm_s,
         fmt("prefill's weight GEMMs %.1f ms, one step's %.2f ms = %.1f GFLOP/s",
             1e3 * b.gemm_prefill_s, 1e3 * b.gemm_step_s,
-            b.batch * b.weight_bytes / 2.0 / b.gemm_step_s / 1e9));
+            2.0 * b.batch * b.weight_params / b.gemm_step_s / 1e9));
     row("products", b.gemm_prefill_s + b.kernel_step_s * (b.steps - 1),
         fmt("prefill's weight GEMMs %.1f ms, one step's products as the engine runs them %.2f "
             "ms = %.1f GB/s of weights, %.1f GFLOP/s",
             1e3 * b.gemm_prefill_s, 1e3 * b.kernel_step_s, b.weight_bytes / b.kernel_step_s / 1e9,
-            b.batch * b.weight_bytes / 2.0 / b.kernel_step_s / 1e9));
+            2.0 * b.batch * b.weight_params / b.kernel_step_s / 1e9));
   }
 }
 
@@ -959,11 +968,12 @@ int main(int argc, char** argv) {
   // First: it may start the program again with other BLAS kernels (and the
   // Python baseline, a child, inherits the choice).
   relay::model::choose_blas_kernels(argv);
-  relay::bench::expect_flags(argc, argv,
-                             {"--batches", "--blas-threads", "--cpu-memory", "--device", "--dtype",
-                              "--kernel-threads", "--model-dir", "--models", "--new", "--only",
-                              "--prompt", "--python-exe", "--python-script", "--reps", "--threads"},
-                             {"--json", "--python", "--quick"});
+  relay::bench::expect_flags(
+      argc, argv,
+      {"--batches", "--blas-threads", "--cpu-memory", "--device", "--dtype", "--kernel-threads",
+       "--model-dir", "--models", "--new", "--only", "--prompt", "--py-attention", "--python-exe",
+       "--python-script", "--reps", "--threads"},
+      {"--json", "--python", "--quick"});
   const char* models_flag = flag(argc, argv, "--models");
   const char* batches_flag = flag(argc, argv, "--batches");
   const char* only = flag(argc, argv, "--only");
@@ -1011,8 +1021,14 @@ int main(int argc, char** argv) {
       relay::bench::fail(std::string("--dtype ") + t + ": float32 or bfloat16");
     }
   }
-  if (do_py && (!g_device.is_cpu() || g_dtype != c10::ScalarType::Float)) {
-    relay::bench::fail("the Python comparison runs on the CPU in float32 only");
+  relay::bench::PyPlacement py_at;
+  py_at.device = g_device.str();
+  py_at.dtype = g_dtype == c10::ScalarType::BFloat16 ? "bfloat16" : "float32";
+  if (const char* a = flag(argc, argv, "--py-attention")) {
+    if (std::strcmp(a, "eager") != 0 && std::strcmp(a, "sdpa") != 0) {
+      relay::bench::fail(std::string("--py-attention ") + a + ": eager or sdpa");
+    }
+    py_at.attention = a;
   }
   if (do_dtype && g_dtype != c10::ScalarType::Float) {
     relay::bench::fail("--only dtype compares bfloat16 with float32 weights: drop --dtype");
@@ -1055,11 +1071,12 @@ int main(int argc, char** argv) {
         python_script ? python_script : relay::bench::default_python_script(),
         at::get_num_threads(), blas);
     std::fprintf(stderr, "python reference: %s\n", py->hello().dump().c_str());
-    limits = measure_limits();
+    limits = measure_limits(g_device, g_dtype);
     std::fprintf(stderr,
-                 "machine: fp32 GEMM peak %.1f GFLOP/s (2048^3); bandwidth: GEMV %.1f GB/s, "
+                 "machine (%s, %s): GEMM peak %.1f GFLOP/s; bandwidth: GEMV %.1f GB/s, "
                  "copy %.1f GB/s\n",
-                 limits.peak_gflops, limits.gemv_gbs, limits.copy_gbs);
+                 g_device.str().c_str(), c10::toString(g_dtype), limits.peak_gflops,
+                 limits.gemv_gbs, limits.copy_gbs);
   }
   if (do_sampler) {
     const int reps = reps_flag ? std::atoi(reps_flag) : (quick ? 1 : 5);
@@ -1100,7 +1117,8 @@ int main(int argc, char** argv) {
                  (long long)count_parameters(policy));
     std::string check;
     if (do_py) {
-      const nlohmann::json c = relay::bench::load_and_check(*py, *policy, scratch->path(), w.name);
+      const nlohmann::json c =
+          relay::bench::load_and_check(*py, *policy, scratch->path(), w.name, 1e-3, py_at);
       check = c.at("summary").get<std::string>();
       std::fprintf(stderr, "%s: %s\n", w.name.c_str(), check.c_str());
     }
@@ -1119,14 +1137,14 @@ int main(int argc, char** argv) {
         // otherwise.
         const int py_reps = quick || reps_flag ? reps : std::max(reps, w.name == "tiny" ? 9 : 5);
         bench_py(w, policy, B, py_reps, w.new_tokens, *py, check, &rows, &bounds,
-                 w.model_dir.empty() ? nullptr : &mem);
+                 w.model_dir.empty() || !g_device.is_cpu() ? nullptr : &mem);
       }
       print_table({rows.begin() + first, rows.end()}, stderr);
       std::fprintf(stderr, "  (%.0f s so far)\n", since(start));
     }
   }
   if (do_py) {
-    limits = relay::bench::best_of(limits, measure_limits());
+    limits = relay::bench::best_of(limits, measure_limits(g_device, g_dtype));
     const size_t first = rows.size();
     bound_rows(bounds, limits, &rows);
     print_table({rows.begin() + first, rows.end()}, stderr);
@@ -1142,9 +1160,10 @@ int main(int argc, char** argv) {
     std::printf("BLAS %s; %d kernel-pool threads\n", kernels.c_str(), kernel_threads);
     if (do_py) {
       std::printf(
-          "machine (best of start and end): fp32 GEMM peak %.1f GFLOP/s (2048^3); bandwidth: GEMV "
+          "machine (best of start and end; %s, %s): GEMM peak %.1f GFLOP/s; bandwidth: GEMV "
           "%.1f GB/s, copy %.1f GB/s; python %s\n",
-          limits.peak_gflops, limits.gemv_gbs, limits.copy_gbs, py->hello().dump().c_str());
+          g_device.str().c_str(), c10::toString(g_dtype), limits.peak_gflops, limits.gemv_gbs,
+          limits.copy_gbs, py->hello().dump().c_str());
     }
     print_table(rows, stdout);
     if (!mem.empty()) print_memory(mem, runs, stdout);

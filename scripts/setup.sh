@@ -29,6 +29,9 @@ packages=(
   # ctest grpc_hostile_client) talks to relay-trainer from /usr/bin/python3
   # with Debian's gRPC and protobuf modules (protoc generates its messages)
   python3-grpcio python3-protobuf
+  # tests: the benchmarks' plain-PyTorch reference (bench/python/relay_ref.py,
+  # ctest relay_ref_selfcheck; the same interpreter)
+  python3-torch
 )
 
 missing=()

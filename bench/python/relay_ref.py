@@ -22,6 +22,11 @@ model loading are not timed):
           (token-mean, dual clip 3, ratio clamp 20), backward, global
           grad-norm clip at 1, AdamW.
 
+The model runs where `load` puts it: the CPU in fp32 by default, or a CUDA
+device and bfloat16 (rollout_bench --device/--dtype); attention is eager
+(transformers' "eager": matmul, fp32 softmax, matmul) or, on torch >= 2.0,
+F.scaled_dot_product_attention (transformers' "sdpa", its default on GPUs).
+
 Usage:
   relay_ref.py serve [--threads N] [--blas-threads T]
       JSON commands on stdin, one per line; one JSON reply per line on stdout
@@ -140,6 +145,7 @@ class Attention(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.h, self.kvh, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.sdpa = False  # set by CausalLM.set_attention
         self.q_proj = nn.Linear(c.hidden_size, self.h * self.d, bias=c.qkv_bias)
         self.k_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=c.qkv_bias)
@@ -162,12 +168,19 @@ class Attention(nn.Module):
             S = k.shape[2]
             k = k[:, :, None].expand(B, self.kvh, rep, S, self.d).reshape(B, self.h, S, self.d)
             v = v[:, :, None].expand(B, self.kvh, rep, S, self.d).reshape(B, self.h, S, self.d)
-        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.d)
-        if mask is not None:
-            scores = scores + mask
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, self.h * self.d)
-        return self.o_proj(out)
+        if self.sdpa:
+            # transformers' sdpa path: no mask when it is plain causal (a
+            # prefill from position 0), is_causal then; the mask otherwise.
+            plain = T > 1 and k.shape[2] == T
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if plain else mask,
+                                                 is_causal=plain)
+        else:
+            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.d)
+            if mask is not None:
+                scores = scores + mask
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(probs, v)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.h * self.d))
 
 
 class Mlp(nn.Module):
@@ -213,7 +226,23 @@ class CausalLM(nn.Module):
         if not c.tie_word_embeddings:
             self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         exponent = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim
-        self.inv_freq = 1.0 / (c.rope_theta ** exponent)  # fp32, not a parameter
+        # fp32 wherever the model goes (transformers keeps it fp32 too); not
+        # in the state dict.
+        self.register_buffer("inv_freq", 1.0 / (c.rope_theta ** exponent), persistent=False)
+
+    def to_device(self, device, dtype):
+        """Parameters to `device` in `dtype`; inv_freq stays fp32."""
+        self.to(device=device, dtype=dtype)
+        self.inv_freq = self.inv_freq.float()
+        return self
+
+    def set_attention(self, kind):
+        if kind not in ("eager", "sdpa"):
+            raise ValueError(f"attention {kind!r}: eager or sdpa")
+        if kind == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
+            raise ValueError(f"attention sdpa needs torch >= 2.0 (this is {torch.__version__})")
+        for layer in self.model.layers:
+            layer.self_attn.sdpa = kind == "sdpa"
 
     def head_weight(self):
         return self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
@@ -226,14 +255,18 @@ class CausalLM(nn.Module):
         past_len = 0
         if past is not None and past[0][0] is not None:
             past_len = past[0][0].shape[2]
-        pos = torch.arange(past_len, past_len + T, dtype=torch.float32)
+        dev = input_ids.device
+        x = self.model.embed_tokens(input_ids)
+        pos = torch.arange(past_len, past_len + T, dtype=torch.float32, device=dev)
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, T, D]
+        # computed in fp32, then in the activations' dtype (as transformers)
+        cos = emb.cos()[None, None].to(x.dtype)  # [1, 1, T, D]
+        sin = emb.sin()[None, None].to(x.dtype)
         mask = None
         if T > 1:  # causal over the new positions; every cached key is visible
-            mask = torch.full((T, T + past_len), float("-inf")).triu(past_len + 1)[None, None]
-        x = self.model.embed_tokens(input_ids)
+            mask = torch.full((T, T + past_len), float("-inf"), dtype=x.dtype,
+                              device=dev).triu(past_len + 1)[None, None]
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, past[i] if past is not None else None)
         return self.model.norm(x)
@@ -242,7 +275,13 @@ class CausalLM(nn.Module):
         return F.linear(self.hidden(input_ids), self.head_weight())
 
 
-def load_model(model_dir):
+DEVICE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_model(model_dir, device="cpu", dtype="float32", attention="eager"):
+    """The directory's model on `device` in `dtype` (float32 or bfloat16)."""
+    if dtype not in DEVICE_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: float32 or bfloat16")
     with open(os.path.join(model_dir, "config.json")) as f:
         config = Config(json.load(f))
     tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
@@ -250,8 +289,14 @@ def load_model(model_dir):
         tensors.pop("lm_head.weight", None)
     model = CausalLM(config)
     model.load_state_dict(tensors, strict=True)
+    model.set_attention(attention)
+    model.to_device(torch.device(device), DEVICE_DTYPES[dtype])
     model.eval()
     return model
+
+
+def model_device(model):
+    return model.model.embed_tokens.weight.device
 
 
 # ---------------------------------------------------------------- workloads
@@ -261,7 +306,7 @@ def generate(model, prompts, new_tokens, generator):
     """HF-style sampling loop; returns (seconds, tokens [B, new_tokens])."""
     with torch.inference_mode():
         start = time.perf_counter()
-        input_ids = torch.tensor(prompts, dtype=torch.int64)
+        input_ids = torch.tensor(prompts, dtype=torch.int64, device=model_device(model))
         past = [[None, None] for _ in model.model.layers]
         step_ids = input_ids
         for _ in range(new_tokens):
@@ -271,7 +316,7 @@ def generate(model, prompts, new_tokens, generator):
             nxt = torch.multinomial(probs, num_samples=1, generator=generator)
             input_ids = torch.cat((input_ids, nxt), dim=-1)
             step_ids = nxt
-        out = input_ids[:, -new_tokens:].tolist()
+        out = input_ids[:, -new_tokens:].tolist()  # waits for the device
         return time.perf_counter() - start, out
 
 
@@ -324,15 +369,15 @@ def check_logits(model, path, tol):
     """Compares the full forward and the cached path with relay's logits:
     ok when both are within tol x max(1, max |logit|)."""
     t = read_safetensors(path)
-    ids, ref = t["input_ids"], t["logits"]
+    ids, ref = t["input_ids"].to(model_device(model)), t["logits"].float()
     with torch.inference_mode():
-        full = model(ids)
+        full = model(ids).float().cpu()
         split = max(1, ids.shape[1] // 2)  # prefill half, then one token per step
         past = [[None, None] for _ in model.model.layers]
         parts = [F.linear(model.hidden(ids[:, :split], past), model.head_weight())]
         for s in range(split, ids.shape[1]):
             parts.append(F.linear(model.hidden(ids[:, s:s + 1], past), model.head_weight()))
-        cached = torch.cat(parts, dim=1)
+        cached = torch.cat(parts, dim=1).float().cpu()
     d_full = (full - ref).abs().max().item()
     d_cached = (cached - ref).abs().max().item()
     scale = max(1.0, ref.abs().max().item())  # tol is relative to the largest logit
@@ -353,6 +398,15 @@ def status_bytes(field):
     except OSError:
         pass
     return -1
+
+
+def release_free_cpu_memory():
+    """Returns the allocator's free memory to the system (glibc's
+    malloc_trim), as relay's model::release_free_cpu_memory does."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def reset_peak_rss():
@@ -389,13 +443,16 @@ def set_threads(intra_op, blas):
 
 class Server:
     """Commands (one JSON object a line) and their replies:
-      {"cmd": "load", "dir": D}                -> {"ok", "parameters", "seconds"}
+      {"cmd": "load", "dir": D, "device": "cpu", "dtype": "float32", "attention": "eager"}
+                                               -> {"ok", "parameters", "seconds", "device"}
+                                                  (device, dtype and attention optional, as shown)
       {"cmd": "check_logits", "file": F, "tol": x} -> {"ok", "max_abs_diff", ...}
                                                   (ok: within x times max(1, max |logit|))
       {"cmd": "decode", "prompts": [[...]], "new": N, "seed": s}
                                                -> {"ok", "seconds", "tokens", "rss_bytes",
                                                    "peak_rss_bytes"} (resident set before the
-                                                  loop, and its peak during it)
+                                                  loop, and its peak during it; on a GPU
+                                                  also "device_peak_bytes")
       {"cmd": "train_setup", "file": F, "lr": x}  (fresh AdamW, batch loaded)
       {"cmd": "train_step"}                    -> {"ok", "seconds", "loss", "grad_norm"}
                                                   (loss before the update, norm before clipping)
@@ -409,23 +466,37 @@ class Server:
 
     def load(self, c):
         start = time.perf_counter()
-        self.model = load_model(c["dir"])
+        self.model = None  # the old model's memory first (a device's especially)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.model = load_model(c["dir"], c.get("device", "cpu"), c.get("dtype", "float32"),
+                                c.get("attention", "eager"))
+        release_free_cpu_memory()  # the file's bytes and the old model, as relay's setup does
         n = sum(p.numel() for p in self.model.parameters())
-        return {"ok": True, "parameters": n, "seconds": time.perf_counter() - start}
+        return {"ok": True, "parameters": n, "seconds": time.perf_counter() - start,
+                "device": str(model_device(self.model))}
 
     def check_logits(self, c):
         return check_logits(self.model, c["file"], c.get("tol", 1e-3))
 
     def decode(self, c):
-        gen = torch.Generator().manual_seed(int(c.get("seed", 0)))
+        dev = model_device(self.model)
+        gen = torch.Generator(device=dev).manual_seed(int(c.get("seed", 0)))
         reset_peak_rss()
         rss = status_bytes("VmRSS")
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
         secs, out = generate(self.model, c["prompts"], int(c["new"]), gen)
-        return {"ok": True, "seconds": secs, "tokens": sum(len(r) for r in out),
-                "rss_bytes": rss, "peak_rss_bytes": status_bytes("VmHWM")}
+        reply = {"ok": True, "seconds": secs, "tokens": sum(len(r) for r in out),
+                 "rss_bytes": rss, "peak_rss_bytes": status_bytes("VmHWM")}
+        if dev.type == "cuda":
+            reply["device_peak_bytes"] = torch.cuda.max_memory_allocated(dev)
+        return reply
 
     def train_setup(self, c):
-        self.batch = load_batch(c["file"])
+        dev = model_device(self.model)
+        self.batch = {k: v.to(dev) if torch.is_tensor(v) else v
+                      for k, v in load_batch(c["file"]).items()}
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=c.get("lr", 1e-5),
                                            betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
@@ -491,7 +562,29 @@ def selfcheck():
             _, l0, n0 = train_step(loaded, opt, batch)
             assert math.isfinite(l0) and n0 > 0, (l0, n0)
             assert abs(l0 + 0.5 / 3) < 1e-5, l0  # ratio 1: loss = -mean(A)
-        print(f"selfcheck {model_type} (tied={tied}): ok, max |diff| {r['max_abs_diff']:.2e}")
+            # bfloat16 (the weights rounded, fp32 norms and softmax): close to
+            # fp32 at this scale, and a wrong cast (or a lost inv_freq) is not.
+            low = load_model(tmp, dtype="bfloat16")
+            assert low.model.embed_tokens.weight.dtype == torch.bfloat16
+            assert low.inv_freq.dtype == torch.float32
+            rb = check_logits(low, os.path.join(tmp, "check.safetensors"), 5e-2)
+            assert rb["ok"] and rb["max_abs_diff"] > 0, rb
+            _, toks = generate(low, ids[:, :4].tolist(), 5, torch.Generator().manual_seed(1))
+            assert all(len(t) == 5 for t in toks)
+            sdpa = "not in this torch"
+            if hasattr(F, "scaled_dot_product_attention"):
+                fast = load_model(tmp, attention="sdpa")
+                rs = check_logits(fast, os.path.join(tmp, "check.safetensors"), 1e-5)
+                assert rs["ok"], rs
+                sdpa = f"{max(rs['max_abs_diff'], rs['max_abs_diff_cached']):.2e}"
+            try:
+                load_model(tmp, attention="flash")
+                raise AssertionError("attention 'flash' was accepted")
+            except ValueError:
+                pass
+        print(f"selfcheck {model_type} (tied={tied}): ok, max |diff| {r['max_abs_diff']:.2e}, "
+              f"bfloat16 {rb['max_abs_diff']:.2e} (max |logit| {rb['max_abs_logit']:.2f}), "
+              f"sdpa {sdpa}")
     print("selfcheck: ok")
 
 

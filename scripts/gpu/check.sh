@@ -8,8 +8,8 @@
 #   scripts/gpu/check.sh [--build-dir DIR] [--only STEPS] [--steps N]
 #
 #   --build-dir  the build.sh build (default build-gpu)
-#   --only       comma-separated steps: smi, cuda, unit, run, sync, bench
-#                (default: all, in that order)
+#   --only       comma-separated steps: smi, cuda, unit, run, sync, bench,
+#                yardstick (default: all, in that order)
 #   --steps      RL steps of each `relay run` (default 20)
 #
 # Steps:
@@ -29,6 +29,13 @@
 #          weight_sync_bench --quick decoding on the GPU through a version
 #          fetched over gRPC, fetched on a thread against in the loop (not
 #          counted)
+#   yardstick  the Qwen2.5-0.5B shape (scripts/models/qwen2.5-0.5b.sh, random
+#          bf16 weights) decoding in bf16 on the GPU against a plain-PyTorch
+#          HF-style loop on the same weights there (bench/python/relay_ref.py,
+#          sdpa attention, the machine's python3) and against the GPU's own
+#          bandwidth and GEMM peak (rollout_bench --only py): batch 1, 8, 64;
+#          after relay_ref.py's selfcheck. The tokenizer: pack.sh's
+#          .gpu-kit/dist/qwen2-tokenizer.json.xz, else ../shared's
 # Exits 0 when every counted step passed; 1 otherwise.
 set -uo pipefail
 # One block, read whole before it runs: editing this file meanwhile is safe.
@@ -36,7 +43,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
 build_dir=build-gpu
-only=smi,cuda,unit,run,sync,bench
+only=smi,cuda,unit,run,sync,bench,yardstick
 rl_steps=20
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -244,6 +251,42 @@ if want bench; then
     --decode-device "$dev" --decode-batch 8
   grep -E '^decoding through|^  (loop|background) ' "$out/weight-sync-bench-decode.log" |
     sed 's/^/  /' | tee -a "$summary" >/dev/null
+fi
+
+# ---- the yardstick: Qwen2.5-0.5B-shaped decode against PyTorch and the HBM ----
+if want yardstick; then
+  # The interpreter whose torch build.sh built against (gpu-env.sh's
+  # libraries first); in the simulation, Debian's.
+  python=${RELAY_PYTHON:-$([ "$dev" = cpu ] && echo /usr/bin/python3 || command -v python3)}
+  run_step relay-ref-selfcheck 1 "$python" bench/python/relay_ref.py selfcheck
+  sed -n 's/^selfcheck /  selfcheck /p' "$out/relay-ref-selfcheck.log" | tee -a "$summary" >/dev/null
+  dir05=$out/qwen2.5-0.5b
+  tokenizer=../shared/testdata/tokenizer_parity/qwen2/tokenizer.json
+  if [ -f .gpu-kit/dist/qwen2-tokenizer.json.xz ]; then
+    tokenizer=$out/qwen2-tokenizer.json
+    xz -dc .gpu-kit/dist/qwen2-tokenizer.json.xz >"$tokenizer"
+  fi
+  if run_step model-05b 1 env RELAY="$bin/relay" TOKENIZER="$tokenizer" \
+       bash scripts/models/qwen2.5-0.5b.sh "$dir05"; then
+    # The simulation (2 CPU cores, torch 1.13: no sdpa) checks the step's
+    # wiring on one short batch, not the figures.
+    args=(--py-attention sdpa --batches 1,8,64 --reps 3)
+    [ "$dev" = cpu ] && args=(--py-attention eager --batches 1 --reps 1 --new 8)
+    run_step decode-05b-bf16 1 timeout 420 env RELAY_PYTHON="$python" \
+      "$build_dir/bench/rollout_bench" --model-dir "$dir05" --only py --device "$dev" \
+      --dtype bfloat16 "${args[@]}"
+    # The engine against the Python loop, the roofline and its own products,
+    # and the logits check's line.
+    awk '$2 == "py" && $4 == "engine" {
+           printf "  0.5B bf16 B=%s: engine %s tokens/s, %s the Python loop\n", $3, $7, $8 }
+         $2 == "bound" && ($4 == "roofline" || $4 == "products") {
+           printf "  0.5B bf16 B=%s: %s the %s bound\n", $3, $8, $4 }' \
+      "$out/decode-05b-bf16.log" | awk '!seen[$0]++' | tee -a "$summary" >/dev/null
+    grep -m1 -o 'python vs relay logits:.*' "$out/decode-05b-bf16.log" | sed 's/^/  /' |
+      tee -a "$summary" >/dev/null
+    grep -m1 '^machine' "$out/decode-05b-bf16.log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
+  fi
+  rm -rf "$dir05" "$out/qwen2-tokenizer.json"
 fi
 
 finish

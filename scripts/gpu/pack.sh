@@ -7,8 +7,8 @@
 #
 #   scripts/gpu/pack.sh [--keep-work]
 #
-# Writes .gpu-kit/dist/relay-gpu-kit.tar.xz (git-ignored; the device call
-# carries .gpu-kit/dist). Work files: .gpu-kit/debs (the downloaded .debs,
+# Writes .gpu-kit/dist/relay-gpu-kit.tar.xz and qwen2-tokenizer.json.xz
+# (git-ignored; the device call carries .gpu-kit/dist). Work files: .gpu-kit/debs (the downloaded .debs,
 # reused by the next run) and .gpu-kit/root (the unpacked tree, removed at
 # the end unless --keep-work). Idempotent: a second run downloads only
 # what changed and rebuilds the same archive.
@@ -241,7 +241,17 @@ tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$root" -cf - 
 mv "$tmp" "$archive"
 [ "$keep_work" = 1 ] || rm -rf "$root"
 
-kit_bytes=$(stat -c %s "$archive")
+# The Qwen2 vocabulary, for check.sh's yardstick (scripts/models/qwen2.5-0.5b.sh
+# writes the model directory there; ../shared does not travel with the tree).
+qwen2_tokenizer=../shared/testdata/tokenizer_parity/qwen2/tokenizer.json
+if [ -f "$qwen2_tokenizer" ]; then
+  xz -T0 -9 -c "$qwen2_tokenizer" >"$dist/qwen2-tokenizer.json.xz"
+else
+  echo "pack.sh: no $qwen2_tokenizer: check.sh's yardstick step will have no tokenizer" >&2
+  rm -f "$dist/qwen2-tokenizer.json.xz"
+fi
+
+kit_bytes=$(( $(stat -c %s "$archive") + $(stat -c %s "$dist/qwen2-tokenizer.json.xz" 2>/dev/null || echo 0) ))
 tree_bytes=$(git ls-files -z | xargs -0 stat -c %s | awk '{ s += $1 } END { print s + 0 }')
 untracked_bytes=$(git ls-files -z --others --exclude-standard | xargs -0 -r stat -c %s |
                   awk '{ s += $1 } END { print s + 0 }')

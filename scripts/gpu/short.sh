@@ -11,7 +11,7 @@
 #   SECONDS  wall-clock budget of the whole call (default 540: a device
 #            call's 600 s less the transfers)
 #   PHASES   space-separated check.sh --only lists, in order
-#            (default "smi,cuda run sync bench")
+#            (default "smi,cuda run sync bench yardstick")
 #
 # $OUT gets build.log, summary.txt (every phase's summary, in order) and a
 # check-logs-PHASE.tar.gz per phase: 2 + 4 of the 8 files a call returns.
@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 deadline=$(($(date +%s) + ${1:-540}))
-phases=${2:-smi,cuda run sync bench}
+phases=${2:-smi,cuda run sync bench yardstick}
 left() { echo $((deadline - $(date +%s))); }
 out=${OUT:-/tmp/relay-gpu-out}
 mkdir -p "$out"
