@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,7 @@
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/chat_template.h"
 #include "relay/model/checkpoint.h"
+#include "relay/model/core_share.h"
 #include "relay/model/cpu_memory.h"
 #include "relay/model/device.h"
 #include "relay/model/hf_config.h"
@@ -277,6 +279,17 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
   }
   const std::string dir = args.model_dir.empty() ? s.config.model.path : args.model_dir;
   model::configure_threads(s.config.run.threads);
+  if (!s.config.run.core_share.empty()) {
+    const int cores = s.config.run.threads > 0
+                          ? s.config.run.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    StatusOr<std::unique_ptr<model::CoreShare>> share =
+        model::CoreShare::open(s.config.run.core_share, cores);
+    if (!share.ok()) {
+      return InvalidArgumentError(absl::StrCat("run.core_share: ", share.status().message()));
+    }
+    model::install_core_share(*std::move(share));
+  }
   RELAY_RETURN_IF_ERROR(model::apply_attention_choice(s.config.model.attn_implementation));
   RELAY_RETURN_IF_ERROR(model::configure_cpu_memory_from_env());
   // Only where choose_blas_kernels() could not help (an OpenBLAS built for

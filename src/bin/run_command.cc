@@ -50,16 +50,13 @@ struct RunArgs {
 
 int fail(const Status& s) { return cli::fail("run", s); }
 
-// Threads for each process when run.threads is 0: the cores split between
-// the trainer and the workers, so W + 1 processes do not each start a pool
-// the size of the machine. The trainer idles while workers generate and the
-// workers idle while it trains, so each gets an equal share, at least 1.
-int threads_per_process(int cores, int workers) { return std::max(1, cores / (workers + 1)); }
-
-// The flags as config overrides (run.threads split between the processes
-// when it is 0), checked by loading the config once here.
-StatusOr<std::vector<std::string>> resolved_overrides(const RunArgs& args,
-                                                      ExperimentConfig* config) {
+// The flags as config overrides, checked by loading the config once here.
+// With run.threads 0 the processes share the machine's cores by who is
+// working (run.core_share, model/core_share.h): a fixed split of cores /
+// (processes) left the trainer on one of 2 cores while the other slept
+// (docs/rollout.md, "Threads"). `core_share` is the file they share.
+StatusOr<std::vector<std::string>> resolved_overrides(const RunArgs& args, ExperimentConfig* config,
+                                                      std::string* core_share) {
   std::vector<std::string> overrides = args.overrides;
   auto shorthand = [&](const std::optional<int64_t>& v, const char* key) {
     if (v) overrides.push_back(absl::StrCat(key, "=", *v));
@@ -71,18 +68,24 @@ StatusOr<std::vector<std::string>> resolved_overrides(const RunArgs& args,
   shorthand(args.eval_prompts, "eval.prompts");
   shorthand(args.eval_every, "eval.every");
   RELAY_ASSIGN_OR_RETURN(*config, load_config(args.config_file, overrides));
-  if (config->run.threads == 0) {
+  if (config->run.threads == 0 && config->run.core_share.empty()) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int processes = config->rollout.workers + config->trainer.data_parallel.world_size - 1;
-    overrides.push_back(absl::StrCat("run.threads=", threads_per_process(cores, processes)));
+    *core_share = (std::filesystem::path(config->experiment.output_dir) / config->experiment.name /
+                   absl::StrCat("cores.", ::getpid()))
+                      .string();
+    overrides.push_back(absl::StrCat("run.threads=", cores));
+    overrides.push_back(absl::StrCat("run.core_share=", *core_share));
   }
   return overrides;
 }
 
 StatusOr<RunPlan> plan_run(const RunArgs& args) {
   ExperimentConfig config;
-  RELAY_ASSIGN_OR_RETURN(std::vector<std::string> overrides, resolved_overrides(args, &config));
+  std::string core_share;
+  RELAY_ASSIGN_OR_RETURN(std::vector<std::string> overrides,
+                         resolved_overrides(args, &config, &core_share));
   RunPlan plan;
+  plan.core_share = core_share;
   plan.workers = config.rollout.workers;
   plan.ranks = config.trainer.data_parallel.world_size;
   const std::string run_dir =
@@ -92,6 +95,7 @@ StatusOr<RunPlan> plan_run(const RunArgs& args) {
   if (ec) return InternalError(absl::StrCat("cannot create ", run_dir, ": ", ec.message()));
   plan.port_file = absl::StrCat(run_dir, "/trainer.port.", ::getpid());
   std::filesystem::remove(plan.port_file, ec);
+  if (!plan.core_share.empty()) std::filesystem::remove(plan.core_share, ec);
 
   plan.bin_dir = own_dir();
   plan.common = {args.config_file};
@@ -121,9 +125,20 @@ StatusOr<RunPlan> plan_run(const RunArgs& args) {
   return plan;
 }
 
+// Removes the run's core share file on every way out of run(): it is this
+// run's alone (named by the supervisor's pid), and its children are gone.
+struct RemoveOnReturn {
+  std::string path;
+  ~RemoveOnReturn() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove(path, ec);
+  }
+};
+
 int run(const RunArgs& args) {
   StatusOr<RunPlan> plan = plan_run(args);
   if (!plan.ok()) return fail(plan.status());
+  const RemoveOnReturn core_share{plan->core_share};
   ::signal(SIGINT, on_signal);
   ::signal(SIGTERM, on_signal);
   TrainerRanks ranks;

@@ -23,6 +23,7 @@ struct RunPlan {
   std::vector<std::string> common;   // what every process gets: config, overrides, --model
   std::vector<std::string> trainer;  // relay-trainer's argv
   std::string port_file;             // where the trainer writes its port once serving
+  std::string core_share;            // run.core_share when relay run set it (removed at the end)
   int workers = 0;
   int ranks = 1;  // trainer.data_parallel.world_size
   // ranks > 1: the torchrun variables every rank shares (trainer.rendezvous,

@@ -65,6 +65,7 @@ template <class V>
 void visit_fields(V& v, RunConfig& c) {
   v.field("seed", c.seed);
   v.field("threads", c.threads);
+  v.field("core_share", c.core_share);
   v.field("log_level", c.log_level, kLogLevelNames);
   v.field("device", c.device);
   v.field("autocast", c.autocast, model::kAutocastNames);

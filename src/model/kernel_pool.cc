@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "model/cpu_features.h"
 
@@ -114,6 +116,21 @@ std::shared_ptr<KernelPool>& pool_slot() {
   return pool;
 }
 
+// Every size set so far, kept: a core share (core_share.h) moves a process
+// between a few sizes (cores / busy processes), many times a second with a
+// small model, and need not start and join a pool's threads each time (on
+// configs/arith.yaml it took the share from 0.94x to 0.99x of a fixed
+// split, docs/BENCHMARKS.md "Sharing the cores"). An unused pool's workers
+// sleep.
+std::mutex& pools_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<int, std::shared_ptr<KernelPool>>& pools() {
+  static std::map<int, std::shared_ptr<KernelPool>> p;
+  return p;
+}
+
 }  // namespace
 
 std::shared_ptr<KernelPool> kernel_pool() { return std::atomic_load(&pool_slot()); }
@@ -121,8 +138,11 @@ std::shared_ptr<KernelPool> kernel_pool() { return std::atomic_load(&pool_slot()
 void set_kernel_threads(int threads) {
   threads = std::max(threads, 1);
   if (kernel_pool()->threads() == threads) return;
+  std::lock_guard<std::mutex> lock(pools_mutex());
+  std::shared_ptr<KernelPool>& pool = pools()[threads];
+  if (!pool) pool = std::make_shared<KernelPool>(threads);
   // Callers of the old pool hold it until their job ends.
-  std::atomic_store(&pool_slot(), std::make_shared<KernelPool>(threads));
+  std::atomic_store(&pool_slot(), pool);
 }
 
 void run_on_kernel_threads(int64_t n, int64_t grain,

@@ -82,7 +82,7 @@ class KernelPool {
 // The process's pool for relay's kernels: one thread until
 // set_kernel_threads() (model::configure_threads calls it). A caller keeps
 // the pointer for the length of its job; a new size replaces the pool for
-// later callers.
+// later callers (a size used before gets its earlier pool back).
 std::shared_ptr<KernelPool> kernel_pool();
 void set_kernel_threads(int threads);
 

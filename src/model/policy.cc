@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "model/row_linear.h"
+#include "relay/model/core_share.h"
 #include "relay/model/device.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/lm_head.h"
@@ -178,12 +179,20 @@ at::Tensor DecoderImpl::forward(const at::Tensor& input_ids, const ForwardContex
   int64_t index = 0;
   for (const auto& layer : *layers) {
     auto* l = layer->as<DecoderLayerImpl>();
+    // Safe points for a core share (core_share.h), in the forward and, by
+    // a hook on each layer's output, in the backward: a trainer's
+    // micro-batch can take many seconds, and the cores a worker frees
+    // meanwhile are taken a layer later, not a micro-batch later.
+    refresh_cores();
     if (recompute) {
       h = CheckpointedLayer::apply(h, l, &ctx, hooks_, index);
     } else {
       if (hooks_ != nullptr) hooks_->acquire(index);
       h = l->forward(h, ctx);
       if (hooks_ != nullptr) hooks_->release(index);
+    }
+    if (h.requires_grad() && installed_core_share() != nullptr) {
+      h.register_hook([](const at::Tensor&) { refresh_cores(); });
     }
     ++index;
   }

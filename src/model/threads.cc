@@ -28,7 +28,9 @@ ThreadSettings configure_threads(int threads) {
     s.kernels = 1;
   }
   set_kernel_threads(s.kernels);
-  at::set_num_threads(s.intra_op);
+  // Called again when a core share changes (core_share.h): LibTorch's own
+  // pool may refuse a resize once it has run work, so only what changed.
+  if (at::get_num_threads() != s.intra_op) at::set_num_threads(s.intra_op);
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "relay/model/core_share.h"
 #include "relay/model/cpu_memory.h"
 #include "relay/model/device.h"
 #include "relay/model/lora.h"
@@ -416,6 +417,8 @@ StatusOr<std::vector<TrajectoryGroup>> Engine::run() {
 }
 
 StatusOr<std::vector<TrajectoryGroup>> Engine::step() {
+  // A safe point: the machine's cores may have been re-divided (core_share.h).
+  model::refresh_cores();
   torch::NoGradGuard no_grad;
   const model::AutocastGuard autocast(policy_->parameters().front().device().type(),
                                       model::autocast_type(options_.autocast));

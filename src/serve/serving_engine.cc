@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "relay/model/core_share.h"
 
 namespace relay::serve {
 
@@ -83,7 +84,14 @@ void ServingEngine::run() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !listeners_.empty(); });
+      if (!stopping_ && listeners_.empty()) {
+        // Nothing to decode (the agents are between turns, or there are
+        // none): the machine's other processes may take the cores
+        // (core_share.h; without a share this does nothing).
+        model::cores_busy(false);
+        cv_.wait(lock, [&] { return stopping_ || !listeners_.empty(); });
+        model::cores_busy(true);
+      }
       if (listeners_.empty()) return;  // stopping, nothing in flight
     }
     StatusOr<std::vector<rollout::TrajectoryGroup>> done = engine_->step();

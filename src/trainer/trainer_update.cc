@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "relay/model/core_share.h"
 #include "relay/model/device.h"
 #include "relay/trainer/trainer.h"
 #include "trainer/critic.h"
@@ -261,6 +262,8 @@ std::pair<at::Tensor, at::Tensor> Trainer::forward_with_grad(const TrainBatch& m
 // the gradients, its values to s.sums.
 void Trainer::backward_micro_batch(StepState& s, MiniBatch& mini,
                                    const std::vector<int64_t>& rows) {
+  // A safe point: the machine's cores may have been re-divided (core_share.h).
+  model::refresh_cores();
   const TrainerOptions& o = options_;
   const TrainBatch mb = select_rows(s.batch, rows);
   const at::Tensor index = index_of(rows);

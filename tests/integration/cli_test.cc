@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -691,6 +692,7 @@ TEST_F(CliTest, RunTrainsAsynchronouslyWithTwoWorkers) {
   std::map<int, double> evals;  // by step
   int steps = 0;
   double max_staleness = 0;
+  double train_threads_min = 1e9, train_threads_max = 0;
   while (std::getline(in, line)) {
     nlohmann::json j = nlohmann::json::parse(line);
     if (j["phase"] == "eval") evals[j["step"].get<int>()] = j["accuracy"].get<double>();
@@ -701,10 +703,28 @@ TEST_F(CliTest, RunTrainsAsynchronouslyWithTwoWorkers) {
       EXPECT_EQ(j["frac_old_logprobs_valid"].get<double>(), 1.0);
       max_staleness = std::max(max_staleness, j["staleness/max"].get<double>());
       EXPECT_LT(j["mismatch/engine_k3"].get<double>(), 1e-6) << "same weights, same numbers";
+      ASSERT_TRUE(j.contains("time/train_threads")) << line;
+      train_threads_min = std::min(train_threads_min, j["time/train_threads"].get<double>());
+      train_threads_max = std::max(train_threads_max, j["time/train_threads"].get<double>());
     }
   }
   EXPECT_EQ(steps, 40);
   EXPECT_LE(max_staleness, 1.0) << "the staleness bound";
+  // run.threads 0: the processes shared the machine's cores through a file
+  // in the run directory (model/core_share.h), which the run removed.
+  std::stringstream saved;
+  saved << std::ifstream(base + "/tiny/config.yaml").rdbuf();
+  std::smatch share;
+  const std::string config = saved.str();
+  ASSERT_TRUE(
+      std::regex_search(config, share, std::regex("\n  threads: ([0-9]+)\n  core_share: (\\S+)\n")))
+      << config;
+  EXPECT_EQ(std::stoi(share[1]), static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ(fs::path(share[2].str()).parent_path(), fs::path(base + "/tiny")) << share[2];
+  EXPECT_FALSE(fs::exists(share[2].str())) << share[2];
+  // The trainer reported the threads each step trained on.
+  EXPECT_GE(train_threads_min, 1.0);
+  EXPECT_LE(train_threads_max, std::thread::hardware_concurrency());
   ASSERT_EQ(evals.size(), 5u) << r.out;
   ASSERT_EQ(evals.count(0) + evals.count(20) + evals.count(30) + evals.count(40), 4u) << r.out;
   const double later = (evals[20] + evals[30] + evals[40]) / 3;

@@ -33,8 +33,12 @@ namespace relay {
 
 // Per-process settings.
 struct RunConfig {
-  uint64_t seed = 0;                     // seeds model init, sampling and data order
-  int threads = 0;                       // intra-op threads for this process; 0 = all cores
+  uint64_t seed = 0;  // seeds model init, sampling and data order
+  int threads = 0;    // intra-op threads for this process; 0 = all cores
+  // A file the processes of one machine share their cores through
+  // (model/core_share.h): run.threads is then the cores they divide among
+  // the busy ones. `relay run` sets it when run.threads is 0. Empty: off.
+  std::string core_share;
   LogLevel log_level = LogLevel::kInfo;  // trace | debug | info | warn | error | off
   // Where the model lives: cpu | cuda (= cuda:$LOCAL_RANK) | cuda:<i>. cuda
   // needs a CUDA build (docs/cluster.md).

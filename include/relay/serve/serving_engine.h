@@ -4,7 +4,8 @@
 // on other threads (the HTTP server's): each request is a group submitted
 // with a listener that hears its tokens as they are sampled and gets the
 // group back when it is done. The engine steps while anything is in flight
-// and sleeps on a condition variable otherwise.
+// and sleeps on a condition variable otherwise, with the process marked
+// waiting in its core share meanwhile (model/core_share.h).
 //
 // A failed engine step (a model error, out of memory) fails every request in
 // flight with that status, and the engine takes nothing more: health() says

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "relay/comm/service/submission.h"
+#include "relay/model/core_share.h"
 #include "relay/model/lora.h"
 #include "relay/model/policy.h"
 
@@ -105,6 +106,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 Status TrainerHost::fill(StepState& s, const std::function<bool()>& stop,
                          const std::function<Status()>& workers_present) {
   const auto began = std::chrono::steady_clock::now();
+  // The workers decode on the machine's cores meanwhile (core_share.h).
+  const model::CoresWaiting waiting;
   while (static_cast<int64_t>(s.taken.size()) < options_.groups_per_step) {
     const int64_t want = options_.groups_per_step - static_cast<int64_t>(s.taken.size());
     RELAY_RETURN_IF_ERROR(wait_for_ready(want, static_cast<int64_t>(s.taken.size()), s.min_version,
@@ -148,6 +151,11 @@ Status TrainerHost::finish_step(StepState& s, std::vector<rollout::TrajectoryGro
   }
   m.insert_or_assign("store/wait_s", s.wait_s);
   m.insert_or_assign("time/train_s", s.train_s);
+  // With a core share (relay run's default), the threads the step trained on
+  // last: the machine's cores when the workers were waiting.
+  if (const int threads = model::core_share_threads(); threads > 0) {
+    m.insert_or_assign("time/train_threads", static_cast<double>(threads));
+  }
   m.insert_or_assign("store/expired", static_cast<double>(s.expired));
   m.insert_or_assign("store/rejected", static_cast<double>(rejected_ - s.rejected_before));
   m.insert_or_assign("store/rejected_total", static_cast<double>(store_->rejected_total()));

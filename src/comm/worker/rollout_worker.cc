@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "relay/model/core_share.h"
 #include "relay/model/lora.h"
 #include "relay/model/weight_manifest.h"
 #include "relay/v1/worker.pb.h"
@@ -450,6 +451,11 @@ Status RolloutWorker::run(const std::function<bool()>& stop) {
         ++stats_.engine_steps;
         continue;
       }
+      // The trainer trains on the machine's cores meanwhile (core_share.h).
+      // Not a scope: an idle worker turns this loop every idle_wait_ms, and
+      // a busy blip each turn would take cores from the trainer's next
+      // micro-batch.
+      model::cores_busy(false);
       if (fetching_newer()) {
         // Nothing to decode until the version downloading lands; the next
         // turn's fill_leases stages it and starts the groups waiting for it.
@@ -460,6 +466,7 @@ Status RolloutWorker::run(const std::function<bool()>& stop) {
       RELAY_RETURN_IF_ERROR(wait_for_version());
       continue;
     }
+    model::cores_busy(true);
     RELAY_ASSIGN_OR_RETURN(std::vector<rollout::TrajectoryGroup> done, engine_->step());
     ++stats_.engine_steps;
     RELAY_RETURN_IF_ERROR(submit_finished(std::move(done)));

@@ -177,6 +177,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "run:\n"
             "  seed: 0\n"
             "  threads: 0\n"
+            "  core_share: \"\"\n"
             "  log_level: info\n"
             "  device: cpu\n"
             "  autocast: none\n"

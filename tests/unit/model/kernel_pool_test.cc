@@ -90,5 +90,18 @@ TEST(KernelPoolTest, TheProcessPoolTakesANewSize) {
   EXPECT_EQ(kernel_pool()->threads(), 1);
 }
 
+// A core share moves a process between a few sizes many times a second: a
+// size set before comes back as the same pool, its threads kept (asleep).
+TEST(KernelPoolTest, ASizeSetBeforeIsTheSamePoolAgain) {
+  set_kernel_threads(2);
+  const KernelPool* two = kernel_pool().get();
+  set_kernel_threads(3);
+  EXPECT_NE(kernel_pool().get(), two);
+  set_kernel_threads(2);
+  EXPECT_EQ(kernel_pool().get(), two);
+  EXPECT_EQ(run_and_check(*kernel_pool(), 100, 1).size(), 2u) << "its workers woke";
+  set_kernel_threads(1);
+}
+
 }  // namespace
 }  // namespace relay::model

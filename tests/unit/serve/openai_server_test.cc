@@ -7,6 +7,8 @@
 
 #include "relay/serve/openai_server.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <torch/types.h>
@@ -18,6 +20,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -25,6 +28,7 @@
 #include <thread>
 
 #include "relay/model/bpe_tokenizer.h"
+#include "relay/model/core_share.h"
 #include "relay/model/policy.h"
 #include "testing/byte_tokenizer_json.h"
 #include "testing/tensor_testing.h"
@@ -365,6 +369,58 @@ TEST(OpenAiServerTest, RefusalsHaveOpenAisStatusAndBody) {
 
 // With one request allowed in flight, a second one meanwhile is told 429; a
 // client that goes away mid-stream frees its request and the engine's slots.
+// With nothing in flight the engine thread marks the process waiting in its
+// core share (model/core_share.h): an agent worker whose episodes are
+// between turns leaves the machine's cores to the trainer. It decodes
+// marked busy, and waits marked waiting again once the group is done.
+TEST(OpenAiServerTest, AnIdleEngineMarksTheProcessWaitingInItsCoreShare) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("relay_serve_cores_" + std::to_string(::getpid())))
+          .string();
+  std::filesystem::remove(path);
+  auto share = model::CoreShare::open(path, 2);
+  ASSERT_TRUE(share.ok()) << share.status();
+  model::install_core_share(*std::move(share));
+  const model::CoreShare* mine = model::installed_core_share();
+  ASSERT_TRUE(mine->busy()) << "a share starts busy";
+  auto marked = [&](bool busy) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (mine->busy() != busy && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return mine->busy() == busy;
+  };
+  {
+    Served s;
+    EXPECT_TRUE(marked(false)) << "idle, before any request";
+    struct Listener : GroupListener {
+      const model::CoreShare* share;
+      std::atomic<int> tokens{0}, busy_tokens{0};
+      std::promise<void> done;
+      void on_tokens(const std::vector<rollout::SampledToken>& t) override {
+        tokens += static_cast<int>(t.size());
+        if (share->busy()) busy_tokens += static_cast<int>(t.size());
+      }
+      void on_done(StatusOr<rollout::TrajectoryGroup>) override { done.set_value(); }
+    };
+    auto listener = std::make_shared<Listener>();
+    listener->share = mine;
+    rollout::PromptGroup g;
+    g.group_id = "g";
+    g.prompt = {1, 2, 3};
+    g.k = 2;
+    g.seed = 3;
+    ASSERT_TRUE(s.engine().submit(g, listener).ok());
+    ASSERT_EQ(listener->done.get_future().wait_for(std::chrono::seconds(60)),
+              std::future_status::ready);
+    EXPECT_GT(listener->tokens.load(), 0);
+    EXPECT_EQ(listener->busy_tokens.load(), listener->tokens.load()) << "decoded marked busy";
+    EXPECT_TRUE(marked(false)) << "idle again after the group";
+  }
+  model::install_core_share(nullptr);
+  std::filesystem::remove(path);
+}
+
 TEST(OpenAiServerTest, PastMaxRequestsIs429AndAGoneClientIsDropped) {
   ServeOptions one;
   one.max_requests = 1;
