@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "relay/model/core_share.h"
 #include "relay/model/lora.h"
 #include "relay/store/convert.h"
 #include "relay/v1/trainer_ranks.pb.h"
@@ -104,9 +105,13 @@ Status follow_rank_leader(std::shared_ptr<trainer::Collectives> group, model::Po
                     absl::StrCat("rank 0 is gone (", announced.status().message(), ")"));
     }
     if (*announced <= done) {
+      // Nothing to train until rank 0 has its batch: the workers on this
+      // machine may take its cores meanwhile (model/core_share.h).
+      model::cores_busy(false);
       std::this_thread::sleep_for(kPoll);
       continue;
     }
+    model::cores_busy(true);
     std::string bytes;
     RELAY_RETURN_IF_ERROR(trainer::broadcast_bytes(*group, bytes, 0));
     ++done;

@@ -4,14 +4,19 @@
 #include "relay/comm/dist/trainer_group.h"
 #include "relay/comm/dist/trainer_ranks.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <thread>
 
+#include "relay/model/core_share.h"
 #include "relay/rollout/engine.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/trainer.h"
@@ -260,6 +265,57 @@ TEST(RankLeaderTest, FollowerMirrorsWarmStartResumeAndSteps) {
   ASSERT_FALSE(late.ok());
   EXPECT_NE(late.status().message().find("other trainer ranks were stopped"), std::string::npos)
       << late.status();
+}
+
+// A follower waiting for rank 0's next command marks its process waiting in
+// the machine's core share (model/core_share.h), so that the workers beside
+// it decode on its cores while rank 0 collects groups; it trains marked
+// busy.
+TEST(RankLeaderTest, AWaitingFollowerLeavesItsCoresToTheMachine) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("relay_follower_cores_" + std::to_string(::getpid())))
+                               .string();
+  std::filesystem::remove(path);
+  auto share = model::CoreShare::open(path, 2);
+  ASSERT_TRUE(share.ok()) << share.status();
+  model::install_core_share(*std::move(share));
+  const model::CoreShare* mine = model::installed_core_share();
+  const auto groups = sample_groups(make_policy(3), 2, 4);
+  const TrainerOptions rl = dp_options();
+  const int port = free_port();
+  Status follower_status = InternalError("not run");
+  std::vector<bool> busy_at_steps;
+  std::thread follower([&] {
+    auto group = join(1, 2, port);
+    if (!group) return;
+    FollowerOptions fo;
+    fo.bucket_bytes = 4096;
+    fo.options = [&](const std::string&) -> StatusOr<TrainerOptions> { return rl; };
+    fo.on_step = [&](const std::string&, const StatusOr<StepMetrics>&) {
+      busy_at_steps.push_back(mine->busy());
+    };
+    follower_status = follow_rank_leader(group, make_policy(99), fo);
+  });
+  auto group = join(0, 2, port);
+  ASSERT_TRUE(group);
+  // Only the follower marks this process here (rank 0's host, which marks
+  // it waiting while it collects groups, is not in this test).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (mine->busy() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_FALSE(mine->busy()) << "waiting for rank 0's first command";
+  model::Policy leader_policy = make_policy(3);
+  RankLeader leader(group);
+  ASSERT_TRUE(leader.start("rl", *leader_policy, 0, nullptr, "").ok());
+  auto t = Trainer::create(leader_policy, rl, 0, nullptr, leader.data_parallel(4096)).value();
+  ASSERT_TRUE(t->step(groups).ok());
+  ASSERT_TRUE(leader.stop().ok());
+  follower.join();
+  ASSERT_TRUE(follower_status.ok()) << follower_status;
+  EXPECT_EQ(busy_at_steps, (std::vector<bool>{true})) << "the step ran marked busy";
+  model::install_core_share(nullptr);
+  std::filesystem::remove(path);
 }
 
 TEST(RankLeaderTest, FollowerReportsRankZeroGone) {
