@@ -289,6 +289,14 @@ StatusOr<RolloutSetup> setup_rollout(const SetupArgs& args) {
       return InvalidArgumentError(absl::StrCat("run.core_share: ", share.status().message()));
     }
     model::install_core_share(*std::move(share));
+    // One line per process, so a run's log says how its cores were shared
+    // and whether OpenBLAS's threads give theirs up at once (relay run sets
+    // OPENBLAS_THREAD_TIMEOUT for its processes; bin/run_command.cc).
+    const char* timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+    std::fprintf(stderr, "relay: %d cores shared through %s; OpenBLAS thread timeout %s\n", cores,
+                 s.config.run.core_share.c_str(),
+                 timeout != nullptr ? absl::StrCat("2^", timeout, " cycles").c_str()
+                                    : "OpenBLAS's default (2^28 cycles)");
   }
   RELAY_RETURN_IF_ERROR(model::apply_attention_choice(s.config.model.attn_implementation));
   RELAY_RETURN_IF_ERROR(model::configure_cpu_memory_from_env());

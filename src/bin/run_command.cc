@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -95,7 +96,18 @@ StatusOr<RunPlan> plan_run(const RunArgs& args) {
   if (ec) return InternalError(absl::StrCat("cannot create ", run_dir, ": ", ec.message()));
   plan.port_file = absl::StrCat(run_dir, "/trainer.port.", ::getpid());
   std::filesystem::remove(plan.port_file, ec);
-  if (!plan.core_share.empty()) std::filesystem::remove(plan.core_share, ec);
+  if (!plan.core_share.empty()) {
+    std::filesystem::remove(plan.core_share, ec);
+    // OpenBLAS's threads spin for 2^28 cycles (~0.1 s) after each product
+    // before they sleep: a process whose share just shrank, or that just
+    // marked itself waiting, would hold the cores it gave up that long. 2^4
+    // cycles: they sleep at once and are woken for the next product. On
+    // configs/arith.yaml with max_staleness 0 (the processes alternate
+    // every ~50 ms) that took the share from 0.61-0.81x of the fixed split to
+    // 0.82-0.95x (docs/BENCHMARKS.md, "Sharing the cores"). The children
+    // inherit it; a value already set wins.
+    ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", /*overwrite=*/0);
+  }
 
   plan.bin_dir = own_dir();
   plan.common = {args.config_file};

@@ -722,6 +722,16 @@ TEST_F(CliTest, RunTrainsAsynchronouslyWithTwoWorkers) {
   EXPECT_EQ(std::stoi(share[1]), static_cast<int>(std::thread::hardware_concurrency()));
   EXPECT_EQ(fs::path(share[2].str()).parent_path(), fs::path(base + "/tiny")) << share[2];
   EXPECT_FALSE(fs::exists(share[2].str())) << share[2];
+  // Each process (trainer, 2 workers) shared through that file, its
+  // OpenBLAS threads set to sleep at once (relay run's environment).
+  const std::string logs = r.out + r.err;
+  const std::string said =
+      "cores shared through " + share[2].str() + "; OpenBLAS thread timeout 2^4 cycles";
+  int processes = 0;
+  for (size_t at = logs.find(said); at != std::string::npos; at = logs.find(said, at + 1)) {
+    ++processes;
+  }
+  EXPECT_GE(processes, 3) << logs;
   // The trainer reported the threads each step trained on.
   EXPECT_GE(train_threads_min, 1.0);
   EXPECT_LE(train_threads_max, std::thread::hardware_concurrency());

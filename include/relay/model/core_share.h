@@ -13,7 +13,9 @@
 // re-read at its safe points (before a decode step, and before each layer of
 // a forward or backward pass): alone it gets the machine, overlapping it
 // gets its share, at least one thread (a process holds its count until its
-// next safe point).
+// next safe point). OpenBLAS's threads would spin ~0.1 s on cores given up;
+// relay run sets OPENBLAS_THREAD_TIMEOUT for its processes so that they
+// sleep at once (bin/run_command.cc).
 //
 // The file holds kSlots slots of one cache line each: a process claims one
 // whose pid is 0 or whose process is gone (kill(pid, 0)), so a crashed
