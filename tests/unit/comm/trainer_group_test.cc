@@ -4,22 +4,18 @@
 #include "relay/comm/dist/trainer_group.h"
 #include "relay/comm/dist/trainer_ranks.h"
 
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
-#include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <thread>
 
-#include "relay/model/core_share.h"
 #include "relay/rollout/engine.h"
 #include "relay/trainer/data_parallel.h"
 #include "relay/trainer/trainer.h"
+#include "testing/core_share.h"
 #include "testing/ports.h"
 #include "testing/tensor_testing.h"
 #include "testing/trainer_ranks.h"
@@ -272,14 +268,7 @@ TEST(RankLeaderTest, FollowerMirrorsWarmStartResumeAndSteps) {
 // it decode on its cores while rank 0 collects groups; it trains marked
 // busy.
 TEST(RankLeaderTest, AWaitingFollowerLeavesItsCoresToTheMachine) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("relay_follower_cores_" + std::to_string(::getpid())))
-                               .string();
-  std::filesystem::remove(path);
-  auto share = model::CoreShare::open(path, 2);
-  ASSERT_TRUE(share.ok()) << share.status();
-  model::install_core_share(*std::move(share));
-  const model::CoreShare* mine = model::installed_core_share();
+  const relay::testing::InstalledCoreShare cores("follower_cores");
   const auto groups = sample_groups(make_policy(3), 2, 4);
   const TrainerOptions rl = dp_options();
   const int port = free_port();
@@ -292,7 +281,7 @@ TEST(RankLeaderTest, AWaitingFollowerLeavesItsCoresToTheMachine) {
     fo.bucket_bytes = 4096;
     fo.options = [&](const std::string&) -> StatusOr<TrainerOptions> { return rl; };
     fo.on_step = [&](const std::string&, const StatusOr<StepMetrics>&) {
-      busy_at_steps.push_back(mine->busy());
+      busy_at_steps.push_back(cores.busy());
     };
     follower_status = follow_rank_leader(group, make_policy(99), fo);
   });
@@ -300,11 +289,7 @@ TEST(RankLeaderTest, AWaitingFollowerLeavesItsCoresToTheMachine) {
   ASSERT_TRUE(group);
   // Only the follower marks this process here (rank 0's host, which marks
   // it waiting while it collects groups, is not in this test).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (mine->busy() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  EXPECT_FALSE(mine->busy()) << "waiting for rank 0's first command";
+  EXPECT_TRUE(cores.marked(false)) << "waiting for rank 0's first command";
   model::Policy leader_policy = make_policy(3);
   RankLeader leader(group);
   ASSERT_TRUE(leader.start("rl", *leader_policy, 0, nullptr, "").ok());
@@ -314,8 +299,6 @@ TEST(RankLeaderTest, AWaitingFollowerLeavesItsCoresToTheMachine) {
   follower.join();
   ASSERT_TRUE(follower_status.ok()) << follower_status;
   EXPECT_EQ(busy_at_steps, (std::vector<bool>{true})) << "the step ran marked busy";
-  model::install_core_share(nullptr);
-  std::filesystem::remove(path);
 }
 
 TEST(RankLeaderTest, FollowerReportsRankZeroGone) {

@@ -7,8 +7,6 @@
 
 #include "relay/serve/openai_server.h"
 
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <torch/types.h>
@@ -20,7 +18,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -28,9 +25,9 @@
 #include <thread>
 
 #include "relay/model/bpe_tokenizer.h"
-#include "relay/model/core_share.h"
 #include "relay/model/policy.h"
 #include "testing/byte_tokenizer_json.h"
+#include "testing/core_share.h"
 #include "testing/tensor_testing.h"
 
 namespace relay::serve {
@@ -374,37 +371,23 @@ TEST(OpenAiServerTest, RefusalsHaveOpenAisStatusAndBody) {
 // between turns leaves the machine's cores to the trainer. It decodes
 // marked busy, and waits marked waiting again once the group is done.
 TEST(OpenAiServerTest, AnIdleEngineMarksTheProcessWaitingInItsCoreShare) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("relay_serve_cores_" + std::to_string(::getpid())))
-          .string();
-  std::filesystem::remove(path);
-  auto share = model::CoreShare::open(path, 2);
-  ASSERT_TRUE(share.ok()) << share.status();
-  model::install_core_share(*std::move(share));
-  const model::CoreShare* mine = model::installed_core_share();
-  ASSERT_TRUE(mine->busy()) << "a share starts busy";
-  auto marked = [&](bool busy) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (mine->busy() != busy && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return mine->busy() == busy;
-  };
+  const relay::testing::InstalledCoreShare cores("serve_cores");
+  ASSERT_TRUE(cores.busy()) << "a share starts busy";
   {
     Served s;
-    EXPECT_TRUE(marked(false)) << "idle, before any request";
+    EXPECT_TRUE(cores.marked(false)) << "idle, before any request";
     struct Listener : GroupListener {
-      const model::CoreShare* share;
+      const relay::testing::InstalledCoreShare* cores;
       std::atomic<int> tokens{0}, busy_tokens{0};
       std::promise<void> done;
       void on_tokens(const std::vector<rollout::SampledToken>& t) override {
         tokens += static_cast<int>(t.size());
-        if (share->busy()) busy_tokens += static_cast<int>(t.size());
+        if (cores->busy()) busy_tokens += static_cast<int>(t.size());
       }
       void on_done(StatusOr<rollout::TrajectoryGroup>) override { done.set_value(); }
     };
     auto listener = std::make_shared<Listener>();
-    listener->share = mine;
+    listener->cores = &cores;
     rollout::PromptGroup g;
     g.group_id = "g";
     g.prompt = {1, 2, 3};
@@ -415,10 +398,8 @@ TEST(OpenAiServerTest, AnIdleEngineMarksTheProcessWaitingInItsCoreShare) {
               std::future_status::ready);
     EXPECT_GT(listener->tokens.load(), 0);
     EXPECT_EQ(listener->busy_tokens.load(), listener->tokens.load()) << "decoded marked busy";
-    EXPECT_TRUE(marked(false)) << "idle again after the group";
+    EXPECT_TRUE(cores.marked(false)) << "idle again after the group";
   }
-  model::install_core_share(nullptr);
-  std::filesystem::remove(path);
 }
 
 TEST(OpenAiServerTest, PastMaxRequestsIs429AndAGoneClientIsDropped) {
