@@ -87,6 +87,10 @@
 //                 [--new N] [--json]
 //                 [--device cpu|cuda[:i]] [--dtype float32|bfloat16] [--model-dir DIR]
 //                 [--cpu-memory keep|return] [--py-attention eager|sdpa]
+//                 [--decode-graphs auto|on|off]
+//
+// --decode-graphs: the engines' rollout.decode_graphs (default auto: CUDA
+// graphs on a GPU, none on the CPU; off gives a GPU's figure without them).
 //
 // --cpu-memory: how relay's side holds freed tensor memory, as relay's
 // binaries do (bench_util.h, configure_cpu_memory); default keep.
@@ -178,6 +182,8 @@ using Tokens = std::vector<std::vector<int64_t>>;  // one response per sequence
 // Where the models run (--device, --dtype); set once in main().
 c10::Device g_device(c10::DeviceType::CPU);
 c10::ScalarType g_dtype = c10::ScalarType::Float;
+// --decode-graphs, for every engine.
+relay::rollout::DecodeGraphMode g_decode_graphs = relay::rollout::DecodeGraphMode::kAuto;
 
 // Waits for the device's queued work, so that a timing covers it.
 void sync_device() {
@@ -331,6 +337,7 @@ std::unique_ptr<Engine> make_engine(
     relay::rollout::EngineDtype dtype = relay::rollout::EngineDtype::kModel) {
   EngineOptions o;
   o.dtype = dtype;
+  o.decode_graphs = g_decode_graphs;
   o.num_slots = slots;
   o.max_seq_len = max_seq_len;
   o.max_new_tokens = max_new;
@@ -970,9 +977,9 @@ int main(int argc, char** argv) {
   relay::model::choose_blas_kernels(argv);
   relay::bench::expect_flags(
       argc, argv,
-      {"--batches", "--blas-threads", "--cpu-memory", "--device", "--dtype", "--kernel-threads",
-       "--model-dir", "--models", "--new", "--only", "--prompt", "--py-attention", "--python-exe",
-       "--python-script", "--reps", "--threads"},
+      {"--batches", "--blas-threads", "--cpu-memory", "--decode-graphs", "--device", "--dtype",
+       "--kernel-threads", "--model-dir", "--models", "--new", "--only", "--prompt",
+       "--py-attention", "--python-exe", "--python-script", "--reps", "--threads"},
       {"--json", "--python", "--quick"});
   const char* models_flag = flag(argc, argv, "--models");
   const char* batches_flag = flag(argc, argv, "--batches");
@@ -1020,6 +1027,11 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(t, "float32") != 0) {
       relay::bench::fail(std::string("--dtype ") + t + ": float32 or bfloat16");
     }
+  }
+  if (const char* g = flag(argc, argv, "--decode-graphs")) {
+    const auto mode = relay::rollout::kDecodeGraphModeNames.parse(g);
+    if (!mode.ok()) relay::bench::fail("--decode-graphs: " + std::string(mode.status().message()));
+    g_decode_graphs = *mode;
   }
   relay::bench::PyPlacement py_at;
   py_at.device = g_device.str();

@@ -34,7 +34,8 @@
 #          HF-style loop on the same weights there (bench/python/relay_ref.py,
 #          sdpa attention, the machine's python3) and against the GPU's own
 #          bandwidth and GEMM peak (rollout_bench --only py): batch 1, 8, 64;
-#          after relay_ref.py's selfcheck. The tokenizer: pack.sh's
+#          after relay_ref.py's selfcheck; then the engine again with
+#          rollout.decode_graphs off (not counted). The tokenizer: pack.sh's
 #          .gpu-kit/dist/qwen2-tokenizer.json.xz, else ../shared's
 # Exits 0 when every counted step passed; 1 otherwise.
 set -uo pipefail
@@ -285,6 +286,15 @@ if want yardstick; then
     grep -m1 -o 'python vs relay logits:.*' "$out/decode-05b-bf16.log" | sed 's/^/  /' |
       tee -a "$summary" >/dev/null
     grep -m1 '^machine' "$out/decode-05b-bf16.log" | sed 's/^/  /' | tee -a "$summary" >/dev/null
+    # The same without CUDA graphs (rollout.decode_graphs: off): what the
+    # graphs bought, the Python loop again as the common baseline.
+    run_step decode-05b-bf16-no-graphs 0 timeout 300 env RELAY_PYTHON="$python" \
+      "$build_dir/bench/rollout_bench" --model-dir "$dir05" --only py --device "$dev" \
+      --dtype bfloat16 --decode-graphs off "${args[@]}"
+    awk '$2 == "py" && $4 == "engine" {
+           printf "  0.5B bf16 B=%s, decode_graphs off: engine %s tokens/s, %s the Python loop\n",
+                  $3, $7, $8 }' \
+      "$out/decode-05b-bf16-no-graphs.log" | awk '!seen[$0]++' | tee -a "$summary" >/dev/null
   fi
   rm -rf "$dir05" "$out/qwen2-tokenizer.json"
 fi

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "model/extend_plan.h"
 #include "model/row_linear.h"
 #include "relay/model/core_share.h"
 #include "relay/model/device.h"
@@ -373,34 +374,11 @@ at::Tensor PolicyImpl::extend(const at::Tensor& input_ids, const at::Tensor& new
   // Host-side bookkeeping: room for every row's new positions first (so a
   // full cache fails before anything is computed), then where each valid
   // new token goes and where each row's keys are read from.
-  std::vector<int64_t> past(B), rows, wrows;
-  std::vector<bool> seen(cache.num_slots(), false);
   int64_t kv_len = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t slot = slot_p[b], n = len_p[b];
-    TORCH_CHECK(slot >= 0 && slot < cache.num_slots(), "Policy::extend: slot ", slot,
-                " out of range");
-    TORCH_CHECK(!seen[slot], "Policy::extend: slot ", slot, " appears twice in one batch");
-    seen[slot] = true;
-    TORCH_CHECK(n >= 1 && n <= T, "Policy::extend: new_lengths[", b, "] = ", n, " must be in [1, ",
-                T, "]");
-    past[b] = cache.length(slot);
-    TORCH_CHECK(past[b] + n <= cache.max_seq_len(), "Policy::extend: slot ", slot, " holds ",
-                past[b], " positions; ", n, " more exceed the cache's max_seq_len ",
-                cache.max_seq_len());
-    kv_len = std::max(kv_len, past[b] + n);
-  }
-  for (int64_t b = 0; b < B; ++b) cache.prepare_write(slot_p[b], past[b] + len_p[b]);
-  at::Tensor read = torch::full({B, kv_len}, KVCache::kZeroRow, torch::kInt64);
-  int64_t* read_p = read.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t end = past[b] + len_p[b];
-    cache.storage_rows(slot_p[b], end, read_p + b * kv_len);
-    for (int64_t t = 0; t < len_p[b]; ++t) {
-      rows.push_back(b * T + t);
-      wrows.push_back(read_p[b * kv_len + past[b] + t]);
-    }
-  }
+  const std::vector<int64_t> past = prepare_extend(cache, len_p, slot_p, B, T, &kv_len);
+  at::Tensor read = torch::empty({B, kv_len}, torch::kInt64);
+  std::vector<int64_t> rows, wrows;
+  extend_rows(cache, past, len_p, slot_p, T, kv_len, read.data_ptr<int64_t>(), rows, wrows);
 
   const c10::Device device = model->embed_tokens->weight.device();
   auto to_dev = [&](const std::vector<int64_t>& v) {
@@ -427,6 +405,27 @@ at::Tensor PolicyImpl::extend(const at::Tensor& input_ids, const at::Tensor& new
   if (options.which == ExtendLogits::kAll) return logits(hidden, options.vocab_limit);
   at::Tensor last = (len_t - 1).view({B, 1, 1}).expand({B, 1, hidden.size(2)});
   return logits(hidden.gather(1, last).squeeze(1), options.vocab_limit);
+}
+
+at::Tensor PolicyImpl::decode_fixed(const at::Tensor& ids, const at::Tensor& positions,
+                                    const at::Tensor& write_index, const at::Tensor& read_index,
+                                    const at::Tensor& key_positions, KVCache& cache,
+                                    int64_t vocab_limit) {
+  const int64_t B = ids.size(0), S = read_index.size(1);
+  ForwardContext ctx;
+  ctx.positions = positions.view({B, 1});
+  // attention_mask() for one new position: key s is seen when s <= position.
+  ctx.mask = key_positions.narrow(0, 0, S).view({1, 1, 1, S}).le(positions.view({B, 1, 1, 1}));
+  ctx.cache = &cache;
+  ctx.kv_len = S;
+  ctx.write_rows = key_positions.narrow(0, 0, B);  // 0 .. B-1: every row is a new position
+  ctx.write_index = write_index;
+  ctx.read_index = read_index;
+  // The caller keeps S within max_position_embeddings when RoPE depends on
+  // the length (decode_graphs.cc), so these are the frequencies extend() uses.
+  set_rope(ctx, S, ids.device());
+  at::Tensor hidden = model->forward(ids.view({B, 1}), ctx);
+  return logits(hidden.squeeze(1), vocab_limit);
 }
 
 void init_weights(PolicyImpl& policy, uint64_t seed, double initializer_range) {

@@ -162,6 +162,18 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
     RELAY_RETURN_IF_ERROR(
         check_products_in(*precision, policy->model->embed_tokens->weight.device()));
   }
+  // rollout.decode_graphs: auto takes them on a CUDA device where the model
+  // allows; on takes them anywhere, and refuses a model that does not.
+  bool graphs = false;
+  if (options.decode_graphs != DecodeGraphMode::kOff) {
+    std::string why;
+    const bool supported = model::DecodeGraphs::supports(*policy, options.kv_block_size, &why);
+    if (options.decode_graphs == DecodeGraphMode::kOn && !supported) {
+      return InvalidArgumentError(absl::StrCat("decode_graphs: 'on' cannot run this model: ", why));
+    }
+    graphs = supported && (options.decode_graphs == DecodeGraphMode::kOn ||
+                           policy->model->embed_tokens->weight.device().is_cuda());
+  }
   // Every refusal is above: from here on the policy changes.
   if (fp32_head) {
     torch::NoGradGuard no_grad;
@@ -181,6 +193,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(model::Policy policy, EngineOpt
   std::unique_ptr<Engine> engine(
       new Engine(std::move(policy), std::move(options), kv, version, digest));
   engine->base_digest_ = base;
+  if (graphs) engine->graphs_ = std::make_unique<model::DecodeGraphs>();
   return engine;
 }
 

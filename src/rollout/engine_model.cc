@@ -6,6 +6,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "relay/rollout/engine.h"
@@ -17,31 +18,57 @@ namespace relay::rollout {
 at::Tensor Engine::extend_rows(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
                                model::ExtendLogits which) {
   const int64_t B = static_cast<int64_t>(rows.size());
-  int64_t T = 0;
-  for (int64_t b = 0; b < B; ++b) T = std::max(T, ends[b] - rows[b]->kv_len);
-  at::Tensor ids = torch::zeros({B, T}, torch::kInt64);
-  at::Tensor lens = torch::empty({B}, torch::kInt64);
-  at::Tensor slots = torch::empty({B}, torch::kInt64);
-  int64_t* ids_p = ids.data_ptr<int64_t>();
+  int64_t T = 0, shortest = std::numeric_limits<int64_t>::max();
   for (int64_t b = 0; b < B; ++b) {
-    const Sequence& s = *rows[b];
-    std::copy(s.tokens.begin() + s.kv_len, s.tokens.begin() + ends[b], ids_p + b * T);
-    lens.data_ptr<int64_t>()[b] = ends[b] - s.kv_len;
-    slots.data_ptr<int64_t>()[b] = s.slot;
+    T = std::max(T, ends[b] - rows[b]->kv_len);
+    shortest = std::min(shortest, ends[b] - rows[b]->kv_len);
   }
-  model::ExtendOptions eo;
-  eo.which = which;
-  eo.vocab_limit = options_.vocab_limit;
-  model::MoeRouting routing;
-  routing.record = routing_width_ > 0;
-  if (routing.record) eo.routing = &routing;
-  at::Tensor logits = policy_->extend(ids, lens, slots, cache_, eo);
-  if (routing.record) record_routing(rows, ends, T, routing);
+  at::Tensor logits;
+  // A decode step (one new position a row): in fixed shapes when
+  // rollout.decode_graphs took them and the step fits their buckets.
+  if (graphs_ && T == 1 && shortest == 1 && which == model::ExtendLogits::kLast &&
+      routing_width_ == 0) {
+    logits = decode_in_fixed_shapes(rows);
+  }
+  if (!logits.defined()) {
+    at::Tensor ids = torch::zeros({B, T}, torch::kInt64);
+    at::Tensor lens = torch::empty({B}, torch::kInt64);
+    at::Tensor slots = torch::empty({B}, torch::kInt64);
+    int64_t* ids_p = ids.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const Sequence& s = *rows[b];
+      std::copy(s.tokens.begin() + s.kv_len, s.tokens.begin() + ends[b], ids_p + b * T);
+      lens.data_ptr<int64_t>()[b] = ends[b] - s.kv_len;
+      slots.data_ptr<int64_t>()[b] = s.slot;
+    }
+    model::ExtendOptions eo;
+    eo.which = which;
+    eo.vocab_limit = options_.vocab_limit;
+    model::MoeRouting routing;
+    routing.record = routing_width_ > 0;
+    if (routing.record) eo.routing = &routing;
+    logits = policy_->extend(ids, lens, slots, cache_, eo);
+    if (routing.record) record_routing(rows, ends, T, routing);
+  }
   for (int64_t b = 0; b < B; ++b) {
     if (rows[b]->kv_len == 0) rows[b]->kv_epoch = epoch_;
     rows[b]->kv_len = ends[b];
   }
   stats_.kv_peak_positions = cache_.peak_blocks_in_use() * cache_.block_size();
+  return logits;
+}
+
+at::Tensor Engine::decode_in_fixed_shapes(const std::vector<Sequence*>& rows) {
+  std::vector<int64_t> ids, slots;
+  ids.reserve(rows.size());
+  slots.reserve(rows.size());
+  for (const Sequence* row : rows) {
+    ids.push_back(row->tokens[row->kv_len]);
+    slots.push_back(row->slot);
+  }
+  at::Tensor logits = graphs_->step(*policy_, cache_, ids, slots, options_.vocab_limit);
+  stats_.graph_steps = graphs_->stats().steps;
+  stats_.graph_replays = graphs_->stats().replays;
   return logits;
 }
 

@@ -24,7 +24,8 @@
 // promise simple to keep; available_blocks() says what can still be promised.
 //
 // Block 0 is a zero block that is never handed out: padding keys of a
-// batched read point at it, so uninitialised storage is never read.
+// batched read point at its first row, so uninitialised storage is never
+// read; its second row is a scratch row padding writes may land in.
 //
 // Thread-safety: none; one engine thread owns a cache.
 
@@ -103,6 +104,10 @@ class KVCache {
   void storage_rows(int64_t slot, int64_t end, int64_t* out) const;
   // The zero block's first row: what padding positions read.
   static constexpr int64_t kZeroRow = 0;
+  // The zero block's second row, when block_size >= 2: where padding rows
+  // of a fixed-shape decode step (decode_graphs.h) write their keys and
+  // values. Nothing reads it.
+  static constexpr int64_t kScratchRow = 1;
 
   // Per-layer flat storage, [(num_blocks + 1) * block_size, kv_heads,
   // head_dim]; keys are stored after RoPE.

@@ -186,6 +186,19 @@ class PolicyImpl : public torch::nn::Module {
     return extend(input_ids, new_lengths, slots, cache, o);
   }
 
+  // One decode step in fixed shapes, for DecodeGraphs (decode_graphs.h),
+  // whose captured CUDA graphs replay it: row b appends token ids[b] at
+  // position positions[b], written to storage row write_index[b] of every
+  // layer, and attends to the keys at storage rows read_index[b, 0..S),
+  // of which those at s <= positions[b] are its own (the rest are masked).
+  // key_positions is arange(S') for some S' >= max(S, B). All int64 on the
+  // weights' device: ids, positions, write_index [B]; read_index [B, S].
+  // Returns logits [B, V] (V = vocab_limit when > 0). The cache's lengths
+  // are the caller's to advance. Not for MoE layers (their routing reads
+  // counts back to the host).
+  at::Tensor decode_fixed(const at::Tensor& ids, const at::Tensor& positions,
+                          const at::Tensor& write_index, const at::Tensor& read_index,
+                          const at::Tensor& key_positions, KVCache& cache, int64_t vocab_limit);
   // Per decoder layer activation checkpointing on the scoring path (the
   // trainer's activation_checkpointing): a layer keeps only its input for
   // backward and recomputes the rest then, under the same autocast and with

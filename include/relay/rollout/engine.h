@@ -93,6 +93,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "relay/common/status.h"
+#include "relay/model/decode_graphs.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/policy.h"
 #include "relay/rollout/engine_options.h"
@@ -129,6 +130,10 @@ struct EngineStats {
   int64_t turns_ended = 0;
   int64_t env_tokens = 0;
   int64_t parked_sequence_steps = 0;
+  // rollout.decode_graphs: decode steps run in fixed shapes, and of those
+  // the ones replayed from a captured CUDA graph.
+  int64_t graph_steps = 0;
+  int64_t graph_replays = 0;
 };
 
 // A model turn of an episode has ended (engine.h, "Episodes").
@@ -312,6 +317,9 @@ class Engine {
   void run_new_tokens(StepState& s);
   at::Tensor extend_rows(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
                          model::ExtendLogits which);
+  // A decode step of `rows` (one new position each) in fixed shapes; an
+  // undefined tensor when graphs_ declines it.
+  at::Tensor decode_in_fixed_shapes(const std::vector<Sequence*>& rows);
   // Keeps the routing of rows[b]'s new positions, [kv_len, ends[b]), before
   // kv_len moves on.
   void record_routing(const std::vector<Sequence*>& rows, const std::vector<int64_t>& ends,
@@ -329,6 +337,8 @@ class Engine {
   model::Policy policy_;
   const EngineOptions options_;
   model::KVCache cache_;
+  // Decode steps in fixed shapes (rollout.decode_graphs); null = off.
+  std::unique_ptr<model::DecodeGraphs> graphs_;
   const int64_t capacity_;       // positions per sequence
   const int64_t routing_width_;  // ints per position of routed_experts (0 = not recorded)
   // What a weight update must carry, by name (model::published_weights):

@@ -85,6 +85,17 @@ inline std::optional<model::Precision> engine_precision(EngineDtype dtype) {
   return std::nullopt;
 }
 
+// rollout.decode_graphs: decode steps in fixed shapes, replayed as CUDA
+// graphs (model/decode_graphs.h). auto = on a CUDA device, where the
+// model's dense layers allow it; on = also on the CPU, without a graph (the
+// fixed-shape step eagerly, which gains nothing: for tests), and an
+// error where the model does not allow it; off = never.
+enum class DecodeGraphMode { kAuto, kOn, kOff };
+inline const NameTable<DecodeGraphMode> kDecodeGraphModeNames{"decode_graphs",
+                                                              {{"auto", DecodeGraphMode::kAuto},
+                                                               {"on", DecodeGraphMode::kOn},
+                                                               {"off", DecodeGraphMode::kOff}}};
+
 struct EngineOptions {
   int64_t num_slots = 64;       // sequences decoding at once, at most
   int64_t max_seq_len = 0;      // positions per sequence; 0 = the model's max_position_embeddings
@@ -124,6 +135,7 @@ struct EngineOptions {
   double kv_cache_gb = 0;
   double kv_cache_fraction = 0.5;  // (0, 1]; used when kv_cache_gb is 0
   int64_t kv_block_size = 16;      // positions per KV-cache block
+  DecodeGraphMode decode_graphs = DecodeGraphMode::kAuto;
   // MoE models: record each position's routing into the trajectories
   // (Trajectory::routed_experts), for router replay in the trainer.
   bool record_routing = true;

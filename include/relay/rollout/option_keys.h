@@ -54,6 +54,7 @@ void visit_fields(V& v, RolloutConfig& c) {
   v.field("interrupt", e.interrupt, rollout::kInterruptPolicyNames);
   v.field("dtype", e.dtype, rollout::kEngineDtypeNames);
   v.field("fp32_lm_head", e.fp32_lm_head);
+  v.field("decode_graphs", e.decode_graphs, rollout::kDecodeGraphModeNames);
   v.field("workers", c.workers);
   v.field("groups_in_flight", c.groups_in_flight);
   v.section("prefix", e.prefix);

@@ -218,6 +218,7 @@ TEST(ConfigTest, ToYamlPrintsEveryFieldWithDefaults) {
             "  interrupt: recompute\n"
             "  dtype: model\n"
             "  fp32_lm_head: false\n"
+            "  decode_graphs: auto\n"
             "  workers: 1\n"
             "  groups_in_flight: 16\n"
             "  prefix:\n"
@@ -581,7 +582,8 @@ TEST(ConfigTest, ParseErrorsNameSourceLineAndPath) {
       {"no close key", "rollout:\n  beam_width: 4\n",
        "x.yaml:2: rollout.beam_width: unknown key; known keys: n, max_new_tokens, temperature, "
        "top_k, top_p, stop, record_raw_logprobs, num_slots, kv_cache_gb, kv_cache_fraction, "
-       "interrupt, dtype, fp32_lm_head, workers, groups_in_flight, prefix, episode, agent"},
+       "interrupt, dtype, fp32_lm_head, decode_graphs, workers, groups_in_flight, prefix, episode, "
+       "agent"},
       {"unknown section", "optimizer:\n  lr: 1\n",
        "x.yaml:1: optimizer: unknown key; known keys: experiment, eval, run, model, rollout, task, "
        "trainer, "

@@ -30,6 +30,7 @@
 #include "relay/comm/weight_sync/weight_publisher.h"
 #include "relay/comm/weight_sync/weight_sync.h"
 #include "relay/model/attention_implementation.h"
+#include "relay/model/decode_graphs.h"
 #include "relay/model/device.h"
 #include "relay/model/kv_cache.h"
 #include "relay/model/lora.h"
@@ -287,11 +288,15 @@ TEST(CudaPolicyTest, IncrementalDecodeMatchesScoringInBf16) {
 
 // Three groups of four sampled by an engine on `p`'s device, rewards 1 for
 // responses containing token 5 (and one of each per group).
-std::vector<rollout::TrajectoryGroup> sample_groups(const model::Policy& p,
-                                                    std::optional<c10::ScalarType> autocast) {
+// `graphs` is the engine's rollout.decode_graphs; its stats go to `stats`.
+std::vector<rollout::TrajectoryGroup> sample_groups(
+    const model::Policy& p, std::optional<c10::ScalarType> autocast,
+    rollout::DecodeGraphMode graphs = rollout::DecodeGraphMode::kAuto,
+    rollout::EngineStats* stats = nullptr) {
   rollout::EngineOptions eo;
   eo.num_slots = 8;
   eo.max_new_tokens = 8;
+  eo.decode_graphs = graphs;
   eo.autocast = !autocast                                ? model::Autocast::kNone
                 : *autocast == c10::ScalarType::BFloat16 ? model::Autocast::kBFloat16
                                                          : model::Autocast::kFloat16;
@@ -309,6 +314,7 @@ std::vector<rollout::TrajectoryGroup> sample_groups(const model::Policy& p,
   auto groups = (*engine)->run();
   EXPECT_TRUE(groups.ok()) << groups.status();
   if (!groups.ok()) return {};
+  if (stats != nullptr) *stats = (*engine)->stats();
   for (auto& g : *groups) {
     for (size_t i = 0; i < g.trajectories.size(); ++i) {
       auto& t = g.trajectories[i];
@@ -389,6 +395,117 @@ TEST(CudaEngineTest, AutocastEngineAndTrainerAgreeWithinBf16) {
   EXPECT_LT(m->at("mismatch/logprob_abs_diff_max"), 0.5);
   EXPECT_LT(m->at("mismatch/k3"), 1e-3);
   EXPECT_NEAR(m->at("mean_importance_ratio"), 1.0, 0.02);
+}
+
+// ---- decode steps replayed as CUDA graphs (rollout.decode_graphs) ----
+
+// Decodes `steps` tokens for three sequences in fixed shapes and with
+// extend(), on two caches of the same prompts, under `autocast`; returns the
+// largest logit difference. The weights change in place halfway: a graph
+// reads them where they are.
+double graph_against_eager(model::Policy& policy, std::optional<c10::ScalarType> autocast,
+                           model::DecodeGraphs& graphs, int steps) {
+  torch::NoGradGuard no_grad;
+  const model::AutocastGuard guard(device().type(), autocast);
+  model::KVCacheOptions co;
+  co.num_slots = 4;
+  co.max_seq_len = 96;
+  co.device = device();
+  model::KVCache fixed(policy->config(), co), eager(policy->config(), co);
+  const at::Tensor prompt =
+      torch::tensor({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, torch::kInt64).view({3, 4});
+  const at::Tensor lens = torch::tensor({4, 2, 3}, torch::kInt64);
+  const at::Tensor slots = torch::tensor({0, 1, 2}, torch::kInt64);
+  policy->extend(prompt, lens, slots, fixed, model::ExtendLogits::kNone);
+  policy->extend(prompt, lens, slots, eager, model::ExtendLogits::kNone);
+  std::vector<int64_t> next = {13, 14, 15};
+  double worst = 0;
+  for (int step = 0; step < steps; ++step) {
+    if (step == steps / 2) {
+      model::Policy other = make_policy(99, device());
+      auto mine = policy->named_parameters();
+      for (const auto& item : other->named_parameters()) mine[item.key()].copy_(item.value());
+    }
+    const at::Tensor got = graphs.step(*policy, fixed, next, {0, 1, 2}, 0);
+    const at::Tensor want =
+        policy->extend(torch::tensor(next).view({3, 1}), torch::ones({3}, torch::kInt64), slots,
+                       eager, model::ExtendLogits::kLast);
+    EXPECT_TRUE(got.defined()) << "step " << step;
+    if (!got.defined()) return 1e9;
+    worst = std::max(worst, max_abs_diff(got.to(torch::kFloat32), want.to(torch::kFloat32)));
+    const at::Tensor chosen = want.argmax(-1).to(torch::kCPU);
+    for (size_t b = 0; b < next.size(); ++b) next[b] = chosen[b].item<int64_t>();
+  }
+  return worst;
+}
+
+TEST(CudaDecodeGraphTest, ReplaysComputeWhatEagerDecodeComputes) {
+  RELAY_NEED_GPUS(1);
+  model::Policy policy = make_policy(1, device());
+  model::DecodeGraphs graphs;
+  const double fp32 = graph_against_eager(policy, std::nullopt, graphs, 24);
+  const model::DecodeGraphStats after_fp32 = graphs.stats();
+  model::DecodeGraphs autocast_graphs;
+  const double bf16 = graph_against_eager(policy, c10::ScalarType::BFloat16, autocast_graphs, 24);
+  std::printf(
+      "decode graphs: fp32 max logit diff %.3g (%lld captures, %lld replays of %lld steps); "
+      "bf16 autocast %.3g (%lld captures)\n",
+      fp32, static_cast<long long>(after_fp32.captures), static_cast<long long>(after_fp32.replays),
+      static_cast<long long>(after_fp32.steps), bf16,
+      static_cast<long long>(autocast_graphs.stats().captures));
+  RecordProperty("graph_fp32_max_abs_logit_diff", std::to_string(fp32));
+  RecordProperty("graph_bf16_max_abs_logit_diff", std::to_string(bf16));
+  EXPECT_EQ(after_fp32.steps, 24);
+  if (!dry_run_on_cpu()) {
+    // At most 4 + 24 keys: the first key bucket (64), one graph, replayed.
+    EXPECT_EQ(after_fp32.captures, 1);
+    EXPECT_EQ(after_fp32.replays, 24);
+    EXPECT_GE(autocast_graphs.stats().captures, 1);
+  }
+  EXPECT_LT(fp32, 1e-4);
+  // Both sides under autocast: the same bf16 products, summed in another
+  // order over the padded keys (0.148 in the dry run on the CPU, at logits
+  // near 20); a graph that read autocast's freed casts would be far off.
+  EXPECT_LT(bf16, 0.5);
+}
+
+TEST(CudaDecodeGraphTest, TheEngineDecodesThroughGraphsOnAGpuByDefault) {
+  RELAY_NEED_GPUS(1);
+  model::Policy policy = make_policy(1, device());
+  rollout::EngineStats with, without;
+  // auto on a GPU; the dry run on the CPU asks for the fixed shapes.
+  const rollout::DecodeGraphMode mode =
+      dry_run_on_cpu() ? rollout::DecodeGraphMode::kOn : rollout::DecodeGraphMode::kAuto;
+  const auto graphs = sample_groups(policy, std::nullopt, mode, &with);
+  const auto plain = sample_groups(policy, std::nullopt, rollout::DecodeGraphMode::kOff, &without);
+  ASSERT_EQ(graphs.size(), plain.size());
+  int same = 0, total = 0;
+  double worst = 0;
+  for (size_t g = 0; g < graphs.size(); ++g) {
+    for (size_t i = 0; i < graphs[g].trajectories.size(); ++i) {
+      const rollout::Trajectory& a = graphs[g].trajectories[i];
+      const rollout::Trajectory& b = plain[g].trajectories[i];
+      ++total;
+      if (a.response_tokens != b.response_tokens) continue;
+      ++same;
+      for (size_t j = 0; j < a.behavior_logprobs.size(); ++j) {
+        worst = std::max<double>(worst, std::abs(a.behavior_logprobs[j] - b.behavior_logprobs[j]));
+      }
+    }
+  }
+  std::printf(
+      "engine with graphs: %lld of %lld steps in fixed shapes, %lld replayed; %d of %d responses "
+      "identical, "
+      "behavior log-probs max diff %.3g\n",
+      static_cast<long long>(with.graph_steps), static_cast<long long>(with.steps),
+      static_cast<long long>(with.graph_replays), same, total, worst);
+  EXPECT_GT(with.graph_steps, 0);
+  if (!dry_run_on_cpu()) {
+    EXPECT_EQ(with.graph_replays, with.graph_steps);
+  }
+  EXPECT_EQ(without.graph_steps, 0);
+  EXPECT_GE(same, total * 9 / 10);
+  EXPECT_LT(worst, 1e-4);
 }
 
 // ---- a trainer step on the GPU ----

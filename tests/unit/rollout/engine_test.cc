@@ -1349,5 +1349,74 @@ TEST(EngineRoutingTest, DenseModelsRecordNoRouting) {
   EXPECT_EQ(out.at(0).trajectories.at(0).routing_layers, 0);
 }
 
+// rollout.decode_graphs: on runs every decode step in fixed shapes (on the
+// CPU eagerly, without a graph). The same groups, sampled from the same
+// seeds, through a version that lands mid-decode (recompute), give the same
+// tokens and the same behaviour log-probs as the usual path.
+TEST(EngineDecodeGraphsTest, FixedShapeDecodeSamplesWhatTheUsualPathSamples) {
+  auto run = [](DecodeGraphMode mode, EngineStats* stats) {
+    EngineOptions o = base_options();
+    o.max_new_tokens = 12;
+    o.decode_graphs = mode;
+    std::unique_ptr<Engine> engine = make_engine(7, o);
+    EXPECT_TRUE(engine->submit(group("a", {3, 7, 1}, 3, 11)).ok());
+    EXPECT_TRUE(engine->submit(group("b", {9, 2, 2, 5, 30, 6}, 2, 12)).ok());
+    std::vector<TrajectoryGroup> all;
+    for (int step = 0; step < 4; ++step) {  // a few tokens under version 0
+      auto done = engine->step();
+      EXPECT_TRUE(done.ok()) << done.status();
+      for (TrajectoryGroup& g : *done) all.push_back(std::move(g));
+    }
+    model::Policy next = make_policy(8);
+    EXPECT_TRUE(engine->update_weights(1, 101, weights_of(next)).ok());
+    EXPECT_TRUE(engine->submit(group("c", {4, 4}, 2, 13)).ok());
+    for (TrajectoryGroup& g : run_all(*engine)) all.push_back(std::move(g));
+    *stats = engine->stats();
+    return by_id(std::move(all));
+  };
+  EngineStats fixed_stats, usual_stats;
+  const auto fixed = run(DecodeGraphMode::kOn, &fixed_stats);
+  const auto usual = run(DecodeGraphMode::kAuto, &usual_stats);  // auto: not on the CPU
+  EXPECT_GT(fixed_stats.graph_steps, 10);
+  EXPECT_EQ(fixed_stats.graph_replays, 0);
+  EXPECT_EQ(usual_stats.graph_steps, 0);
+  ASSERT_EQ(fixed.size(), 3u);
+  ASSERT_EQ(usual.size(), 3u);
+  for (const auto& [id, g] : fixed) {
+    const TrajectoryGroup& u = usual.at(id);
+    ASSERT_EQ(g.trajectories.size(), u.trajectories.size()) << id;
+    for (size_t i = 0; i < g.trajectories.size(); ++i) {
+      const Trajectory& a = g.trajectories[i];
+      const Trajectory& b = u.trajectories[i];
+      ASSERT_EQ(a.response_tokens, b.response_tokens) << id << " sample " << i;
+      EXPECT_EQ(a.token_versions, b.token_versions) << id << " sample " << i;
+      for (size_t j = 0; j < a.behavior_logprobs.size(); ++j) {
+        EXPECT_NEAR(a.behavior_logprobs[j], b.behavior_logprobs[j], 1e-5)
+            << id << " sample " << i << " token " << j;
+      }
+    }
+  }
+}
+
+TEST(EngineDecodeGraphsTest, OnIsRefusedForAModelItCannotRun) {
+  model::PolicyConfig c = TinyConfig("qwen3_moe");
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  model::Policy moe(c);
+  model::init_weights(*moe, 3);
+  EngineOptions o = base_options();
+  o.decode_graphs = DecodeGraphMode::kOn;
+  auto refused = Engine::create(moe, o, 0, 100);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.status().message()).find("decode_graphs"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(std::string(refused.status().message()).find("MoE"), std::string::npos)
+      << refused.status();
+  // auto decodes such a model the usual way.
+  o.decode_graphs = DecodeGraphMode::kAuto;
+  EXPECT_TRUE(Engine::create(moe, o, 0, 100).ok());
+}
+
 }  // namespace
 }  // namespace relay::rollout
