@@ -11,9 +11,9 @@
 #   scripts/cuda_check.sh FILE...    # these (paths from the repository root)
 #
 # Needs root, debootstrap (installed from the archive when missing) and
-# Debian's archive. The first run makes the chroot (about 10 minutes; 9 GB,
+# Debian's archive. The first run makes the chroot (a few minutes; 10 GB,
 # the CUDA headers come with their libraries); later runs reuse it and take
-# seconds a file. Two dependencies of libtorch-cuda that a compile does not
+# about 10 s a file. Two dependencies of libtorch-cuda that a compile does not
 # use are replaced by empty stand-in packages: nvidia-cudnn (an installer
 # that downloads cuDNN from NVIDIA, which this machine cannot reach) and
 # libcuda1 (the driver's library). The working tree is mounted read-only;
@@ -56,7 +56,7 @@ if [ ! -e "$root/.relay-cuda-ready" ]; then
   fi
   partial="$root.partial"
   rm -rf --one-file-system "$partial"
-  echo "cuda_check: making a Debian trixie chroot with the CUDA LibTorch in $root (about 10 minutes)"
+  echo "cuda_check: making a Debian trixie chroot with the CUDA LibTorch in $root (a few minutes, 10 GB)"
   log="$root.setup.log"
   if ! debootstrap --variant=minbase --components=main,contrib,non-free trixie "$partial" \
     http://deb.debian.org/debian >"$log" 2>&1; then
