@@ -26,6 +26,7 @@ namespace relay::model {
 // ids, positions, write_index and read_index are views of `inputs`.
 struct DecodeGraphs::Bucket {
   int64_t B = 0, S = 0;
+  int64_t last_use = 0;
   at::Tensor host, inputs;
   at::Tensor ids, positions, write_index, read_index;
   at::Tensor key_positions;  // arange(max(S, B))
@@ -49,6 +50,7 @@ DecodeGraphs::DecodeGraphs(DecodeGraphOptions options) : options_(std::move(opti
               "DecodeGraphOptions: batch_buckets must be ascending and >= 1");
   TORCH_CHECK(options_.min_context >= 1 && options_.context_step >= 1,
               "DecodeGraphOptions: min_context and context_step must be >= 1");
+  TORCH_CHECK(options_.max_buckets >= 1, "DecodeGraphOptions: max_buckets must be >= 1");
 }
 
 DecodeGraphs::~DecodeGraphs() = default;
@@ -97,9 +99,20 @@ void DecodeGraphs::reset() {
 }
 
 DecodeGraphs::Bucket& DecodeGraphs::bucket(int64_t B, int64_t S, c10::Device device) {
+  if (auto it = buckets_.find({B, S}); it != buckets_.end()) {
+    it->second->last_use = ++uses_;
+    return *it->second;
+  }
+  if (static_cast<int64_t>(buckets_.size()) >= options_.max_buckets) {
+    auto oldest = std::min_element(
+        buckets_.begin(), buckets_.end(),
+        [](const auto& a, const auto& b) { return a.second->last_use < b.second->last_use; });
+    buckets_.erase(oldest);
+    ++stats_.evicted;
+  }
   std::unique_ptr<Bucket>& slot = buckets_[{B, S}];
-  if (slot) return *slot;
   auto b = std::make_unique<Bucket>();
+  b->last_use = ++uses_;
   b->B = B;
   b->S = S;
   const int64_t n = B * (3 + S);

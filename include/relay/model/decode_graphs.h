@@ -52,6 +52,11 @@ struct DecodeGraphOptions {
   // past the cache's max_seq_len.
   int64_t min_context = 64;
   int64_t context_step = 1024;
+  // Shapes (graphs) held at once; past it the least recently used one is
+  // dropped. Each holds a cudaGraphExec of every kernel of a step; their
+  // activations share one memory pool. A 32K context could otherwise use
+  // 13 x 36 shapes.
+  int64_t max_buckets = 64;
   // Capture and replay CUDA graphs on a CUDA device (in a build with CUDA).
   // Off, or on any other device, the fixed-shape step runs eagerly.
   bool capture = true;
@@ -62,6 +67,7 @@ struct DecodeGraphStats {
   int64_t captures = 0;  // graphs captured
   int64_t replays = 0;   // steps run by replaying a graph
   int64_t resets = 0;    // times every graph was dropped (addresses or autocast changed)
+  int64_t evicted = 0;   // shapes dropped for max_buckets
   int64_t declined = 0;  // steps left to extend() (batch or key range out of the buckets)
 };
 
@@ -124,6 +130,7 @@ class DecodeGraphs {
 
   DecodeGraphOptions options_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Bucket>> buckets_;
+  int64_t uses_ = 0;                 // step counter: each bucket's last use, for eviction
   std::unique_ptr<GraphPool> pool_;  // one CUDA graph memory pool for every bucket
   Key key_;
   DecodeGraphStats stats_;

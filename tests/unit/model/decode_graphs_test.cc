@@ -225,6 +225,34 @@ TEST_F(DecodeGraphsTest, DynamicRopeKeepsTheKeyRangeWithinMaxPositions) {
   EXPECT_EQ(graphs.stats().declined, 4);
 }
 
+// Past max_buckets shapes the least recently used one goes: here batch
+// buckets 1, 2, 4 in turn with a cap of 2, then 1 again (its buffers made
+// anew), each step still what extend() computes.
+TEST_F(DecodeGraphsTest, KeepsAtMostMaxBucketsDroppingTheLeastRecentlyUsed) {
+  DecodeGraphOptions o;
+  o.batch_buckets = {1, 2, 4};
+  o.max_buckets = 2;
+  DecodeGraphs graphs(o);
+  KVCache fixed = MakeCache(), eager = MakeCache();
+  Prefill(fixed, {{1}, {2}, {3}});
+  Prefill(eager, {{1}, {2}, {3}});
+  const std::vector<Seq> batches = {{0}, {0, 1}, {0, 1, 2}, {0}, {0, 1, 2}};
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const Seq& slots = batches[i];
+    const Seq ids(slots.size(), 5);
+    const at::Tensor got = graphs.step(*policy_, fixed, ids, slots, 0);
+    const at::Tensor want = Extend(eager, ids, slots);
+    ASSERT_TRUE(got.defined());
+    ASSERT_TRUE(AllClose(got, want, kTol, 0)) << "step " << i;
+    EXPECT_LE(graphs.buckets(), 2);
+  }
+  // (1) (2) (4: drops 1) (1: drops 2) (4: kept, used at step 2)
+  EXPECT_EQ(graphs.stats().evicted, 2);
+  EXPECT_EQ(graphs.buckets(), 2);
+  o.max_buckets = 0;
+  EXPECT_THROW(DecodeGraphs{o}, c10::Error);
+}
+
 TEST_F(DecodeGraphsTest, AnotherCacheDropsTheBuffersOfTheFirst) {
   DecodeGraphs graphs;
   KVCache a = MakeCache(), b = MakeCache();
