@@ -2,6 +2,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <torch/types.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <optional>
@@ -178,7 +179,14 @@ void DecodeGraphs::run(Bucket& b, PolicyImpl& policy, KVCache& cache, int64_t vo
         pool_->id = at::cuda::graph_pool_handle();
       }
       auto graph = std::make_unique<at::cuda::CUDAGraph>();
-      graph->capture_begin(pool_->id);
+      // Thread-local: another thread of the process (a weight fetch
+      // staging a version, NCCL) may call the CUDA API meanwhile; the
+      // default global mode would fail its calls, or this capture.
+#if TORCH_VERSION_MAJOR >= 2
+      graph->capture_begin(pool_->id, cudaStreamCaptureModeThreadLocal);
+#else
+      graph->capture_begin(pool_->id);  // 1.x takes no mode: global
+#endif
       b.logits = forward();
       graph->capture_end();
       b.graph = std::move(graph);
