@@ -5,7 +5,10 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
+
+#include <spdlog/spdlog.h>
 
 #ifdef RELAY_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -160,52 +163,81 @@ void DecodeGraphs::run(Bucket& b, PolicyImpl& policy, KVCache& cache, int64_t vo
       ++stats_.replays;
       return;
     }
-    const NoAutocastCache no_cache;
-    const c10::Device device = b.inputs.device();
-    const c10::cuda::CUDAGuard device_guard(device);
-    // Capture runs on a side stream, after the inputs copied on the current
-    // one; a first eager run there makes cuBLAS's handle and workspace for
-    // that stream outside the capture. Writing the step's keys twice is
-    // harmless: both runs write the same values to the same rows.
-    c10::cuda::device_synchronize();
-    c10::cuda::CUDAStream side =
-        c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-    {
-      const c10::cuda::CUDAStreamGuard stream_guard(side);
-      forward();
-      side.synchronize();
-      if (!pool_) {
-        pool_ = std::make_unique<GraphPool>();
-        pool_->id = at::cuda::graph_pool_handle();
-      }
-      auto graph = std::make_unique<at::cuda::CUDAGraph>();
-      // Thread-local: another thread of the process (a weight fetch
-      // staging a version, NCCL) may call the CUDA API meanwhile; the
-      // default global mode would fail its calls, or this capture.
-#if TORCH_VERSION_MAJOR >= 2
-      graph->capture_begin(pool_->id, cudaStreamCaptureModeThreadLocal);
-#else
-      graph->capture_begin(pool_->id);  // 1.x takes no mode: global
-#endif
-      b.logits = forward();
-      graph->capture_end();
-      b.graph = std::move(graph);
+    try {
+      capture(b, forward);
+      b.graph->replay();
+      ++stats_.replays;
+      return;
+    } catch (const c10::Error& e) {
+      // This step runs eagerly below; later steps are left to extend().
+      capture_error_ = e.what_without_backtrace();
+      b.graph.reset();
+      spdlog::warn(
+          "rollout.decode_graphs: capturing the decode step (batch {}, {} keys) failed; decoding "
+          "without graphs from now on: {}",
+          b.B, b.S, capture_error_);
     }
-    c10::cuda::device_synchronize();
-    ++stats_.captures;
-    b.graph->replay();
-    ++stats_.replays;
-    return;
   }
 #endif
   b.logits = forward();
 }
+
+#ifdef RELAY_WITH_CUDA
+void DecodeGraphs::capture(Bucket& b, const std::function<at::Tensor()>& forward) {
+  const NoAutocastCache no_cache;
+  const c10::Device device = b.inputs.device();
+  const c10::cuda::CUDAGuard device_guard(device);
+  // Capture runs on a side stream, after the inputs copied on the current
+  // one; a first eager run there makes cuBLAS's handle and workspace for
+  // that stream outside the capture. Writing the step's keys twice is
+  // harmless: both runs write the same values to the same rows.
+  c10::cuda::device_synchronize();
+  c10::cuda::CUDAStream side =
+      c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  {
+    const c10::cuda::CUDAStreamGuard stream_guard(side);
+    forward();
+    side.synchronize();
+    if (!pool_) {
+      pool_ = std::make_unique<GraphPool>();
+      pool_->id = at::cuda::graph_pool_handle();
+    }
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    // Thread-local: another thread of the process (a weight fetch
+    // staging a version, NCCL) may call the CUDA API meanwhile; the
+    // default global mode would fail its calls, or this capture.
+#if TORCH_VERSION_MAJOR >= 2
+    graph->capture_begin(pool_->id, cudaStreamCaptureModeThreadLocal);
+#else
+    graph->capture_begin(pool_->id);  // 1.x takes no mode: global
+#endif
+    try {
+      b.logits = forward();
+    } catch (...) {
+      // End the stream's capture, or every later call on it fails too.
+      try {
+        graph->capture_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    graph->capture_end();
+    b.graph = std::move(graph);
+  }
+  c10::cuda::device_synchronize();
+  ++stats_.captures;
+}
+#endif
 
 at::Tensor DecodeGraphs::step(PolicyImpl& policy, KVCache& cache, const std::vector<int64_t>& ids,
                               const std::vector<int64_t>& slots, int64_t vocab_limit) {
   const auto B = static_cast<int64_t>(ids.size());
   TORCH_CHECK(B >= 1 && slots.size() == ids.size(),
               "DecodeGraphs::step: one slot per token, at least one row");
+  if (!capture_error_.empty()) {  // graphs failed here once: extend() from now on
+    ++stats_.declined;
+    return at::Tensor();
+  }
   const PolicyConfig& config = policy.config();
   int64_t longest = 0;  // the step's key range: every row's cache after its new position
   for (int64_t slot : slots) {

@@ -29,6 +29,7 @@
 // Thread-safety: none; the engine thread owns it.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -100,6 +101,9 @@ class DecodeGraphs {
 
   // Drops every graph and buffer.
   void reset();
+  // Why a capture failed, empty if none has. The step that failed runs its
+  // fixed shapes eagerly; every later step() declines (extend() decodes).
+  const std::string& capture_error() const { return capture_error_; }
   const DecodeGraphStats& stats() const { return stats_; }
   // Graphs (or, without capture, buffer sets) held now.
   int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
@@ -127,6 +131,8 @@ class DecodeGraphs {
 
   Bucket& bucket(int64_t B, int64_t S, c10::Device device);
   void run(Bucket& b, PolicyImpl& policy, KVCache& cache, int64_t vocab_limit);
+  // Captures `forward` into b.graph (and b.logits); throws c10::Error.
+  void capture(Bucket& b, const std::function<at::Tensor()>& forward);
 
   DecodeGraphOptions options_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Bucket>> buckets_;
@@ -134,6 +140,7 @@ class DecodeGraphs {
   std::unique_ptr<GraphPool> pool_;  // one CUDA graph memory pool for every bucket
   Key key_;
   DecodeGraphStats stats_;
+  std::string capture_error_;
 };
 
 }  // namespace relay::model

@@ -458,9 +458,9 @@ TEST(CudaDecodeGraphTest, ReplaysComputeWhatEagerDecodeComputes) {
   EXPECT_EQ(after_fp32.steps, 24);
   if (!dry_run_on_cpu()) {
     // At most 4 + 24 keys: the first key bucket (64), one graph, replayed.
-    EXPECT_EQ(after_fp32.captures, 1);
+    EXPECT_EQ(after_fp32.captures, 1) << graphs.capture_error();
     EXPECT_EQ(after_fp32.replays, 24);
-    EXPECT_GE(autocast_graphs.stats().captures, 1);
+    EXPECT_GE(autocast_graphs.stats().captures, 1) << autocast_graphs.capture_error();
   }
   EXPECT_LT(fp32, 1e-4);
   // Both sides under autocast: the same bf16 products, summed in another
