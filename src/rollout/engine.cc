@@ -372,11 +372,15 @@ Status Engine::update_weights(int64_t version, uint64_t digest,
                                                 " (held or staged)"));
   }
   staged_version_ = version;
-  if (open_ids_.empty()) {
+  if (open_ids_.empty() || options_.interrupt == InterruptPolicy::kFinish) {
     // No group anywhere in the engine: no sequence can start on the staged
     // versions or need their proximal values, so only the newest is kept.
     // Otherwise an idle worker held one copy of the weights per version
-    // published until its next lease.
+    // published until its next lease. Under kFinish a staged version lands
+    // only once nothing decodes and nothing is admitted until the newest is
+    // in, so no token is ever sampled on an older staged one; and a turn is
+    // one version, its proximal values its own. Keeping them all held one
+    // copy of the weights per version published during a long response.
     updates_superseded_ += static_cast<int64_t>(updates_.size());
     updates_.clear();
   }

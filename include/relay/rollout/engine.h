@@ -194,7 +194,9 @@ class Engine {
   // has copied them; the caller must not write to them meanwhile. An engine
   // holding no group (idle) keeps only the newest staged version: the older
   // ones would be applied to no sequence, each a copy of the weights held
-  // until then (a worker without leases stages every version published).
+  // until then (a worker without leases stages every version published). So
+  // does one under InterruptPolicy::kFinish, which samples nothing before
+  // the newest staged version is in.
   Status update_weights(int64_t version, uint64_t digest,
                         std::unordered_map<std::string, at::Tensor> tensors);
 

@@ -31,6 +31,13 @@ std::unordered_map<std::string, at::Tensor> weights_of(model::Policy& p) {
   return model::parameter_tensors(*p);
 }
 
+// A version the engine alone holds: the test can see when it lets go.
+std::unordered_map<std::string, at::Tensor> cloned_weights(model::Policy p) {
+  std::unordered_map<std::string, at::Tensor> m;
+  for (auto& [name, t] : weights_of(p)) m[name] = t.detach().clone();
+  return m;
+}
+
 EngineOptions base_options() {
   EngineOptions o;
   o.num_slots = 4;
@@ -390,6 +397,40 @@ TEST(EngineTest, FinishPolicyKeepsInFlightSequencesOnTheOldVersion) {
   }
 }
 
+// `finish` while a response is decoded: versions staged meanwhile would land
+// on no sequence (nothing is sampled before the newest is in), so only the
+// newest is held; the older copies are released when they are superseded.
+TEST(EngineTest, FinishPolicyHoldsOnlyTheNewestVersionStagedDuringADrain) {
+  EngineOptions o = base_options();
+  o.interrupt = InterruptPolicy::kFinish;
+  o.max_new_tokens = 12;
+  auto engine = make_engine(1, o);
+  ASSERT_TRUE(engine->submit(group("first", {1, 2, 3}, 2, 1)).ok());
+  ASSERT_TRUE(engine->step().ok());
+  auto w1 = cloned_weights(make_policy(55));
+  const at::Tensor held = w1.at("model.norm.weight");
+  ASSERT_TRUE(engine->update_weights(1, 7, std::move(w1)).ok());
+  ASSERT_TRUE(engine->step().ok());
+  EXPECT_EQ(engine->version(), 0) << "the update waits for the response in flight";
+  EXPECT_EQ(held.use_count(), 2);
+  ASSERT_TRUE(engine->update_weights(2, 8, cloned_weights(make_policy(56))).ok());
+  EXPECT_EQ(held.use_count(), 1) << "version 1 is still held after version 2 replaced it";
+  ASSERT_TRUE(engine->update_weights(3, 9, cloned_weights(make_policy(57))).ok());
+  EXPECT_EQ(engine->stats().updates_superseded, 2);
+  ASSERT_TRUE(engine->submit(group("second", {4, 5, 6}, 2, 2)).ok());
+  auto groups = by_id(run_all(*engine));
+  EXPECT_EQ(engine->stats().updates_applied, 1);
+  EXPECT_EQ(engine->version(), 3);
+  for (const Trajectory& t : groups["first"].trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 0));
+    EXPECT_EQ(t.interruptions, 0);
+  }
+  for (const Trajectory& t : groups["second"].trajectories) {
+    EXPECT_EQ(t.token_versions, std::vector<int64_t>(t.response_tokens.size(), 3));
+    EXPECT_EQ(t.version_digests, (std::vector<std::pair<int64_t, uint64_t>>{{3, 9}}));
+  }
+}
+
 // Two versions staged before a group arrives (a worker that learned of
 // them together): the engine applies one per step, and holds the group back
 // until the newest is in, so no group starts on superseded weights.
@@ -412,21 +453,16 @@ TEST(EngineTest, NewGroupsWaitForTheNewestStagedVersion) {
 // next group starts on the newest after one step.
 TEST(EngineTest, AnIdleEngineKeepsOnlyTheNewestStagedVersion) {
   auto engine = make_engine(1, base_options());
-  auto cloned = [](model::Policy p) {
-    std::unordered_map<std::string, at::Tensor> m;
-    for (auto& [name, t] : weights_of(p)) m[name] = t.detach().clone();
-    return m;
-  };
-  auto w1 = cloned(make_policy(55));
+  auto w1 = cloned_weights(make_policy(55));
   const at::Tensor held = w1.at("model.norm.weight");
   ASSERT_TRUE(engine->update_weights(1, 7, std::move(w1)).ok());
   EXPECT_EQ(held.use_count(), 2) << "the engine holds version 1 while it is the newest";
-  ASSERT_TRUE(engine->update_weights(2, 8, cloned(make_policy(56))).ok());
+  ASSERT_TRUE(engine->update_weights(2, 8, cloned_weights(make_policy(56))).ok());
   EXPECT_EQ(held.use_count(), 1) << "version 1 is still held after version 2 replaced it";
-  ASSERT_TRUE(engine->update_weights(3, 9, cloned(make_policy(57))).ok());
+  ASSERT_TRUE(engine->update_weights(3, 9, cloned_weights(make_policy(57))).ok());
   EXPECT_EQ(engine->stats().updates_superseded, 2);
   // Still refused: a version at or below the newest staged one.
-  EXPECT_EQ(engine->update_weights(2, 8, cloned(make_policy(56))).code(),
+  EXPECT_EQ(engine->update_weights(2, 8, cloned_weights(make_policy(56))).code(),
             absl::StatusCode::kFailedPrecondition);
 
   ASSERT_TRUE(engine->submit(group("late", {4, 5, 6}, 2, 2)).ok());
