@@ -216,9 +216,12 @@ Status make_task(const SetupArgs& args, RolloutSetup& s) {
                              env::tools_system_content(chat.system_prompt, tools));
     }
   }
-  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Task> task,
-                         rollout::make_task(s.config.task, s.config.run.seed, chat));
-  s.task = std::move(task);
+  if (!args.read_task_prompts) {
+    RELAY_ASSIGN_OR_RETURN(
+        s.task, rollout::make_task_without_prompts(s.config.task, s.config.run.seed, chat));
+    return OkStatus();
+  }
+  RELAY_ASSIGN_OR_RETURN(s.task, rollout::make_task(s.config.task, s.config.run.seed, chat));
   if (s.task->size() >= 0 && args.start + args.prompts > s.task->size()) {
     return InvalidArgumentError(absl::StrCat("--prompts: task '", s.task->name(), "' has ",
                                              s.task->size(), " prompts; asked for [", args.start,

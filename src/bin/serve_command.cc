@@ -2,7 +2,8 @@
 // endpoint (docs/serve.md) on a model directory, with no trainer: for
 // evaluation and for developing agents against the model they will train.
 // The rollout section sets the engine (slots, context, KV budget), the model
-// section the chat template; the bearer token is services.token_file or
+// section the chat template, the task section only the stop strings (a task
+// file is not read); the bearer token is services.token_file or
 // $RELAY_TOKEN (or --token). Prints the address, serves until SIGINT or
 // SIGTERM, then stops taking requests, ends what is in flight and exits 0.
 
@@ -65,6 +66,8 @@ int serve(ServeArgs& args) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  // Serving samples no task prompt: the task's file need not be here.
+  args.setup.read_task_prompts = false;
   StatusOr<app::RolloutSetup> s = app::setup_rollout(args.setup);
   if (!s.ok()) return fail(s.status());
   StatusOr<std::string> token = app::auth_token(s->config.services, args.token);

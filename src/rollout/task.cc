@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "rollout/builtin_tasks.h"
 
 namespace relay::rollout {
@@ -28,10 +29,28 @@ StatusOr<std::unique_ptr<Task>> make_plain_task(const TaskConfig& config, uint64
   return InternalError("make_task: a task kind without a constructor");
 }
 
-}  // namespace
+// A file-backed task whose file was not read (make_task_without_prompts).
+// The file-backed kinds end responses at no text of their own, so it has no
+// stop strings; the chat wrapper adds the template's.
+class PromptlessTask final : public Task {
+ public:
+  explicit PromptlessTask(TaskKind kind) : name_(kTaskKindNames.name(kind)) {}
+  std::string name() const override { return name_; }
+  int64_t size() const override { return 0; }
+  StatusOr<TaskPrompt> prompt(int64_t index) const override {
+    return FailedPreconditionError(
+        absl::StrCat("task '", name_, "': prompt ", index, ": its file was not read"));
+  }
+  StatusOr<Score> score(const TaskPrompt& prompt, std::string_view) const override {
+    return FailedPreconditionError(
+        absl::StrCat("task '", name_, "': ", prompt.id, ": its file was not read"));
+  }
 
-StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed,
-                                          const model::ChatOptions& chat) {
+ private:
+  std::string name_;
+};
+
+Status check_task(const TaskConfig& config, const model::ChatOptions& chat) {
   RELAY_RETURN_IF_ERROR(check_options(config, "task"));
   if (chat.chat_template == model::ChatTemplate::kNone && !chat.system_prompt.empty()) {
     // A system message exists only in a chat format; dropping it silently
@@ -39,10 +58,41 @@ StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t see
     return InvalidArgumentError(
         "model.system_prompt: needs model.chat_template (chatml, llama3 or auto)");
   }
-  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<Task> task,
-                         make_plain_task(config, seed, chat.chat_template));
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<Task>> with_chat(std::unique_ptr<Task> task,
+                                          const model::ChatOptions& chat) {
   if (chat.chat_template == model::ChatTemplate::kNone) return task;
   return make_chat_task(std::move(task), chat);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed,
+                                          const model::ChatOptions& chat) {
+  RELAY_RETURN_IF_ERROR(check_task(config, chat));
+  RELAY_ASSIGN_OR_RETURN(std::unique_ptr<Task> task,
+                         make_plain_task(config, seed, chat.chat_template));
+  return with_chat(std::move(task), chat);
+}
+
+StatusOr<std::unique_ptr<Task>> make_task_without_prompts(const TaskConfig& config, uint64_t seed,
+                                                          const model::ChatOptions& chat) {
+  RELAY_RETURN_IF_ERROR(check_task(config, chat));
+  std::unique_ptr<Task> task;
+  switch (config.name) {
+    case TaskKind::kArithmetic: {  // generated: nothing to read
+      RELAY_ASSIGN_OR_RETURN(task, make_plain_task(config, seed, chat.chat_template));
+      break;
+    }
+    case TaskKind::kMathAnswer:
+    case TaskKind::kJsonl:
+      task = std::make_unique<PromptlessTask>(config.name);
+      break;
+  }
+  if (task == nullptr) return InternalError("make_task_without_prompts: a task kind not handled");
+  return with_chat(std::move(task), chat);
 }
 
 StatusOr<TaskPrompt> prompt_at(const std::vector<TaskPrompt>& prompts, int64_t index,

@@ -332,6 +332,35 @@ TEST_F(ProcessTest, SigtermDrainsWorkerAndTrainer) {
       << "a checkpoint at the step it stopped at";
 }
 
+// relay serve uses the task only for its stop strings: a config whose task
+// file is not on the serving machine serves (it used to stop at start-up,
+// "task.path: ... no such file"), and SIGTERM ends it cleanly.
+TEST_F(ProcessTest, ServeStartsWithoutTheTasksFile) {
+  const std::string model = base_ + "/model";
+  auto init = start({RELAY_CLI_PATH, "init", kTinyConfig, "--out", model}, base_ + "/init.log");
+  ASSERT_EQ(init->wait(120s), 0) << init->output();
+  const std::string port_file = base_ + "/port";
+  const std::string absent = base_ + "/absent.jsonl";
+  auto serve =
+      start({RELAY_CLI_PATH, "serve", kTinyConfig, "--model", model, "--listen", "127.0.0.1:0",
+             "--port-file", port_file, "task.name=jsonl", "task.path=" + absent},
+            base_ + "/serve.log");
+  int exited = -1;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        if (exited < 0) exited = serve->wait(20ms);
+        return exited >= 0 || fs::exists(port_file);
+      },
+      120s))
+      << serve->output();
+  ASSERT_TRUE(fs::exists(port_file)) << "exit " << exited << ":\n" << serve->output();
+  EXPECT_FALSE(fs::exists(absent));
+  EXPECT_NE(serve->output().find("relay serve: model on http://127.0.0.1:"), std::string::npos)
+      << serve->output();
+  serve->kill(SIGTERM);
+  EXPECT_EQ(serve->wait(60s), 0) << serve->output();
+}
+
 // What the store holds after an asynchronous run with two workers: in every
 // trajectory, token versions never decrease and (for what was trained on) lie
 // within the staleness bound of the version that consumed it; and behavior

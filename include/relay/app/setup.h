@@ -43,6 +43,10 @@ struct SetupArgs {
   // against a finite task's size.
   int64_t prompts = 1;
   int64_t start = 0;
+  // false: the caller samples no task prompt (relay serve), so a task read
+  // from a file is built without reading it (rollout::make_task_without_prompts):
+  // only its stop strings and chat format are used.
+  bool read_task_prompts = true;
 };
 
 struct RolloutSetup {

@@ -87,6 +87,14 @@ class Task {
 StatusOr<std::unique_ptr<Task>> make_task(const TaskConfig& config, uint64_t seed,
                                           const model::ChatOptions& chat = {});
 
+// The same task for a process that samples none of its prompts (`relay
+// serve`, which needs only the stop strings and the chat format): a task
+// read from a file reads nothing, so its file may be absent on the serving
+// machine; it then has no prompts, and prompt() and score() fail naming the
+// task. A generated task is built as make_task builds it.
+StatusOr<std::unique_ptr<Task>> make_task_without_prompts(const TaskConfig& config, uint64_t seed,
+                                                          const model::ChatOptions& chat = {});
+
 // Runs a task's verifier with a time limit. A verifier that throws, returns
 // an error, returns a non-finite reward or runs past the limit yields reward
 // 0 and is counted; the caller keeps going. A timed-out call is abandoned on

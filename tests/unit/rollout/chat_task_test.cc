@@ -270,5 +270,45 @@ TEST(ChatJsonlTest, MessageListErrorsNameFileLineAndField) {
   }
 }
 
+// A process that samples no task prompt (relay serve) gets the task's stop
+// strings and format without its file: a file-backed task whose file is
+// absent still builds, with the chat template's end-of-turn as its stop, no
+// prompts, and errors naming the task if asked for one; a generated task is
+// the one make_task builds. make_task itself still refuses the missing file.
+TEST(ChatTaskTest, ATaskWithoutPromptsNeedsNoFileAndKeepsItsStopStrings) {
+  const std::string missing = ::testing::TempDir() + "/no_such_task_file.jsonl";
+  for (const std::string kind : {"jsonl", "math_answer"}) {
+    SCOPED_TRACE(kind);
+    EXPECT_FALSE(make_task(jsonl_config(missing, kind), 0, {ChatTemplate::kChatml, ""}).ok());
+    StatusOr<std::unique_ptr<Task>> task =
+        make_task_without_prompts(jsonl_config(missing, kind), 0, {ChatTemplate::kChatml, ""});
+    ASSERT_TRUE(task.ok()) << task.status();
+    EXPECT_EQ((*task)->name(), kind);
+    EXPECT_EQ((*task)->size(), 0);
+    EXPECT_EQ((*task)->stop_strings(), std::vector<std::string>{"<|im_end|>"});
+    StatusOr<TaskPrompt> p = (*task)->prompt(0);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().message(), "task '" + kind + "': prompt 0: its file was not read");
+    TaskPrompt some;
+    some.id = "x";
+    EXPECT_FALSE((*task)->score(some, "1").ok());
+
+    StatusOr<std::unique_ptr<Task>> plain =
+        make_task_without_prompts(jsonl_config(missing, kind), 0, {});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_TRUE((*plain)->stop_strings().empty());
+  }
+  std::unique_ptr<Task> generated = must_make(arithmetic_config(), {ChatTemplate::kChatml, ""});
+  StatusOr<std::unique_ptr<Task>> without =
+      make_task_without_prompts(arithmetic_config(), 0, {ChatTemplate::kChatml, ""});
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ((*without)->stop_strings(), generated->stop_strings());
+  EXPECT_EQ(must_prompt(**without, 3).prompt, must_prompt(*generated, 3).prompt);
+  // The config's own rules still apply: a file-backed task names its file.
+  StatusOr<std::unique_ptr<Task>> no_path = make_task_without_prompts(jsonl_config(""), 0, {});
+  ASSERT_FALSE(no_path.ok());
+  EXPECT_NE(no_path.status().message().find("task.path"), std::string::npos) << no_path.status();
+}
+
 }  // namespace
 }  // namespace relay::rollout
