@@ -298,7 +298,14 @@ Status RolloutWorker::stage_arrived() {
       ++stats_.versions_broadcast;
     }
   }
-  if (fetcher_) RELAY_RETURN_IF_ERROR(stage_fetched());
+  if (fetcher_) {
+    RELAY_RETURN_IF_ERROR(stage_fetched());
+    // The next download starts once the engine has applied the version
+    // staged last (weight_fetcher.h, "held"); this runs every turn, and an
+    // idle engine is stepped for it (run()). The agents' engine steps only
+    // with requests in flight, so there the fetcher does not wait for it.
+    if (serving_ || engine()->version() >= staged_version_) fetcher_->release();
+  }
   return OkStatus();
 }
 

@@ -49,10 +49,20 @@ std::optional<StatusOr<FetchedWeights>> WeightFetcher::take() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     out = std::exchange(outcome_, std::nullopt);
+    if (out && out->ok()) held_ = true;
   }
   // The thread may be waiting for the slot to start the next download.
   if (out) cv_.notify_all();
   return out;
+}
+
+void WeightFetcher::release() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!held_) return;
+    held_ = false;
+  }
+  cv_.notify_all();
 }
 
 bool WeightFetcher::wait(std::chrono::milliseconds timeout) {
@@ -74,8 +84,9 @@ void WeightFetcher::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     // One outcome at a time: the next download waits until the loop took
-    // the last one, so a version is never dropped unseen (nor held twice).
-    cv_.wait(lock, [&] { return stop_ || (wanted_ > started_ && !outcome_); });
+    // the last one, so a version is never dropped unseen (nor held twice),
+    // and until it released it (the header's "held").
+    cv_.wait(lock, [&] { return stop_ || (wanted_ > started_ && !outcome_ && !held_); });
     if (stop_) return;
     const int64_t version = wanted_;
     started_ = version;

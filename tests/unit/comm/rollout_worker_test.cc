@@ -226,9 +226,13 @@ TEST(RolloutWorkerTest, AnIdleWorkerAppliesEachVersionItStages) {
 // instead of hanging it).
 class FetchGate {
  public:
-  FetchGate(FakeTrainer& trainer, int64_t version) {
-    trainer.on_fetch = [this, version](int64_t v) {
-      if (v != version) return;
+  // `others` sees the downloads of every other version as they begin.
+  FetchGate(FakeTrainer& trainer, int64_t version, std::function<void(int64_t)> others = nullptr) {
+    trainer.on_fetch = [this, version, others](int64_t v) {
+      if (v != version) {
+        if (others) others(v);
+        return;
+      }
       ++held_;
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; });
@@ -380,6 +384,47 @@ TEST(RolloutWorkerTest, AVersionDownloadedWhileTheWorkerIsFullIsStagedAtTheNextT
         EXPECT_EQ(on_v1, 40) << "the second group started on version 1";
       }
     }
+  }
+}
+
+// The next download waits until the engine has applied the version staged
+// before it: until its next step the host holds the engine's weights and the
+// staged copy, and a download meanwhile would be a third copy. Version 2 is
+// published while version 1's download is held; when 1 lands, 2's download
+// begins only after the engine holds 1, in a worker decoding a group and in
+// an idle one.
+TEST(RolloutWorkerTest, TheNextDownloadWaitsUntilTheStagedVersionIsApplied) {
+  for (int leases : {1, 0}) {
+    SCOPED_TRACE(leases == 1 ? "decoding" : "idle");
+    Rig rig(leases);
+    rig.max_new_tokens = 40;
+    rig.stop_tokens = false;
+    std::atomic<RolloutWorker*> seen{nullptr};
+    std::atomic<int64_t> engine_at_second{-2};
+    FetchGate gate(rig.trainer, 1, [&](int64_t v) {
+      if (v == 2 && seen.load() != nullptr) engine_at_second = seen.load()->version();
+    });
+    std::unique_ptr<RolloutWorker> worker = rig.make_worker();
+    ASSERT_TRUE(worker->start().ok());
+    seen = worker.get();
+    rig.publish(1);
+    int turns = 0, turns_after_second = 0;
+    bool published = false;
+    Status st = worker->run([&] {
+      if (!published && gate.held() == 1) {
+        rig.publish(2);
+        published = true;
+      }
+      // A few turns for a heartbeat to name version 2, then let 1 land.
+      if (published && ++turns_after_second == 5) gate.open();
+      return worker->version() == 2 || ++turns > 20000;
+    });
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(worker->version(), 2);
+    EXPECT_EQ(engine_at_second.load(), 1)
+        << "version 2's download began while the engine still held version "
+        << engine_at_second.load() << " and version 1 was staged beside it";
+    EXPECT_EQ(worker->stats().versions_applied, 2);
   }
 }
 

@@ -1,6 +1,6 @@
 // WeightFetcher against an in-memory trainer (testing/fake_trainer_client.h):
-// versions wanted during a download, superseded versions, and the digest
-// retry.
+// versions wanted during a download (fetched after it, once the one taken is
+// released), superseded versions, and the digest retry.
 
 #include "relay/comm/worker/weight_fetcher.h"
 
@@ -68,6 +68,11 @@ TEST(WeightFetcherTest, AVersionWantedDuringADownloadIsFetchedAfterIt) {
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->manifest.version, 1);
   EXPECT_TRUE(f.pending()) << "3 is still to come";
+  // Not while version 1 is held (its taker has not released it): a
+  // download now would be another copy of the weights beside it.
+  EXPECT_FALSE(f.wait(std::chrono::milliseconds(200)));
+  EXPECT_EQ(started.load(), 1) << "the download of version 3 began before the release";
+  f.release();
   w = next(f);
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->manifest.version, 3);

@@ -16,6 +16,13 @@
 // for) is not an error: nothing is handed over and the loop asks for the
 // newer one it learns about next.
 //
+// A version taken is held by its taker until release(): the next download
+// waits for that. A rollout worker stages the version it takes, and its
+// engine keeps the staged copy beside the weights it replaces until its next
+// step; a download started meanwhile would be a third copy of the weights
+// (and could not receive into the last download's buffer, still referenced),
+// so the worker releases once its engine has applied the version.
+//
 // The destructor cancels a download in progress (FetchCancel) and waits for
 // its thread; the TrainerClient must outlive this. Thread-safe.
 
@@ -51,8 +58,11 @@ class WeightFetcher {
   void want(int64_t version);
   // The outcome of a download that ended since the last take(): the
   // verified version, or the error that ended it. nullopt while there is
-  // none.
+  // none. After a verified version the next download waits for release().
   std::optional<StatusOr<FetchedWeights>> take();
+  // The version taken last is no longer held beside the weights it replaced:
+  // the next download may start. Nothing when none is held.
+  void release();
   // Waits up to `timeout` for an outcome to take; whether there is one.
   bool wait(std::chrono::milliseconds timeout);
   // A version asked for whose outcome has not been taken yet.
@@ -72,6 +82,7 @@ class WeightFetcher {
   int64_t wanted_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t started_ ABSL_GUARDED_BY(mu_) = -1;  // the newest version a download began for
   bool downloading_ ABSL_GUARDED_BY(mu_) = false;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;  // a version taken and not released yet
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<StatusOr<FetchedWeights>> outcome_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
