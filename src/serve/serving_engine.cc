@@ -55,6 +55,17 @@ Status ServingEngine::end_sample(const std::string& group_id, int sample,
   return engine_->end_sample(group_id, sample, reason);
 }
 
+Status ServingEngine::update_weights(int64_t version, uint64_t digest,
+                                     std::unordered_map<std::string, at::Tensor> tensors) {
+  RELAY_RETURN_IF_ERROR(engine_->update_weights(version, digest, std::move(tensors)));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_once_ = true;
+  }
+  cv_.notify_all();
+  return OkStatus();
+}
+
 Status ServingEngine::health() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failed_;
@@ -84,15 +95,17 @@ void ServingEngine::run() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!stopping_ && listeners_.empty()) {
+      if (!stopping_ && listeners_.empty() && !step_once_) {
         // Nothing to decode (the agents are between turns, or there are
         // none): the machine's other processes may take the cores
         // (core_share.h; without a share this does nothing).
         model::cores_busy(false);
-        cv_.wait(lock, [&] { return stopping_ || !listeners_.empty(); });
+        cv_.wait(lock, [&] { return stopping_ || !listeners_.empty() || step_once_; });
         model::cores_busy(true);
       }
-      if (listeners_.empty()) return;  // stopping, nothing in flight
+      if (stopping_ && listeners_.empty()) return;  // nothing in flight
+      // A step with nothing in flight applies the version staged.
+      step_once_ = false;
     }
     StatusOr<std::vector<rollout::TrajectoryGroup>> done = engine_->step();
     if (!done.ok()) {

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -56,6 +57,11 @@ class ServingEngine {
   void stop();
   // Engine::end_sample, from any thread.
   Status end_sample(const std::string& group_id, int sample, rollout::FinishReason reason);
+  // Engine::update_weights. With nothing in flight the engine thread steps
+  // once, so the version lands now rather than at the next request: the
+  // staged copy is not held beside the weights while the agents are idle.
+  Status update_weights(int64_t version, uint64_t digest,
+                        std::unordered_map<std::string, at::Tensor> tensors);
 
   Status health() const;
   // The engine, for its options, stats, version and weight updates.
@@ -72,6 +78,7 @@ class ServingEngine {
   std::condition_variable cv_;
   std::map<std::string, std::shared_ptr<GroupListener>> listeners_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool step_once_ ABSL_GUARDED_BY(mu_) = false;  // update_weights: a version to apply
   Status failed_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -274,7 +274,10 @@ bool RolloutWorker::fetching_newer() const {
 
 Status RolloutWorker::stage(int64_t version, uint64_t digest,
                             std::unordered_map<std::string, at::Tensor> tensors) {
-  RELAY_RETURN_IF_ERROR(engine()->update_weights(version, digest, std::move(tensors)));
+  // The agents' engine is stepped by its serving thread, which applies the
+  // version at once when no request is in flight.
+  RELAY_RETURN_IF_ERROR(serving_ ? serving_->update_weights(version, digest, std::move(tensors))
+                                 : engine()->update_weights(version, digest, std::move(tensors)));
   running_digest_ = digest;
   staged_version_ = version;
   latest_known_ = std::max(latest_known_, version);
@@ -302,9 +305,8 @@ Status RolloutWorker::stage_arrived() {
     RELAY_RETURN_IF_ERROR(stage_fetched());
     // The next download starts once the engine has applied the version
     // staged last (weight_fetcher.h, "held"); this runs every turn, and an
-    // idle engine is stepped for it (run()). The agents' engine steps only
-    // with requests in flight, so there the fetcher does not wait for it.
-    if (serving_ || engine()->version() >= staged_version_) fetcher_->release();
+    // idle engine is stepped for it (run(); the agents' serving thread).
+    if (engine()->version() >= staged_version_) fetcher_->release();
   }
   return OkStatus();
 }

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <future>
@@ -23,6 +24,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "relay/model/bpe_tokenizer.h"
 #include "relay/model/policy.h"
@@ -147,6 +149,34 @@ TEST(OpenAiServerTest, ListsItsModel) {
   auto missing = s.client().Get("/v1/nothing");
   EXPECT_EQ(missing->status, 404);
   EXPECT_EQ(json::parse(missing->body)["error"]["code"], "unknown_url");
+}
+
+// A version handed to an idle serving engine lands at once: its thread
+// steps once for it, so the staged copy is not held beside the weights until
+// the next request (an agent worker also waits for it before its next
+// download). A bad update is refused at the call, as Engine's is.
+TEST(OpenAiServerTest, AnIdleServingEngineAppliesAVersionAtOnce) {
+  Served s;
+  model::Policy next(config());
+  model::init_weights(*next, 6, 0.3);
+  std::unordered_map<std::string, at::Tensor> weights;
+  for (auto& [name, t] : model::parameter_tensors(*next)) weights[name] = t.detach().clone();
+  const at::Tensor held = weights.at("model.norm.weight");
+  ASSERT_TRUE(s.engine().update_weights(1, 8, std::move(weights)).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (s.engine().engine().version() != 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(s.engine().engine().version(), 1);
+  EXPECT_EQ(s.engine().engine().stats().updates_applied, 1);
+  EXPECT_EQ(held.use_count(), 1) << "the staged copy is released once applied";
+  EXPECT_FALSE(s.engine().update_weights(2, 9, {}).ok()) << "names no parameter";
+  // And it still serves.
+  auto [status, body] =
+      s.post("/v1/chat/completions", {{"model", "tiny"},
+                                      {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                      {"max_tokens", 3}});
+  ASSERT_EQ(status, 200) << body.dump();
 }
 
 // n choices, each with token ids, versions and log-probs equal to the
